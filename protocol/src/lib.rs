@@ -1,0 +1,34 @@
+//! Wire types of Orchard Env.
+//!
+//! This crate owns every request, response, error body and event frame that crosses a
+//! process boundary, so the agent, the orchestrator, the Rust client and the OpenAPI
+//! documents cannot drift apart. It is types only: no runtime, no HTTP stack, so the
+//! static agent stays small and anything can depend on it.
+//!
+//! - [`error`]: the one error body ([`ErrorBody`]) and its machine-readable [`ErrorCode`],
+//!   with the HTTP status each code maps to.
+//! - [`exec`]: synchronous and streamed command execution ([`ExecRequest`],
+//!   [`ExecResult`], [`ExecEvent`]).
+//! - [`process`]: background processes with buffered output.
+//! - [`files`]: file and directory operations and tar transfer.
+//! - [`health`]: liveness and resource usage.
+//! - [`openapi`]: the OpenAPI document of the agent API, generated from these types.
+
+pub mod error;
+pub mod exec;
+pub mod files;
+pub mod health;
+pub mod openapi;
+pub mod output;
+pub mod process;
+pub mod signal;
+
+pub use error::{ErrorBody, ErrorCode};
+pub use exec::{Command, ExecEvent, ExecRequest, ExecResult};
+pub use output::{Encoding, Output};
+
+/// Header that carries the per-sandbox token on every agent request.
+pub const TOKEN_HEADER: &str = "x-orchard-token";
+
+/// Media type of streamed exec responses: one JSON [`ExecEvent`] per line.
+pub const NDJSON: &str = "application/x-ndjson";

@@ -1,0 +1,437 @@
+//! The OpenAPI 3.0 document of the agent API, generated from the wire types.
+//!
+//! [`AGENT_ROUTES`] is the one list of the agent's routes; the agent's integration tests
+//! call every entry against a real agent, and `protocol/openapi/agent.json` is this
+//! document committed, compared by a test so an API change is always a reviewed diff.
+
+use schemars::gen::{SchemaGenerator, SchemaSettings};
+use schemars::schema::Schema;
+use schemars::JsonSchema;
+use serde_json::{json, Map, Value};
+
+use crate::error::ErrorBody;
+use crate::exec::{ExecEvent, ExecRequest, ExecResult};
+use crate::files::{
+    Done, ExtractResult, FileList, FileStat, MkdirRequest, MoveRequest, WriteResult,
+};
+use crate::health::Health;
+use crate::process::{ProcessInfo, ProcessList, ProcessOutput, SignalRequest, StdinWrite};
+
+/// A request or response body.
+#[derive(Clone, Copy)]
+pub enum Body {
+    /// No body.
+    Empty,
+    /// A JSON value of a wire type.
+    Json(fn(&mut SchemaGenerator) -> Schema),
+    /// One JSON value per line of a wire type.
+    Ndjson(fn(&mut SchemaGenerator) -> Schema),
+    /// Raw bytes of the given media type.
+    Bytes(&'static str),
+}
+
+/// A query parameter: name, JSON type, required, description.
+pub type Param = (&'static str, &'static str, bool, &'static str);
+
+/// One route of an API.
+pub struct Route {
+    /// HTTP method, upper case.
+    pub method: &'static str,
+    /// Path, with `{name}` placeholders.
+    pub path: &'static str,
+    /// One line on what it does.
+    pub summary: &'static str,
+    /// Whether the token header is required.
+    pub auth: bool,
+    /// Query parameters.
+    pub query: &'static [Param],
+    /// Request body.
+    pub request: Body,
+    /// Body of the success response.
+    pub response: Body,
+}
+
+fn schema<T: JsonSchema>(gen: &mut SchemaGenerator) -> Schema {
+    gen.subschema_for::<T>()
+}
+
+const PATH: Param = ("path", "string", true, "Absolute path inside the sandbox.");
+
+/// Every route the agent serves.
+pub const AGENT_ROUTES: &[Route] = &[
+    Route {
+        method: "GET",
+        path: "/livez",
+        summary: "Liveness probe; the only route open without a token.",
+        auth: false,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Bytes("text/plain"),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/health",
+        summary: "Version, uptime, process count and resource usage.",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<Health>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/exec",
+        summary: "Run a command and answer when it ends.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<ExecRequest>),
+        response: Body::Json(schema::<ExecResult>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/exec/stream",
+        summary: "Run a command and stream its output as NDJSON frames.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<ExecRequest>),
+        response: Body::Ndjson(schema::<ExecEvent>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/processes",
+        summary: "Start a background process.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<ExecRequest>),
+        response: Body::Json(schema::<ProcessInfo>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/processes",
+        summary: "List running and retained background processes.",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<ProcessList>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/processes/{id}",
+        summary: "One background process.",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<ProcessInfo>),
+    },
+    Route {
+        method: "DELETE",
+        path: "/v1/processes/{id}",
+        summary: "Kill the process group if running and forget the process.",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<ProcessInfo>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/processes/{id}/output",
+        summary: "Output since the given offsets.",
+        auth: true,
+        query: &[
+            (
+                "stdout_offset",
+                "integer",
+                false,
+                "Absolute stdout offset; default 0.",
+            ),
+            (
+                "stderr_offset",
+                "integer",
+                false,
+                "Absolute stderr offset; default 0.",
+            ),
+            (
+                "max_bytes",
+                "integer",
+                false,
+                "Most bytes returned per stream; default 1 MiB.",
+            ),
+        ],
+        request: Body::Empty,
+        response: Body::Json(schema::<ProcessOutput>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/processes/{id}/stdin",
+        summary: "Write to the process's stdin and optionally close it.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<StdinWrite>),
+        response: Body::Json(schema::<ProcessInfo>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/processes/{id}/signal",
+        summary: "Send a signal to the process group (or only the leader).",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<SignalRequest>),
+        response: Body::Json(schema::<ProcessInfo>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/processes/{id}/wait",
+        summary: "Wait for the process to end; answers `running` if the wait ran out.",
+        auth: true,
+        query: &[(
+            "timeout_ms",
+            "integer",
+            false,
+            "Longest wait; default 30000.",
+        )],
+        request: Body::Empty,
+        response: Body::Json(schema::<ProcessInfo>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/files",
+        summary: "Read a file, whole or a byte range, streamed.",
+        auth: true,
+        query: &[
+            PATH,
+            ("offset", "integer", false, "First byte; default 0."),
+            (
+                "length",
+                "integer",
+                false,
+                "Most bytes; default to the end.",
+            ),
+        ],
+        request: Body::Empty,
+        response: Body::Bytes("application/octet-stream"),
+    },
+    Route {
+        method: "PUT",
+        path: "/v1/files",
+        summary: "Write a file from the streamed body, atomically (temp file + rename).",
+        auth: true,
+        query: &[
+            PATH,
+            (
+                "mode",
+                "string",
+                false,
+                "Octal permission bits, e.g. 755; default 644.",
+            ),
+            (
+                "parents",
+                "boolean",
+                false,
+                "Create missing parents; default true.",
+            ),
+        ],
+        request: Body::Bytes("application/octet-stream"),
+        response: Body::Json(schema::<WriteResult>),
+    },
+    Route {
+        method: "DELETE",
+        path: "/v1/files",
+        summary: "Remove a file, link or directory.",
+        auth: true,
+        query: &[
+            PATH,
+            (
+                "recursive",
+                "boolean",
+                false,
+                "Remove a non-empty directory; default false.",
+            ),
+        ],
+        request: Body::Empty,
+        response: Body::Json(schema::<Done>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/files/stat",
+        summary: "Metadata of a path (links are not followed).",
+        auth: true,
+        query: &[PATH],
+        request: Body::Empty,
+        response: Body::Json(schema::<FileStat>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/files/list",
+        summary: "List a directory, optionally several levels deep.",
+        auth: true,
+        query: &[
+            PATH,
+            ("depth", "integer", false, "Levels to descend; default 1."),
+        ],
+        request: Body::Empty,
+        response: Body::Json(schema::<FileList>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/files/mkdir",
+        summary: "Create a directory and its missing parents.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<MkdirRequest>),
+        response: Body::Json(schema::<Done>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/files/move",
+        summary: "Move or rename a path.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<MoveRequest>),
+        response: Body::Json(schema::<Done>),
+    },
+    Route {
+        method: "PUT",
+        path: "/v1/files/archive",
+        summary: "Extract a tar or tar.gz body into a directory, all or nothing.",
+        auth: true,
+        query: &[PATH],
+        request: Body::Bytes("application/x-tar"),
+        response: Body::Json(schema::<ExtractResult>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/files/archive",
+        summary: "Download a file or directory as a tar.gz stream.",
+        auth: true,
+        query: &[PATH],
+        request: Body::Empty,
+        response: Body::Bytes("application/gzip"),
+    },
+];
+
+fn content(gen: &mut SchemaGenerator, body: Body) -> Option<Value> {
+    let (media, schema) = match body {
+        Body::Empty => return None,
+        Body::Json(f) => ("application/json", serde_json::to_value(f(gen)).ok()?),
+        Body::Ndjson(f) => (crate::NDJSON, serde_json::to_value(f(gen)).ok()?),
+        Body::Bytes(media) => (media, json!({"type": "string", "format": "binary"})),
+    };
+    Some(json!({ media: { "schema": schema } }))
+}
+
+/// Builds an OpenAPI 3.0 document for a list of routes.
+pub fn document(title: &str, version: &str, routes: &[Route]) -> Value {
+    let mut gen = SchemaSettings::openapi3().into_generator();
+    let error_schema = schema::<ErrorBody>(&mut gen);
+    let mut paths = Map::new();
+    for route in routes {
+        let mut op = Map::new();
+        op.insert("summary".into(), json!(route.summary));
+        let mut params: Vec<Value> = route
+            .query
+            .iter()
+            .map(|(name, ty, required, desc)| {
+                json!({"name": name, "in": "query", "required": required,
+                       "description": desc, "schema": {"type": ty}})
+            })
+            .collect();
+        let mut rest = route.path;
+        while let Some(start) = rest.find('{') {
+            let Some(len) = rest[start..].find('}') else {
+                break;
+            };
+            let name = &rest[start + 1..start + len];
+            params.push(json!({"name": name, "in": "path", "required": true,
+                               "schema": {"type": "string"}}));
+            rest = &rest[start + len..];
+        }
+        if !params.is_empty() {
+            op.insert("parameters".into(), Value::Array(params));
+        }
+        if let Some(c) = content(&mut gen, route.request) {
+            op.insert(
+                "requestBody".into(),
+                json!({"required": true, "content": c}),
+            );
+        }
+        let mut ok = json!({"description": "Success."});
+        if let Some(c) = content(&mut gen, route.response) {
+            ok["content"] = c;
+        }
+        op.insert(
+            "responses".into(),
+            json!({
+                "200": ok,
+                "default": {"description": "Error.",
+                            "content": {"application/json": {"schema": error_schema}}}
+            }),
+        );
+        if !route.auth {
+            op.insert("security".into(), json!([]));
+        }
+        let entry = paths
+            .entry(route.path.to_string())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(map) = entry {
+            map.insert(route.method.to_ascii_lowercase(), Value::Object(op));
+        }
+    }
+    let schemas: Map<String, Value> = gen
+        .take_definitions()
+        .into_iter()
+        .map(|(k, v)| (k, serde_json::to_value(v).unwrap_or(Value::Null)))
+        .collect();
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"token": {"type": "apiKey", "in": "header", "name": crate::TOKEN_HEADER}}
+        },
+        "security": [{"token": []}]
+    })
+}
+
+/// The agent API document.
+pub fn agent_document() -> Value {
+    document("orchard-agent", env!("CARGO_PKG_VERSION"), AGENT_ROUTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The committed document must be what the code generates. Run with
+    /// `UPDATE_OPENAPI=1` to rewrite it after an intended change.
+    #[test]
+    fn committed_agent_openapi_matches_the_code() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/agent.json");
+        let generated = serde_json::to_string_pretty(&agent_document()).unwrap() + "\n";
+        if std::env::var_os("UPDATE_OPENAPI").is_some() {
+            std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi")).unwrap();
+            std::fs::write(path, &generated).unwrap();
+        }
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "protocol/openapi/agent.json is out of date: run `make openapi` and commit it"
+        );
+    }
+
+    #[test]
+    fn every_route_is_unique_and_documented() {
+        let mut seen = std::collections::HashSet::new();
+        for r in AGENT_ROUTES {
+            assert!(
+                seen.insert((r.method, r.path)),
+                "duplicate {} {}",
+                r.method,
+                r.path
+            );
+            assert!(!r.summary.is_empty());
+        }
+        let doc = agent_document();
+        assert!(doc["components"]["schemas"]["ExecRequest"].is_object());
+        assert!(doc["components"]["schemas"]["ErrorBody"].is_object());
+    }
+}
