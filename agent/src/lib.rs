@@ -1,1 +1,28 @@
+//! `orchard-agent`: the program that runs as PID 1 inside every sandbox.
+//!
+//! It needs nothing from the image (it is a static musl binary) and serves the sandbox's
+//! capabilities over HTTP on a Unix socket and/or TCP, behind the sandbox token.
+//!
+//! - [`server`] wires the HTTP routes, token auth and body limits over [`server::AppState`].
+//! - [`spawn`] starts every command in its own session; [`reaper`] is the only place
+//!   that waits on children, so PID 1's orphan reaping never steals a status.
+//! - [`supervise`] watches a command to its end (output pumps, timeout, kill, drain),
+//!   shared by [`exec`] (sync and streamed) and [`process`] (background processes).
+//! - [`files`] and [`archive`] read and write the sandbox's filesystem; [`health`]
+//!   reports usage. [`buffer`] holds the bounded output buffers.
+//! - [`config`] holds the limits and their defaults; [`error`] maps every failure to
+//!   one wire error.
 
+pub mod archive;
+pub mod buffer;
+pub mod config;
+pub mod error;
+pub mod exec;
+pub mod files;
+pub mod health;
+pub mod process;
+pub mod reaper;
+pub mod server;
+pub mod spawn;
+pub mod supervise;
+pub mod run;

@@ -1,1 +1,104 @@
-fn main() {}
+//! `orchard-agent` command line: parses flags into a [`Config`] and runs the agent.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use orchard_agent::config::{self, Config};
+
+/// The Orchard sandbox agent. Runs as PID 1 and serves exec, processes and files over
+/// HTTP behind a token.
+#[derive(Parser, Debug)]
+#[command(name = "orchard-agent", version)]
+struct Args {
+    /// Unix socket to listen on.
+    #[arg(long)]
+    unix: Option<PathBuf>,
+    /// TCP address to listen on, e.g. 0.0.0.0:7070.
+    #[arg(long)]
+    tcp: Option<SocketAddr>,
+    /// The sandbox token (prefer --token-file or ORCHARD_AGENT_TOKEN: argv is visible
+    /// to every process in the sandbox).
+    #[arg(long)]
+    token: Option<String>,
+    /// File holding the sandbox token.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Largest JSON request body in bytes.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_BODY_BYTES)]
+    max_body_bytes: u64,
+    /// Largest uploaded file or archive in bytes.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_UPLOAD_BYTES)]
+    max_upload_bytes: u64,
+    /// Commands running at once.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_CONCURRENT_EXECS)]
+    max_concurrent_execs: u64,
+    /// Per-stream output cap of a sync exec in bytes.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_OUTPUT_BYTES)]
+    max_output_bytes: u64,
+    /// Ring buffer per stream of a background process in bytes.
+    #[arg(long, default_value_t = config::DEFAULT_PROCESS_BUFFER_BYTES)]
+    process_buffer_bytes: u64,
+    /// Timeout of a command that sets none, in milliseconds.
+    #[arg(long, default_value_t = config::DEFAULT_TIMEOUT_MS)]
+    default_timeout_ms: u64,
+    /// How long an exited background process stays retrievable, in milliseconds.
+    #[arg(long, default_value_t = config::DEFAULT_PROCESS_RETENTION_MS)]
+    process_retention_ms: u64,
+    /// Milliseconds between SIGTERM and SIGKILL on timeout.
+    #[arg(long, default_value_t = 500)]
+    kill_grace_ms: u64,
+}
+
+fn token(args: &Args) -> anyhow::Result<String> {
+    let token = if let Some(t) = &args.token {
+        t.clone()
+    } else if let Some(path) = &args.token_file {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("reading token file {}", path.display()))?
+            .trim()
+            .to_string()
+    } else if let Ok(t) = std::env::var("ORCHARD_AGENT_TOKEN") {
+        t
+    } else {
+        bail!("no token: give --token-file, --token or ORCHARD_AGENT_TOKEN");
+    };
+    if token.is_empty() {
+        bail!("the token is empty");
+    }
+    Ok(token)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut config = Config::new(token(&args)?);
+    // Commands must not see the token in their environment.
+    std::env::remove_var("ORCHARD_AGENT_TOKEN");
+    config.unix = args.unix.clone();
+    config.tcp = args.tcp;
+    config.kill_grace = Duration::from_millis(args.kill_grace_ms);
+    let l = &mut config.limits;
+    l.max_body_bytes = args.max_body_bytes;
+    l.max_upload_bytes = args.max_upload_bytes;
+    l.max_concurrent_execs = args.max_concurrent_execs.max(1);
+    l.max_output_bytes = args.max_output_bytes;
+    l.process_buffer_bytes = args.process_buffer_bytes;
+    l.default_timeout_ms = args.default_timeout_ms.max(1);
+    l.process_retention_ms = args.process_retention_ms;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        // Threads that stay alive keep the agent serving when a fork bomb has used up
+        // the sandbox's pids limit and no new thread could be created.
+        .thread_keep_alive(Duration::from_secs(3600))
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime
+        .block_on(orchard_agent::run::run(config))
+        .context("orchard-agent")?;
+    Ok(())
+}

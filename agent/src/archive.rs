@@ -1,0 +1,1 @@
+//! Tar upload and download (placeholder: being written).

@@ -1,0 +1,230 @@
+//! `POST /v1/exec` and `POST /v1/exec/stream`: run a command to its end, answering once
+//! with the captured output, or streaming NDJSON frames as output arrives.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use orchard_protocol::exec::ExitInfo;
+use orchard_protocol::output::{b64_decode, b64_encode};
+use orchard_protocol::{ErrorCode, ExecEvent, ExecRequest, ExecResult};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use crate::buffer::HeadTail;
+use crate::error::{ApiError, ApiResult};
+use crate::server::{AppState, JsonBody};
+use crate::spawn::{kill_group, spawn, SpawnSpec, Spawned};
+use crate::supervise::{supervise, Counters, Sink, Stream, Timing};
+
+/// Frames buffered between the pumps and a slow streaming client.
+const STREAM_QUEUE: usize = 64;
+
+/// A validated exec request: what to start and how to watch it.
+pub struct Prepared {
+    /// What to start.
+    pub spec: SpawnSpec,
+    /// Bytes for stdin, if any.
+    pub stdin: Option<Vec<u8>>,
+    /// Time limits.
+    pub timing: Timing,
+    /// Output cap per stream.
+    pub max_output: usize,
+}
+
+/// Checks a request against the limits and resolves it.
+pub fn prepare(state: &AppState, req: &ExecRequest, stdin_pipe: bool) -> ApiResult<Prepared> {
+    let limits = &state.config.limits;
+    let stdin = match (&req.stdin, &req.stdin_b64) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("give either stdin or stdin_b64, not both"))
+        }
+        (Some(text), None) => Some(text.clone().into_bytes()),
+        (None, Some(b64)) => Some(
+            b64_decode(b64).map_err(|e| ApiError::invalid(format!("stdin_b64 is not base64: {e}")))?,
+        ),
+        (None, None) => None,
+    };
+    let timeout_ms = req.timeout_ms.unwrap_or(limits.default_timeout_ms);
+    if timeout_ms == 0 {
+        return Err(ApiError::invalid("timeout_ms must be at least 1"));
+    }
+    let max_output = req
+        .max_output_bytes
+        .unwrap_or(limits.max_output_bytes)
+        .min(limits.max_output_bytes) as usize;
+    let spec = SpawnSpec::from_request(req, stdin_pipe || stdin.is_some())?;
+    Ok(Prepared {
+        spec,
+        stdin,
+        timing: Timing {
+            timeout: Duration::from_millis(timeout_ms),
+            grace: state.config.kill_grace,
+            drain: state.config.drain_after_exit,
+        },
+        max_output,
+    })
+}
+
+/// Takes an exec slot or answers `too_many_execs`.
+pub fn acquire_slot(state: &AppState) -> ApiResult<OwnedSemaphorePermit> {
+    state.exec_slots.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            ErrorCode::TooManyExecs,
+            format!(
+                "{} commands are already running; retry when one ends",
+                state.config.limits.max_concurrent_execs
+            ),
+        )
+    })
+}
+
+/// Writes `data` to the child's stdin, then closes it. A child that exits without
+/// reading is not an error.
+pub fn feed_stdin(child: &mut Spawned, data: Option<Vec<u8>>) {
+    if let (Some(mut pipe), Some(data)) = (child.stdin.take(), data) {
+        tokio::spawn(async move {
+            let _ = pipe.write_all(&data).await;
+        });
+    }
+}
+
+#[derive(Clone)]
+struct CaptureSink(Arc<Mutex<[HeadTail; 2]>>);
+
+impl Sink for CaptureSink {
+    async fn write(&self, stream: Stream, data: Bytes) -> bool {
+        let mut bufs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        bufs[stream as usize].push(&data);
+        true
+    }
+}
+
+/// `POST /v1/exec`.
+pub async fn exec_sync(
+    State(state): State<Arc<AppState>>,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> ApiResult<Json<ExecResult>> {
+    let prepared = prepare(&state, &req, false)?;
+    let _slot = acquire_slot(&state)?;
+    let mut child = spawn(&state.reaper, &prepared.spec)?;
+    let pid = child.pid as u32;
+    feed_stdin(&mut child, prepared.stdin);
+    let capture = CaptureSink(Arc::new(Mutex::new([
+        HeadTail::new(prepared.max_output),
+        HeadTail::new(prepared.max_output),
+    ])));
+    let exit = supervise(
+        child,
+        prepared.timing,
+        capture.clone(),
+        Arc::new(Counters::default()),
+        None,
+    )
+    .await;
+    let [stdout, stderr] = {
+        let mut bufs = capture.0.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut *bufs, [HeadTail::new(0), HeadTail::new(0)])
+    };
+    Ok(Json(ExecResult {
+        exit_code: exit.exit_code,
+        signal: exit.signal,
+        timed_out: exit.timed_out,
+        duration_ms: exit.duration_ms,
+        pid,
+        stdout: stdout.into_output(),
+        stderr: stderr.into_output(),
+    }))
+}
+
+/// One NDJSON line.
+pub fn frame(event: &ExecEvent) -> Bytes {
+    let mut line = serde_json::to_vec(event).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+#[derive(Clone)]
+struct StreamSink {
+    tx: mpsc::Sender<Bytes>,
+    kill_pgid: Option<i32>,
+}
+
+impl Sink for StreamSink {
+    async fn write(&self, stream: Stream, data: Bytes) -> bool {
+        let data = b64_encode(&data);
+        let event = match stream {
+            Stream::Stdout => ExecEvent::Stdout { data },
+            Stream::Stderr => ExecEvent::Stderr { data },
+        };
+        if self.tx.send(frame(&event)).await.is_ok() {
+            return true;
+        }
+        if let Some(pgid) = self.kill_pgid {
+            kill_group(pgid, libc::SIGKILL);
+        }
+        false
+    }
+}
+
+/// `POST /v1/exec/stream`.
+pub async fn exec_stream(
+    State(state): State<Arc<AppState>>,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> ApiResult<Response> {
+    let prepared = prepare(&state, &req, false)?;
+    let slot = acquire_slot(&state)?;
+    let mut child = spawn(&state.reaper, &prepared.spec)?;
+    let pid = child.pid;
+    feed_stdin(&mut child, prepared.stdin);
+    let (tx, rx) = mpsc::channel::<Bytes>(STREAM_QUEUE);
+    let _ = tx.try_send(frame(&ExecEvent::Start { pid: pid as u32 }));
+    let keepalive = tokio::spawn(keepalive_loop(tx.clone(), state.config.keepalive));
+    let sink = StreamSink {
+        tx: tx.clone(),
+        kill_pgid: req.kill_on_disconnect.then_some(pid),
+    };
+    tokio::spawn(async move {
+        let _slot = slot;
+        let counters = Arc::new(Counters::default());
+        let exit: ExitInfo = supervise(child, prepared.timing, sink, counters.clone(), None).await;
+        keepalive.abort();
+        let last = ExecEvent::Exit {
+            exit,
+            stdout_bytes: counters.stdout.load(std::sync::atomic::Ordering::Relaxed),
+            stderr_bytes: counters.stderr.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        let _ = tx.send(frame(&last)).await;
+    });
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|line| (Ok::<_, Infallible>(line), rx))
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, orchard_protocol::NDJSON),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response())
+}
+
+async fn keepalive_loop(tx: mpsc::Sender<Bytes>, every: Duration) {
+    let line = frame(&ExecEvent::Keepalive);
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        // A full queue means output is flowing; no keepalive needed then.
+        match tx.try_send(line.clone()) {
+            Err(mpsc::error::TrySendError::Closed(_)) => break,
+            _ => continue,
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! `GET /v1/health`: version, uptime, and what the sandbox is using.
+//!
+//! Usage comes from the sandbox's cgroup when it is mounted (cgroup v2 or v1), since
+//! that is what limits are enforced on; otherwise it is summed from `/proc`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use orchard_protocol::health::Health;
+
+use crate::server::AppState;
+
+/// `GET /v1/health`.
+pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {
+    let state2 = state.clone();
+    let usage = tokio::task::spawn_blocking(usage).await.unwrap_or_default();
+    let limits = &state2.config.limits;
+    Json(Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        uptime_ms: state.started.elapsed().as_millis() as u64,
+        pid1: std::process::id() == 1,
+        processes: usage.processes,
+        running_execs: limits.max_concurrent_execs - state.exec_slots.available_permits() as u64,
+        tracked_processes: state.processes.len() as u64,
+        memory_bytes: usage.memory_bytes,
+        cpu_ms: usage.cpu_ms,
+        usage_source: usage.source.into(),
+        limits: limits.clone(),
+    })
+}
+
+/// Resource usage of the sandbox.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Usage {
+    /// Processes in /proc.
+    pub processes: u64,
+    /// Memory in bytes.
+    pub memory_bytes: u64,
+    /// CPU time in milliseconds.
+    pub cpu_ms: u64,
+    /// `"cgroup"` or `"procfs"`.
+    pub source: &'static str,
+}
+
+/// Reads the sandbox's usage.
+pub fn usage() -> Usage {
+    let pids = proc_pids();
+    let processes = pids.len() as u64;
+    if let Some((memory_bytes, cpu_ms)) = cgroup_usage() {
+        return Usage {
+            processes,
+            memory_bytes,
+            cpu_ms,
+            source: "cgroup",
+        };
+    }
+    let page = page_size();
+    let ticks = clock_ticks();
+    let (mut memory_bytes, mut cpu_ticks) = (0u64, 0u64);
+    for pid in pids {
+        if let Ok(statm) = std::fs::read_to_string(format!("/proc/{pid}/statm")) {
+            let rss: u64 = statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+            memory_bytes += rss * page;
+        }
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            cpu_ticks += stat_cpu_ticks(&stat);
+        }
+    }
+    Usage {
+        processes,
+        memory_bytes,
+        cpu_ms: cpu_ticks * 1000 / ticks.max(1),
+        source: "procfs",
+    }
+}
+
+fn proc_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// utime + stime from a `/proc/PID/stat` line (fields 14 and 15, after the `(comm)`).
+fn stat_cpu_ticks(stat: &str) -> u64 {
+    let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return 0;
+    };
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let get = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // `after` starts at field 3 (state), so utime (14) is index 11.
+    get(11) + get(12)
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 {
+        v as u64
+    } else {
+        4096
+    }
+}
+
+fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if v > 0 {
+        v as u64
+    } else {
+        100
+    }
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Candidate directories of our cgroup under a controller mount: the path from
+/// /proc/self/cgroup (host view), then the mount root (a container's own view).
+fn cgroup_dirs(mount: &str, controller: Option<&str>) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Ok(text) = std::fs::read_to_string("/proc/self/cgroup") {
+        for line in text.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
+            let matches = match controller {
+                None => controllers == Some(""),
+                Some(c) => controllers.is_some_and(|cs| cs.split(',').any(|x| x == c)),
+            };
+            if let (true, Some(path)) = (matches, path) {
+                dirs.push(Path::new(mount).join(path.trim_start_matches('/')));
+            }
+        }
+    }
+    dirs.push(PathBuf::from(mount));
+    dirs
+}
+
+fn cgroup_usage() -> Option<(u64, u64)> {
+    // cgroup v2.
+    for dir in cgroup_dirs("/sys/fs/cgroup", None) {
+        if let Some(mem) = read_u64(&dir.join("memory.current")) {
+            let cpu_us = std::fs::read_to_string(dir.join("cpu.stat"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("usage_usec ").and_then(|v| v.trim().parse::<u64>().ok()))
+                })
+                .unwrap_or(0);
+            return Some((mem, cpu_us / 1000));
+        }
+    }
+    // cgroup v1.
+    let mem = cgroup_dirs("/sys/fs/cgroup/memory", Some("memory"))
+        .into_iter()
+        .find_map(|d| read_u64(&d.join("memory.usage_in_bytes")))?;
+    let cpu_ns = cgroup_dirs("/sys/fs/cgroup/cpuacct", Some("cpuacct"))
+        .into_iter()
+        .find_map(|d| read_u64(&d.join("cpuacct.usage")))
+        .unwrap_or(0);
+    Some((mem, cpu_ns / 1_000_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_parse_past_a_comm_with_spaces() {
+        let stat = "42 (my (odd) prog) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 0 0 20 0 1 0 100 0 0";
+        assert_eq!(stat_cpu_ticks(stat), 12);
+    }
+
+    #[test]
+    fn usage_reports_this_process() {
+        let u = usage();
+        assert!(u.processes >= 1);
+        assert!(u.memory_bytes > 0);
+    }
+}

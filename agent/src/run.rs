@@ -1,0 +1,137 @@
+//! Running the agent: PID 1 set-up, the listeners, and a clean shutdown on SIGTERM or
+//! SIGINT (the signal is forwarded to every command, which gets the grace period before
+//! SIGKILL; then the listeners close and the socket file is removed).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::reaper::Reaper;
+use crate::server::{router, AppState};
+use crate::spawn::{group_alive, kill_group};
+
+/// OOM score of the agent itself: far below its children (which reset theirs to 0),
+/// so the kernel kills a memory hog rather than PID 1.
+const AGENT_OOM_SCORE_ADJ: &str = "-998";
+
+/// How long a shutdown waits for commands after forwarding the signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// Why the agent could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Neither a Unix socket nor a TCP address was given.
+    #[error("nothing to listen on: give --unix PATH and/or --tcp ADDR")]
+    NoListener,
+    /// A listener could not be bound.
+    #[error("cannot listen on {what}: {source}")]
+    Bind {
+        /// The address.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(config: Config) -> Result<(), RunError> {
+    if config.unix.is_none() && config.tcp.is_none() {
+        return Err(RunError::NoListener);
+    }
+    if std::process::id() != 1 {
+        Reaper::become_subreaper();
+    }
+    // Lowering needs CAP_SYS_RESOURCE; without it the agent just keeps its score.
+    let _ = std::fs::write("/proc/self/oom_score_adj", AGENT_OOM_SCORE_ADJ);
+
+    let reaper = Arc::new(Reaper::new());
+    reaper.clone().spawn_loop().map_err(RunError::Signals)?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(RunError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
+
+    let state = AppState::new(config.clone(), reaper.clone());
+    let app = router(state.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut servers = Vec::new();
+
+    if let Some(path) = &config.unix {
+        if let Some(parent) = path.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        // A socket file left by an earlier run would make bind fail.
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path).map_err(|source| RunError::Bind {
+            what: path.display().to_string(),
+            source,
+        })?;
+        let app = app.clone();
+        let mut stop = stop_rx.clone();
+        servers.push(tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+        }));
+    }
+    if let Some(addr) = config.tcp {
+        let listener = TcpListener::bind(addr).await.map_err(|source| RunError::Bind {
+            what: addr.to_string(),
+            source,
+        })?;
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let mut stop = stop_rx.clone();
+        servers.push(tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+        }));
+    }
+
+    let prune_state = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(30));
+        loop {
+            tick.tick().await;
+            prune_state.processes.prune();
+        }
+    });
+
+    let received = tokio::select! {
+        _ = sigterm.recv() => libc::SIGTERM,
+        _ = sigint.recv() => libc::SIGINT,
+    };
+    state.shutting_down.store(true, Ordering::Relaxed);
+    let children = reaper.live_pids();
+    for pid in &children {
+        kill_group(*pid, received);
+    }
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+    while children.iter().any(|p| group_alive(*p)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for pid in &children {
+        kill_group(*pid, libc::SIGKILL);
+    }
+    let _ = stop_tx.send(true);
+    for server in servers {
+        // Streams still open would hold a graceful shutdown forever.
+        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    }
+    if let Some(path) = &config.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! HTTP transport: shared state, the router, token auth, JSON bodies with limits, and
+//! the listeners. Handlers live in their capability's module (`exec`, `process`,
+//! `files`, `health`); this module only wires them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderMap};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use http_body_util::BodyExt;
+use orchard_protocol::{ErrorCode, TOKEN_HEADER};
+use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::process::ProcessTable;
+use crate::reaper::Reaper;
+
+/// State shared by every handler.
+pub struct AppState {
+    /// Configuration and limits.
+    pub config: Config,
+    /// When the agent started.
+    pub started: Instant,
+    /// The one owner of `waitpid`.
+    pub reaper: Arc<Reaper>,
+    /// One permit per running command (sync, streamed or background).
+    pub exec_slots: Arc<Semaphore>,
+    /// Background processes.
+    pub processes: ProcessTable,
+    /// Set once shutdown began; new work is refused.
+    pub shutting_down: AtomicBool,
+}
+
+impl AppState {
+    /// State for `config`, reaping through `reaper`.
+    pub fn new(config: Config, reaper: Arc<Reaper>) -> Arc<Self> {
+        let slots = config.limits.max_concurrent_execs as usize;
+        Arc::new(Self {
+            processes: ProcessTable::new(&config),
+            config,
+            started: Instant::now(),
+            reaper,
+            exec_slots: Arc::new(Semaphore::new(slots)),
+            shutting_down: AtomicBool::new(false),
+        })
+    }
+}
+
+/// A JSON request body, read up to the body limit and parsed into `T`; failures are
+/// answered as `body_too_large` or `invalid_json` with serde's description.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let limit = state.config.limits.max_body_bytes;
+        let bytes = read_limited(req, limit).await?;
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("invalid request body: {e}")))
+    }
+}
+
+/// Reads a whole body, refusing more than `limit` bytes.
+pub async fn read_limited(req: Request, limit: u64) -> Result<bytes::Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!("request body is larger than the limit of {limit} bytes"),
+        )
+    };
+    if content_length(req.headers()).is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let limited = http_body_util::Limited::new(req.into_body(), limit as usize);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(_) => Err(ApiError::invalid("the request body could not be read")),
+    }
+}
+
+/// The Content-Length header, when present and valid.
+pub fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Compares two byte strings in time that depends only on their lengths.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= x ^ y;
+    }
+    diff == 0
+}
+
+async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(TOKEN_HEADER)
+        .map(|v| v.as_bytes())
+        .or_else(|| {
+            req.headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        });
+    let ok = given.is_some_and(|t| constant_time_eq(t, state.config.token.as_bytes()));
+    if !ok {
+        return ApiError::new(
+            ErrorCode::Unauthorized,
+            format!("missing or wrong token: send it in the {TOKEN_HEADER} header"),
+        )
+        .into_response();
+    }
+    if state.shutting_down.load(Ordering::Relaxed) {
+        return ApiError::new(ErrorCode::ShuttingDown, "the agent is shutting down").into_response();
+    }
+    next.run(req).await
+}
+
+async fn route_not_found() -> ApiError {
+    ApiError::new(ErrorCode::RouteNotFound, "no such route")
+}
+
+async fn livez() -> &'static str {
+    "ok"
+}
+
+/// The full router.
+pub fn router(state: Arc<AppState>) -> Router {
+    let authed = Router::new()
+        .route("/v1/health", get(crate::health::health))
+        .route("/v1/exec", post(crate::exec::exec_sync))
+        .route("/v1/exec/stream", post(crate::exec::exec_stream))
+        .merge(crate::process::routes())
+        .merge(crate::files::routes())
+        .fallback(route_not_found)
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(ErrorCode::RouteNotFound, "method not allowed on this route")
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/livez", get(livez))
+        .merge(authed)
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_content_and_length() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+        // Lengths differing by a multiple of 256 must still differ.
+        assert!(!constant_time_eq(&[0u8; 256], b""));
+    }
+}

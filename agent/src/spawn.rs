@@ -1,0 +1,316 @@
+//! Starting a command: turning a request into argv, and forking it into its own session
+//! with pipes, a reset OOM score, and its exit registered with the [`Reaper`].
+//!
+//! Everything the agent runs goes through [`spawn`], so every process gets the same
+//! treatment: its own session (so a timeout can kill the whole group, grandchildren
+//! included), an OOM score above the agent's (so a memory hog dies before PID 1), and
+//! stdio the agent reads asynchronously.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Instant;
+
+use orchard_protocol::{Command, ErrorCode, ExecRequest};
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+
+use crate::error::ApiError;
+use crate::reaper::{Exit, Reaper};
+
+/// Shell used for string commands when the request names none.
+pub const DEFAULT_SHELL: &str = "/bin/sh";
+
+/// PATH given to commands when the agent's own environment has none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Why a command could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// An empty argv, or a NUL byte in an argument.
+    #[error("{0}")]
+    Invalid(String),
+    /// A shell string was given but the shell does not exist.
+    #[error("cannot run a shell command: {0} does not exist in this sandbox; pass the command as an argv array instead")]
+    NoShell(String),
+    /// The working directory does not exist or is not a directory.
+    #[error("working directory {0} does not exist or is not a directory")]
+    CwdNotFound(String),
+    /// The program was not found or is not executable.
+    #[error("cannot execute {program}: {reason}")]
+    CommandNotFound {
+        /// argv[0].
+        program: String,
+        /// What the OS said.
+        reason: String,
+    },
+    /// fork or pipe creation failed (for example, the pids limit was reached).
+    #[error("cannot start {program}: {reason}")]
+    Failed {
+        /// argv[0].
+        program: String,
+        /// What the OS said.
+        reason: String,
+    },
+}
+
+impl From<SpawnError> for ApiError {
+    fn from(err: SpawnError) -> Self {
+        let code = match &err {
+            SpawnError::Invalid(_) => ErrorCode::InvalidArgument,
+            SpawnError::NoShell(_) => ErrorCode::NoShell,
+            SpawnError::CwdNotFound(_) => ErrorCode::CwdNotFound,
+            SpawnError::CommandNotFound { .. } => ErrorCode::CommandNotFound,
+            SpawnError::Failed { .. } => ErrorCode::SpawnFailed,
+        };
+        ApiError::new(code, err.to_string())
+    }
+}
+
+/// A resolved command ready to start.
+#[derive(Debug, Clone)]
+pub struct SpawnSpec {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Working directory.
+    pub cwd: Option<String>,
+    /// Variables added to the agent's environment.
+    pub env: BTreeMap<String, String>,
+    /// Give the child a stdin pipe (else /dev/null).
+    pub stdin_pipe: bool,
+}
+
+impl SpawnSpec {
+    /// Resolves a request's command into argv, checking for the shell and the cwd.
+    pub fn from_request(req: &ExecRequest, stdin_pipe: bool) -> Result<Self, SpawnError> {
+        let argv = match &req.command {
+            Command::Argv(argv) => {
+                if argv.is_empty() || argv[0].is_empty() {
+                    return Err(SpawnError::Invalid("command must not be empty".into()));
+                }
+                argv.clone()
+            }
+            Command::Shell(script) => {
+                let shell = req.shell.as_deref().unwrap_or(DEFAULT_SHELL);
+                if !is_executable(Path::new(shell)) {
+                    return Err(SpawnError::NoShell(shell.to_string()));
+                }
+                vec![shell.to_string(), "-c".to_string(), script.clone()]
+            }
+        };
+        if argv.iter().any(|a| a.contains('\0')) {
+            return Err(SpawnError::Invalid("arguments must not contain NUL bytes".into()));
+        }
+        if let Some(cwd) = &req.cwd {
+            if !Path::new(cwd).is_dir() {
+                return Err(SpawnError::CwdNotFound(cwd.clone()));
+            }
+        }
+        Ok(Self {
+            argv,
+            cwd: req.cwd.clone(),
+            env: req.env.clone(),
+            stdin_pipe,
+        })
+    }
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// A started command.
+pub struct Spawned {
+    /// Its pid, which is also its session and process-group id.
+    pub pid: i32,
+    /// Write end of its stdin, when piped.
+    pub stdin: Option<pipe::Sender>,
+    /// Read end of its stdout.
+    pub stdout: pipe::Receiver,
+    /// Read end of its stderr.
+    pub stderr: pipe::Receiver,
+    /// Resolves when the reaper collects it.
+    pub exit: oneshot::Receiver<Exit>,
+    /// When it was started.
+    pub started: Instant,
+}
+
+/// Starts `spec` in its own session, registered with `reaper`.
+pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+    let program = &spec.argv[0];
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(&spec.argv[1..])
+        .stdin(if spec.stdin_pipe {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if std::env::var_os("PATH").is_none() && !spec.env.contains_key("PATH") {
+        cmd.env("PATH", DEFAULT_PATH);
+    }
+    cmd.envs(&spec.env);
+    if let Some(cwd) = &spec.cwd {
+        cmd.current_dir(cwd);
+    }
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+    // system calls (setsid, open, write, close) on static data.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The agent runs with a very low OOM score; its children must not inherit
+            // it, or the kernel would pick PID 1 over a memory hog.
+            let fd = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if fd >= 0 {
+                libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+            }
+            Ok(())
+        });
+    }
+
+    let guard = reaper.spawn_guard();
+    let mut child = cmd.spawn().map_err(|err| spawn_error(program, spec, &err))?;
+    let pid = child.id() as i32;
+    let exit = guard.register(pid);
+    drop(guard);
+
+    let started = Instant::now();
+    let to_receiver = |fd: Option<OwnedFd>| -> Result<pipe::Receiver, SpawnError> {
+        let fd = fd.ok_or_else(|| failed(program, "missing pipe"))?;
+        pipe::Receiver::from_owned_fd(fd).map_err(|e| failed(program, &e.to_string()))
+    };
+    let stdout = to_receiver(child.stdout.take().map(OwnedFd::from));
+    let stderr = to_receiver(child.stderr.take().map(OwnedFd::from));
+    let stdin = match child.stdin.take() {
+        Some(fd) => Some(
+            pipe::Sender::from_owned_fd(OwnedFd::from(fd))
+                .map_err(|e| failed(program, &e.to_string())),
+        ),
+        None => None,
+    };
+    match (stdout, stderr, stdin.transpose()) {
+        (Ok(stdout), Ok(stderr), Ok(stdin)) => Ok(Spawned {
+            pid,
+            stdin,
+            stdout,
+            stderr,
+            exit,
+            started,
+        }),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            kill_group(pid, libc::SIGKILL);
+            Err(e)
+        }
+    }
+}
+
+fn failed(program: &str, reason: &str) -> SpawnError {
+    SpawnError::Failed {
+        program: program.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn spawn_error(program: &str, spec: &SpawnSpec, err: &io::Error) -> SpawnError {
+    let reason = crate::error::describe_io(err);
+    match err.raw_os_error() {
+        Some(libc::ENOENT) => {
+            if let Some(cwd) = &spec.cwd {
+                if !Path::new(cwd).is_dir() {
+                    return SpawnError::CwdNotFound(cwd.clone());
+                }
+            }
+            SpawnError::CommandNotFound {
+                program: program.to_string(),
+                reason: "no such file or directory (not found on PATH)".to_string(),
+            }
+        }
+        Some(libc::EACCES) | Some(libc::ENOEXEC) | Some(libc::ENOTDIR) => {
+            SpawnError::CommandNotFound {
+                program: program.to_string(),
+                reason,
+            }
+        }
+        Some(libc::EAGAIN) => failed(
+            program,
+            "resource temporarily unavailable (the sandbox's process limit may be reached)",
+        ),
+        _ => failed(program, &reason),
+    }
+}
+
+/// Sends `signal` to the process group `pgid`. Errors (group already gone) are ignored.
+pub fn kill_group(pgid: i32, signal: i32) {
+    if pgid > 0 {
+        // SAFETY: kill with a negative pid addresses a process group.
+        unsafe {
+            libc::kill(-pgid, signal);
+        }
+    }
+}
+
+/// Sends `signal` to the single process `pid`.
+pub fn kill_one(pid: i32, signal: i32) {
+    if pid > 0 {
+        // SAFETY: plain kill.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
+/// Whether any process is left in group `pgid`.
+pub fn group_alive(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    pgid > 0 && unsafe { libc::kill(-pgid, 0) } == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(command: Command) -> ExecRequest {
+        ExecRequest {
+            command,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn shell_strings_become_sh_dash_c() {
+        let spec = SpawnSpec::from_request(&req(Command::Shell("echo hi".into())), false).unwrap();
+        assert_eq!(spec.argv, vec!["/bin/sh", "-c", "echo hi"]);
+    }
+
+    #[test]
+    fn a_missing_shell_is_no_shell() {
+        let mut r = req(Command::Shell("echo hi".into()));
+        r.shell = Some("/nonexistent/sh".into());
+        let err = SpawnSpec::from_request(&r, false).unwrap_err();
+        assert!(matches!(err, SpawnError::NoShell(_)));
+        assert_eq!(ApiError::from(err).code, ErrorCode::NoShell);
+    }
+
+    #[test]
+    fn empty_argv_and_missing_cwd_are_refused() {
+        let err = SpawnSpec::from_request(&req(Command::Argv(vec![])), false).unwrap_err();
+        assert!(matches!(err, SpawnError::Invalid(_)));
+        let mut r = req(Command::Argv(vec!["true".into()]));
+        r.cwd = Some("/definitely/not/here".into());
+        let err = SpawnSpec::from_request(&r, false).unwrap_err();
+        assert_eq!(ApiError::from(err).code, ErrorCode::CwdNotFound);
+    }
+}
