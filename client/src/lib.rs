@@ -1,1 +1,423 @@
+//! Async Rust client of the `orchard-agent` API.
+//!
+//! [`AgentClient`] talks to one agent over its Unix socket or TCP address, keeping
+//! HTTP/1.1 connections alive in a small pool so a call costs one round trip. Every
+//! typed method uses the wire types of `orchard-protocol`; failures come back as
+//! [`ClientError`], with the agent's [`ErrorBody`] when it answered one.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use bytes::{Buf, Bytes};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use orchard_protocol::files::{
+    Done, ExtractResult, FileList, FileStat, MkdirRequest, MoveRequest, WriteResult,
+};
+use orchard_protocol::health::Health;
+use orchard_protocol::process::{
+    ProcessInfo, ProcessList, ProcessOutput, SignalRequest, StdinWrite,
+};
+use orchard_protocol::{ErrorBody, ExecEvent, ExecRequest, ExecResult, TOKEN_HEADER};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Where an agent listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A Unix socket path.
+    Unix(PathBuf),
+    /// A TCP address.
+    Tcp(SocketAddr),
+}
+
+/// A failed call.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The agent answered with an error.
+    #[error("agent answered {status}: {} ({:?})", body.message, body.code)]
+    Api {
+        /// HTTP status.
+        status: StatusCode,
+        /// The error body.
+        body: ErrorBody,
+    },
+    /// The agent could not be reached or the connection broke.
+    #[error("transport: {0}")]
+    Transport(String),
+    /// The answer could not be decoded.
+    #[error("decoding the answer: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    /// The error code, when the agent answered one.
+    pub fn code(&self) -> Option<orchard_protocol::ErrorCode> {
+        match self {
+            ClientError::Api { body, .. } => Some(body.code),
+            _ => None,
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, ClientError>;
+
+fn transport(e: impl std::fmt::Display) -> ClientError {
+    ClientError::Transport(e.to_string())
+}
+
+/// A client of one agent.
+pub struct AgentClient {
+    endpoint: Endpoint,
+    token: String,
+    /// Idle keep-alive connections; taken for one request, returned after its body.
+    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+}
+
+/// A raw answer: status, headers and the whole body.
+#[derive(Debug)]
+pub struct RawResponse {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Response headers.
+    pub headers: hyper::HeaderMap,
+    /// The whole body.
+    pub body: Bytes,
+}
+
+impl AgentClient {
+    /// A client for `endpoint` sending `token`.
+    pub fn new(endpoint: Endpoint, token: impl Into<String>) -> Self {
+        Self {
+            endpoint,
+            token: token.into(),
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A client with another token (for auth tests).
+    pub fn with_token(&self, token: impl Into<String>) -> Self {
+        Self::new(self.endpoint.clone(), token)
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>> {
+        let sender = match &self.endpoint {
+            Endpoint::Unix(path) => {
+                let stream = tokio::net::UnixStream::connect(path).await.map_err(transport)?;
+                let (sender, conn) = http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(transport)?;
+                tokio::spawn(conn);
+                sender
+            }
+            Endpoint::Tcp(addr) => {
+                let stream = tokio::net::TcpStream::connect(addr).await.map_err(transport)?;
+                let _ = stream.set_nodelay(true);
+                let (sender, conn) = http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(transport)?;
+                tokio::spawn(conn);
+                sender
+            }
+        };
+        Ok(sender)
+    }
+
+    async fn sender(&self) -> Result<SendRequest<Full<Bytes>>> {
+        loop {
+            let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            match idle {
+                Some(mut s) => {
+                    if s.ready().await.is_ok() {
+                        return Ok(s);
+                    }
+                }
+                None => return self.connect().await,
+            }
+        }
+    }
+
+    fn build(&self, method: Method, path: &str, body: Bytes, content_type: &str) -> Result<Request<Full<Bytes>>> {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, "agent")
+            .header(TOKEN_HEADER, &self.token)
+            .header(hyper::header::CONTENT_TYPE, content_type)
+            .body(Full::new(body))
+            .map_err(transport)
+    }
+
+    /// Sends a request and returns the response with its body unread. The connection
+    /// is not reused.
+    pub async fn send_streaming(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> Result<Response<Incoming>> {
+        let req = self.build(method, path, body, content_type)?;
+        let mut sender = self.sender().await?;
+        sender.send_request(req).await.map_err(transport)
+    }
+
+    /// Sends a request and reads the whole answer.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> Result<RawResponse> {
+        let req = self.build(method, path, body, content_type)?;
+        let mut sender = self.sender().await?;
+        let resp = sender.send_request(req).await.map_err(transport)?;
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.map_err(transport)?.to_bytes();
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(sender);
+        Ok(RawResponse {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    fn decode<T: DeserializeOwned>(raw: RawResponse) -> Result<T> {
+        if !raw.status.is_success() {
+            let body = serde_json::from_slice(&raw.body).map_err(|e| {
+                ClientError::Decode(format!(
+                    "status {} with a non-error body ({e}): {}",
+                    raw.status,
+                    String::from_utf8_lossy(&raw.body)
+                ))
+            })?;
+            return Err(ClientError::Api {
+                status: raw.status,
+                body,
+            });
+        }
+        serde_json::from_slice(&raw.body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    fn bytes_or_error(raw: RawResponse) -> Result<Bytes> {
+        if raw.status.is_success() {
+            Ok(raw.body)
+        } else {
+            Self::decode::<serde_json::Value>(raw).map(|_| Bytes::new())
+        }
+    }
+
+    async fn json<T: DeserializeOwned>(&self, method: Method, path: &str, body: &impl Serialize) -> Result<T> {
+        let body = serde_json::to_vec(body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        Self::decode(self.send(method, path, body.into(), "application/json").await?)
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        Self::decode(self.send(Method::GET, path, Bytes::new(), "application/json").await?)
+    }
+
+    /// `GET /v1/health`.
+    pub async fn health(&self) -> Result<Health> {
+        self.get("/v1/health").await
+    }
+
+    /// `POST /v1/exec`.
+    pub async fn exec(&self, req: &ExecRequest) -> Result<ExecResult> {
+        self.json(Method::POST, "/v1/exec", req).await
+    }
+
+    /// `POST /v1/exec/stream`: the frames as they come.
+    pub async fn exec_stream(&self, req: &ExecRequest) -> Result<ExecStream> {
+        let body = serde_json::to_vec(req).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let resp = self
+            .send_streaming(Method::POST, "/v1/exec/stream", body.into(), "application/json")
+            .await?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.into_body().collect().await.map_err(transport)?.to_bytes();
+            return Err(Self::decode::<serde_json::Value>(RawResponse {
+                status,
+                headers: Default::default(),
+                body,
+            })
+            .err()
+            .unwrap_or_else(|| ClientError::Decode(format!("status {status}"))));
+        }
+        Ok(ExecStream {
+            body: resp.into_body(),
+            buf: Vec::new(),
+        })
+    }
+
+    /// `POST /v1/processes`.
+    pub async fn start_process(&self, req: &ExecRequest) -> Result<ProcessInfo> {
+        self.json(Method::POST, "/v1/processes", req).await
+    }
+
+    /// `GET /v1/processes`.
+    pub async fn list_processes(&self) -> Result<ProcessList> {
+        self.get("/v1/processes").await
+    }
+
+    /// `GET /v1/processes/{id}`.
+    pub async fn process(&self, id: &str) -> Result<ProcessInfo> {
+        self.get(&format!("/v1/processes/{id}")).await
+    }
+
+    /// `GET /v1/processes/{id}/output`.
+    pub async fn process_output(&self, id: &str, stdout_offset: u64, stderr_offset: u64) -> Result<ProcessOutput> {
+        self.get(&format!(
+            "/v1/processes/{id}/output?stdout_offset={stdout_offset}&stderr_offset={stderr_offset}"
+        ))
+        .await
+    }
+
+    /// `POST /v1/processes/{id}/stdin`.
+    pub async fn write_stdin(&self, id: &str, write: &StdinWrite) -> Result<ProcessInfo> {
+        self.json(Method::POST, &format!("/v1/processes/{id}/stdin"), write).await
+    }
+
+    /// `POST /v1/processes/{id}/signal`.
+    pub async fn signal(&self, id: &str, req: &SignalRequest) -> Result<ProcessInfo> {
+        self.json(Method::POST, &format!("/v1/processes/{id}/signal"), req).await
+    }
+
+    /// `GET /v1/processes/{id}/wait`.
+    pub async fn wait_process(&self, id: &str, timeout_ms: u64) -> Result<ProcessInfo> {
+        self.get(&format!("/v1/processes/{id}/wait?timeout_ms={timeout_ms}")).await
+    }
+
+    /// `DELETE /v1/processes/{id}`.
+    pub async fn delete_process(&self, id: &str) -> Result<ProcessInfo> {
+        Self::decode(
+            self.send(Method::DELETE, &format!("/v1/processes/{id}"), Bytes::new(), "application/json")
+                .await?,
+        )
+    }
+
+    /// `GET /v1/files`: the whole file.
+    pub async fn read_file(&self, path: &str) -> Result<Bytes> {
+        self.read_range(path, None, None).await
+    }
+
+    /// `GET /v1/files` with a byte range.
+    pub async fn read_range(&self, path: &str, offset: Option<u64>, length: Option<u64>) -> Result<Bytes> {
+        let mut q = format!("/v1/files?path={}", encode(path));
+        if let Some(o) = offset {
+            q += &format!("&offset={o}");
+        }
+        if let Some(l) = length {
+            q += &format!("&length={l}");
+        }
+        Self::bytes_or_error(self.send(Method::GET, &q, Bytes::new(), "application/json").await?)
+    }
+
+    /// `PUT /v1/files`.
+    pub async fn write_file(&self, path: &str, data: impl Into<Bytes>, mode: Option<u32>) -> Result<WriteResult> {
+        let mut q = format!("/v1/files?path={}", encode(path));
+        if let Some(m) = mode {
+            q += &format!("&mode={m:o}");
+        }
+        Self::decode(self.send(Method::PUT, &q, data.into(), "application/octet-stream").await?)
+    }
+
+    /// `GET /v1/files/stat`.
+    pub async fn stat(&self, path: &str) -> Result<FileStat> {
+        self.get(&format!("/v1/files/stat?path={}", encode(path))).await
+    }
+
+    /// `GET /v1/files/list`.
+    pub async fn list_dir(&self, path: &str, depth: u32) -> Result<FileList> {
+        self.get(&format!("/v1/files/list?path={}&depth={depth}", encode(path))).await
+    }
+
+    /// `POST /v1/files/mkdir`.
+    pub async fn mkdir(&self, path: &str) -> Result<Done> {
+        self.json(Method::POST, "/v1/files/mkdir", &MkdirRequest { path: path.into(), mode: None })
+            .await
+    }
+
+    /// `POST /v1/files/move`.
+    pub async fn rename(&self, from: &str, to: &str, overwrite: bool) -> Result<Done> {
+        self.json(
+            Method::POST,
+            "/v1/files/move",
+            &MoveRequest {
+                from: from.into(),
+                to: to.into(),
+                overwrite,
+            },
+        )
+        .await
+    }
+
+    /// `DELETE /v1/files`.
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<Done> {
+        let q = format!("/v1/files?path={}&recursive={recursive}", encode(path));
+        Self::decode(self.send(Method::DELETE, &q, Bytes::new(), "application/json").await?)
+    }
+
+    /// `PUT /v1/files/archive`: extract a tar or tar.gz into `dir`.
+    pub async fn upload_tar(&self, dir: &str, archive: impl Into<Bytes>) -> Result<ExtractResult> {
+        let q = format!("/v1/files/archive?path={}", encode(dir));
+        Self::decode(self.send(Method::PUT, &q, archive.into(), "application/x-tar").await?)
+    }
+
+    /// `GET /v1/files/archive`: `path` as tar.gz.
+    pub async fn download_tar(&self, path: &str) -> Result<Bytes> {
+        let q = format!("/v1/files/archive?path={}", encode(path));
+        Self::bytes_or_error(self.send(Method::GET, &q, Bytes::new(), "application/json").await?)
+    }
+}
+
+/// Percent-encodes a query value.
+pub fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The frames of a streamed exec.
+pub struct ExecStream {
+    body: Incoming,
+    buf: Vec<u8>,
+}
+
+impl ExecStream {
+    /// The next frame, or `None` at the end of the stream.
+    pub async fn next(&mut self) -> Result<Option<ExecEvent>> {
+        loop {
+            if let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=nl).collect();
+                return serde_json::from_slice(&line[..nl])
+                    .map(Some)
+                    .map_err(|e| ClientError::Decode(e.to_string()));
+            }
+            match self.body.frame().await {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(transport(e)),
+                Some(Ok(frame)) => {
+                    if let Ok(mut data) = frame.into_data() {
+                        while data.has_remaining() {
+                            let chunk = data.chunk();
+                            self.buf.extend_from_slice(chunk);
+                            let n = chunk.len();
+                            data.advance(n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
