@@ -47,6 +47,9 @@ struct Args {
     /// How long an exited background process stays retrievable, in milliseconds.
     #[arg(long, default_value_t = config::DEFAULT_PROCESS_RETENTION_MS)]
     process_retention_ms: u64,
+    /// Async worker threads.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
     /// Milliseconds between SIGTERM and SIGKILL on timeout.
     #[arg(long, default_value_t = 500)]
     kill_grace_ms: u64,
@@ -89,7 +92,7 @@ fn main() -> anyhow::Result<()> {
     l.process_retention_ms = args.process_retention_ms;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(args.workers.max(1))
         .max_blocking_threads(64)
         // Threads that stay alive keep the agent serving when a fork bomb has used up
         // the sandbox's pids limit and no new thread could be created.

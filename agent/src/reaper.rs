@@ -14,7 +14,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -63,6 +64,11 @@ pub struct Reaper {
     waiters: Mutex<HashMap<i32, oneshot::Sender<Exit>>>,
     /// Orphans reaped so far (children nobody registered).
     orphans_reaped: AtomicU64,
+    /// Bumped on every spawn and SIGCHLD; the reaper thread sleeps on it when it has
+    /// no child to wait for.
+    generation: Mutex<u64>,
+    /// Signalled with `generation`.
+    wakeup: Condvar,
 }
 
 /// Held while spawning; register the child's pid before dropping it.
@@ -76,6 +82,7 @@ impl SpawnGuard<'_> {
     pub fn register(&self, pid: i32) -> oneshot::Receiver<Exit> {
         let (tx, rx) = oneshot::channel();
         self.reaper.lock_waiters().insert(pid, tx);
+        self.reaper.wake();
         rx
     }
 }
@@ -111,7 +118,20 @@ impl Reaper {
     /// Reaps every child that has exited, delivering registered statuses. Returns how
     /// many children were reaped.
     pub fn reap(&self) -> usize {
-        let _write = self.spawn_lock.write().unwrap_or_else(|p| p.into_inner());
+        let write = self.spawn_lock.write().unwrap_or_else(|p| p.into_inner());
+        self.reap_locked(write)
+    }
+
+    /// Like [`Reaper::reap`], but `None` instead of waiting when a spawn is in flight.
+    pub fn try_reap(&self) -> Option<usize> {
+        match self.spawn_lock.try_write() {
+            Ok(write) => Some(self.reap_locked(write)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(self.reap_locked(p.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    fn reap_locked(&self, _write: std::sync::RwLockWriteGuard<'_, ()>) -> usize {
         let mut reaped = 0;
         loop {
             let mut status = 0;
@@ -143,22 +163,61 @@ impl Reaper {
         self.orphans_reaped.load(Ordering::Relaxed)
     }
 
-    /// Reaps on every SIGCHLD, forever. Call once, from inside the runtime.
-    pub fn spawn_loop(self: std::sync::Arc<Self>) -> std::io::Result<()> {
+    /// Starts the reaper: a dedicated thread that sleeps in `waitid(WNOWAIT)` until a
+    /// child has exited, then reaps. A kernel wake-up of a blocked thread is the
+    /// shortest path from a child's exit to its waiter, which is most of the latency
+    /// of a short exec. SIGCHLD only wakes the thread when it had no child to wait on
+    /// (an orphan was reparented to PID 1 in between). Call once, inside the runtime.
+    pub fn spawn_loop(self: Arc<Self>) -> std::io::Result<()> {
         use tokio::signal::unix::{signal, SignalKind};
         let mut sigchld = signal(SignalKind::child())?;
+        let waker = self.clone();
         tokio::spawn(async move {
-            loop {
-                let reaper = self.clone();
-                // The write lock may wait for an in-flight fork; keep that off the
-                // async workers.
-                let _ = tokio::task::spawn_blocking(move || reaper.reap()).await;
-                if sigchld.recv().await.is_none() {
-                    break;
-                }
+            while sigchld.recv().await.is_some() {
+                waker.wake();
             }
         });
+        std::thread::Builder::new()
+            .name("reaper".into())
+            .spawn(move || self.thread_loop())?;
         Ok(())
+    }
+
+    fn thread_loop(&self) {
+        loop {
+            let seen = *self.lock_generation();
+            // SAFETY: waitid with a zeroed siginfo out-parameter; WNOWAIT leaves the
+            // child a zombie for `reap`, which does the collecting under the lock.
+            let rc = unsafe {
+                let mut info: libc::siginfo_t = std::mem::zeroed();
+                libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT)
+            };
+            if rc == 0 {
+                self.reap();
+                continue;
+            }
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                _ => {
+                    // No child at all: sleep until one is spawned or SIGCHLD says an
+                    // orphan arrived. The timeout bounds any missed wake-up.
+                    let generation = self.lock_generation();
+                    let _ = self
+                        .wakeup
+                        .wait_timeout_while(generation, Duration::from_secs(1), |g| *g == seen);
+                }
+            }
+        }
+    }
+
+    fn lock_generation(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.generation.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes the reaper thread if it sleeps for lack of children.
+    fn wake(&self) {
+        *self.lock_generation() += 1;
+        self.wakeup.notify_all();
     }
 }
 
@@ -180,6 +239,8 @@ mod tests {
     }
 
     #[test]
+    // The reaper collects the child, not `Child::wait`: that is what is under test.
+    #[allow(clippy::zombie_processes)]
     fn registered_child_gets_its_status_even_when_reaped_by_the_loop() {
         let reaper = shared();
         let guard = reaper.spawn_guard();

@@ -1,13 +1,12 @@
-//! Starting a command: turning a request into argv, and forking it into its own session
+//! Starting a command: turning a request into argv, and spawning it into its own process group
 //! with pipes, a reset OOM score, and its exit registered with the [`Reaper`].
 //!
 //! Everything the agent runs goes through [`spawn`], so every process gets the same
-//! treatment: its own session (so a timeout can kill the whole group, grandchildren
-//! included), an OOM score above the agent's (so a memory hog dies before PID 1), and
+//! treatment: its own process group (so a timeout can kill the whole group,
+//! grandchildren included), an OOM score above the agent's (so a memory hog dies before PID 1), and
 //! stdio the agent reads asynchronously.
 
 use std::collections::BTreeMap;
-use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -127,7 +126,7 @@ fn is_executable(path: &Path) -> bool {
 
 /// A started command.
 pub struct Spawned {
-    /// Its pid, which is also its session and process-group id.
+    /// Its pid, which is also its process-group id.
     pub pid: i32,
     /// Write end of its stdin, when piped.
     pub stdin: Option<pipe::Sender>,
@@ -141,7 +140,7 @@ pub struct Spawned {
     pub started: Instant,
 }
 
-/// Starts `spec` in its own session, registered with `reaper`.
+/// Starts `spec` in its own process group, registered with `reaper`.
 pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     let program = &spec.argv[0];
     let mut cmd = std::process::Command::new(program);
@@ -160,32 +159,17 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
     }
-    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-    // system calls (setsid, open, write, close) on static data.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The agent runs with a very low OOM score; its children must not inherit
-            // it, or the kernel would pick PID 1 over a memory hog.
-            let fd = libc::open(
-                c"/proc/self/oom_score_adj".as_ptr(),
-                libc::O_WRONLY | libc::O_CLOEXEC,
-            );
-            if fd >= 0 {
-                libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-            }
-            Ok(())
-        });
-    }
+    // Its own process group, so a timeout kills grandchildren too. No pre_exec hook:
+    // without one the standard library uses posix_spawn (vfork), which is what keeps
+    // an exec of `true` close to the bare fork/exec floor.
+    cmd.process_group(0);
 
     let guard = reaper.spawn_guard();
     let mut child = cmd.spawn().map_err(|err| spawn_error(program, spec, &err))?;
     let pid = child.id() as i32;
     let exit = guard.register(pid);
     drop(guard);
+    reset_oom_score(pid);
 
     let started = Instant::now();
     let to_receiver = |fd: Option<OwnedFd>| -> Result<pipe::Receiver, SpawnError> {
@@ -194,13 +178,9 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     };
     let stdout = to_receiver(child.stdout.take().map(OwnedFd::from));
     let stderr = to_receiver(child.stderr.take().map(OwnedFd::from));
-    let stdin = match child.stdin.take() {
-        Some(fd) => Some(
-            pipe::Sender::from_owned_fd(OwnedFd::from(fd))
-                .map_err(|e| failed(program, &e.to_string())),
-        ),
-        None => None,
-    };
+    let stdin = child.stdin.take().map(|fd| {
+        pipe::Sender::from_owned_fd(OwnedFd::from(fd)).map_err(|e| failed(program, &e.to_string()))
+    });
     match (stdout, stderr, stdin.transpose()) {
         (Ok(stdout), Ok(stderr), Ok(stdin)) => Ok(Spawned {
             pid,
@@ -217,6 +197,13 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     }
 }
 
+/// The agent runs with a very low OOM score and children inherit it; raise the child's
+/// back to 0 so the kernel picks a memory hog rather than PID 1. (Raising needs no
+/// privilege. A child that already exited has nothing left to protect.)
+fn reset_oom_score(pid: i32) {
+    let _ = std::fs::write(format!("/proc/{pid}/oom_score_adj"), "0");
+}
+
 fn failed(program: &str, reason: &str) -> SpawnError {
     SpawnError::Failed {
         program: program.to_string(),
@@ -224,7 +211,7 @@ fn failed(program: &str, reason: &str) -> SpawnError {
     }
 }
 
-fn spawn_error(program: &str, spec: &SpawnSpec, err: &io::Error) -> SpawnError {
+fn spawn_error(program: &str, spec: &SpawnSpec, err: &std::io::Error) -> SpawnError {
     let reason = crate::error::describe_io(err);
     match err.raw_os_error() {
         Some(libc::ENOENT) => {
