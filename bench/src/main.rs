@@ -1,0 +1,312 @@
+//! `make bench`: measures the agent next to the floor in the same run and writes
+//! `bench/results/agent.md` (table) and `agent.json` (numbers, the baseline of the next
+//! run's comparison).
+//!
+//! - exec `true` round trip over the Unix socket and over TCP (keep-alive client),
+//!   p50/p99, next to the floor: spawn + wait of the same `true` without the agent.
+//!   Floor and agent calls run in interleaved blocks so machine noise hits both alike.
+//! - streamed exec throughput of a large output, next to reading the same command's
+//!   pipe directly.
+//! - agent idle RSS and binary size.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use hyper::Method;
+use clap::Parser;
+use orchard_client::{AgentClient, Endpoint};
+use orchard_protocol::{Command as Cmd, ExecEvent, ExecRequest};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+struct Args {
+    /// The agent binary to measure.
+    #[arg(long)]
+    agent: PathBuf,
+    /// Directory for the results.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Calls per measurement (split into interleaved blocks).
+    #[arg(long, default_value_t = 2000)]
+    iterations: usize,
+    /// Extra arguments for the agent (repeatable), e.g. `--agent-arg=--workers=1`.
+    #[arg(long = "agent-arg", allow_hyphen_values = true)]
+    agent_args: Vec<String>,
+    /// Bytes streamed in the throughput test.
+    #[arg(long, default_value_t = 256 << 20)]
+    stream_bytes: u64,
+}
+
+struct Agent {
+    child: std::process::Child,
+    dir: PathBuf,
+    unix: PathBuf,
+    tcp: std::net::SocketAddr,
+    token: String,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // SAFETY: plain kill of our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_agent(bin: &Path, extra: &[String]) -> anyhow::Result<Agent> {
+    let dir = std::env::temp_dir().join(format!("orchard-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let unix = dir.join("agent.sock");
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let token = format!("bench-{}", std::process::id());
+    let child = Command::new(bin)
+        .arg("--unix")
+        .arg(&unix)
+        .arg("--tcp")
+        .arg(tcp.to_string())
+        .args(extra)
+        .env("ORCHARD_AGENT_TOKEN", &token)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    Ok(Agent {
+        child,
+        dir,
+        unix,
+        tcp,
+        token,
+    })
+}
+
+async fn wait_ready(client: &AgentClient) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.health().await.is_err() {
+        if Instant::now() > deadline {
+            bail!("the agent did not answer within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[derive(Default)]
+struct Samples(Vec<f64>);
+
+impl Samples {
+    fn push(&mut self, d: Duration) {
+        self.0.push(d.as_secs_f64() * 1e6);
+    }
+    fn pct(&self, p: f64) -> f64 {
+        let mut v = self.0.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        if v.is_empty() {
+            return 0.0;
+        }
+        let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+        v[i]
+    }
+}
+
+fn which(name: &str) -> PathBuf {
+    for dir in ["/usr/bin", "/bin"] {
+        let p = Path::new(dir).join(name);
+        if p.exists() {
+            return p;
+        }
+    }
+    PathBuf::from(name)
+}
+
+async fn exec_true(client: &AgentClient, req: &ExecRequest) -> anyhow::Result<()> {
+    let r = client.exec(req).await?;
+    if r.exit_code != Some(0) {
+        bail!("true exited {:?}", r.exit_code);
+    }
+    Ok(())
+}
+
+async fn stream_throughput(client: &AgentClient, head: &Path, bytes: u64) -> anyhow::Result<f64> {
+    let req = ExecRequest {
+        command: Cmd::Argv(vec![
+            head.display().to_string(),
+            "-c".into(),
+            bytes.to_string(),
+            "/dev/zero".into(),
+        ]),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let mut stream = client.exec_stream(&req).await?;
+    let mut got = 0u64;
+    while let Some(ev) = stream.next().await? {
+        match ev {
+            ExecEvent::Stdout { data } => {
+                got += orchard_protocol::output::b64_decode(&data)
+                    .map(|d| d.len() as u64)
+                    .unwrap_or(0)
+            }
+            ExecEvent::Exit { .. } => break,
+            ExecEvent::Error { message, .. } => bail!("stream error: {message}"),
+            _ => {}
+        }
+    }
+    if got != bytes {
+        bail!("streamed {got} bytes, expected {bytes}");
+    }
+    Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e6)
+}
+
+fn direct_throughput(head: &Path, bytes: u64) -> anyhow::Result<f64> {
+    use std::io::Read;
+    let start = Instant::now();
+    let mut child = Command::new(head)
+        .args(["-c", &bytes.to_string(), "/dev/zero"])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut out = child.stdout.take().context("no stdout")?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = 0u64;
+    loop {
+        let n = out.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+    }
+    child.wait()?;
+    if got != bytes {
+        bail!("read {got} bytes, expected {bytes}");
+    }
+    Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e6)
+}
+
+fn previous(out: &Path) -> Value {
+    std::fs::read_to_string(out.join("agent.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let agent = start_agent(&args.agent, &args.agent_args)?;
+    let unix = Arc::new(AgentClient::new(Endpoint::Unix(agent.unix.clone()), &agent.token));
+    let tcp = Arc::new(AgentClient::new(Endpoint::Tcp(agent.tcp), &agent.token));
+    wait_ready(&unix).await?;
+    wait_ready(&tcp).await?;
+    let idle_rss = rss_kib(agent.child.id());
+
+    let true_bin = which("true");
+    let req = ExecRequest {
+        command: Cmd::Argv(vec![true_bin.display().to_string()]),
+        ..Default::default()
+    };
+    for _ in 0..100 {
+        exec_true(&unix, &req).await?;
+        exec_true(&tcp, &req).await?;
+        Command::new(&true_bin).status()?;
+    }
+    let (mut floor, mut over_unix, mut over_tcp) = (Samples::default(), Samples::default(), Samples::default());
+    let mut http_only = Samples::default();
+    let block = 100;
+    let blocks = args.iterations.div_ceil(block);
+    for _ in 0..blocks {
+        for _ in 0..block {
+            let t = Instant::now();
+            let status = Command::new(&true_bin).status()?;
+            floor.push(t.elapsed());
+            if !status.success() {
+                bail!("true failed");
+            }
+        }
+        for _ in 0..block {
+            let t = Instant::now();
+            exec_true(&unix, &req).await?;
+            over_unix.push(t.elapsed());
+        }
+        for _ in 0..block {
+            let t = Instant::now();
+            exec_true(&tcp, &req).await?;
+            over_tcp.push(t.elapsed());
+        }
+        for _ in 0..block {
+            let t = Instant::now();
+            unix.send(Method::GET, "/livez", Bytes::new(), "text/plain").await?;
+            http_only.push(t.elapsed());
+        }
+    }
+    let loaded_rss = rss_kib(agent.child.id());
+
+    let head = which("head");
+    let direct_mbs = direct_throughput(&head, args.stream_bytes)?;
+    let stream_mbs = stream_throughput(&unix, &head, args.stream_bytes).await?;
+    let size = std::fs::metadata(&args.agent)?.len();
+
+    let now = json!({
+        "floor_p50_us": floor.pct(0.5), "floor_p99_us": floor.pct(0.99),
+        "unix_p50_us": over_unix.pct(0.5), "unix_p99_us": over_unix.pct(0.99),
+        "tcp_p50_us": over_tcp.pct(0.5), "tcp_p99_us": over_tcp.pct(0.99),
+        "http_p50_us": http_only.pct(0.5),
+        "direct_pipe_mb_s": direct_mbs, "stream_mb_s": stream_mbs,
+        "idle_rss_kib": idle_rss, "loaded_rss_kib": loaded_rss, "binary_bytes": size,
+        "iterations": blocks * block,
+    });
+    let prev = previous(&args.out);
+    let f50 = floor.pct(0.5);
+    let mut md = String::new();
+    md += "# orchard-agent benchmark\n\n";
+    md += &format!(
+        "{} calls per series, interleaved in blocks of {block}; agent on the host (not in a sandbox), `{}`.\n",
+        blocks * block,
+        true_bin.display()
+    );
+    md += "Ratios are against the floor measured in this run; `prev` is the previous run's value.\n\n";
+    md += "| measure | value | ratio to floor | target | prev |\n|---|---|---|---|---|\n";
+    let prevv = |k: &str| prev.get(k).and_then(Value::as_f64).map_or("–".to_string(), |v| format!("{v:.1}"));
+    let row = |md: &mut String, name: &str, key: &str, v: f64, unit: &str, ratio: Option<f64>, target: &str| {
+        let r = ratio.map_or("–".to_string(), |r| format!("{r:.2}x"));
+        md.push_str(&format!("| {name} | {v:.1} {unit} | {r} | {target} | {} |\n", prevv(key)));
+    };
+    row(&mut md, "floor: spawn+wait `true`, p50", "floor_p50_us", f50, "µs", Some(1.0), "");
+    row(&mut md, "floor: spawn+wait `true`, p99", "floor_p99_us", floor.pct(0.99), "µs", None, "");
+    row(&mut md, "exec `true` over Unix socket, p50", "unix_p50_us", over_unix.pct(0.5), "µs", Some(over_unix.pct(0.5) / f50), "≤ 1.5x");
+    row(&mut md, "exec `true` over Unix socket, p99", "unix_p99_us", over_unix.pct(0.99), "µs", Some(over_unix.pct(0.99) / floor.pct(0.99)), "");
+    row(&mut md, "exec `true` over TCP, p50", "tcp_p50_us", over_tcp.pct(0.5), "µs", Some(over_tcp.pct(0.5) / f50), "≤ 1.5x");
+    row(&mut md, "exec `true` over TCP, p99", "tcp_p99_us", over_tcp.pct(0.99), "µs", Some(over_tcp.pct(0.99) / floor.pct(0.99)), "");
+    row(&mut md, "HTTP round trip without exec (`/livez`, Unix), p50", "http_p50_us", http_only.pct(0.5), "µs", None, "");
+    row(&mut md, "floor: read a pipe directly", "direct_pipe_mb_s", direct_mbs, "MB/s", Some(1.0), "");
+    row(&mut md, "streamed exec throughput", "stream_mb_s", stream_mbs, "MB/s", Some(stream_mbs / direct_mbs), "");
+    row(&mut md, "agent idle RSS", "idle_rss_kib", idle_rss as f64, "KiB", None, "≤ 4096 KiB");
+    row(&mut md, "agent RSS after the run", "loaded_rss_kib", loaded_rss as f64, "KiB", None, "");
+    row(&mut md, "agent binary size", "binary_bytes", size as f64, "bytes", None, "≤ 12 MiB");
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("agent.md"), &md)?;
+    std::fs::write(args.out.join("agent.json"), serde_json::to_string_pretty(&now)? + "\n")?;
+    print!("{md}");
+    let unix_ratio = over_unix.pct(0.5) / f50;
+    if unix_ratio > 1.5 {
+        eprintln!("bench: exec p50 over the Unix socket is {unix_ratio:.2}x the floor (target 1.5x)");
+    }
+    drop(agent);
+    Ok(())
+}
