@@ -1,0 +1,49 @@
+# Orchard Env — the two commands a newcomer needs are `make run` and `make test`.
+SHELL := /bin/bash
+MUSL_TARGET := x86_64-unknown-linux-musl
+AGENT_BIN := target/$(MUSL_TARGET)/release/orchard-agent
+export ORCHARD_AGENT_BIN := $(CURDIR)/$(AGENT_BIN)
+
+.PHONY: all deps agent build test lint unit openapi bench run stop clean
+
+all: build
+
+## deps: install what a fresh Debian machine lacks (apt packages, the musl target).
+deps:
+	@scripts/deps.sh
+
+## agent: the static musl agent binary.
+agent: deps
+	cargo build --release --target $(MUSL_TARGET) -p orchard-agent
+	@file $(AGENT_BIN) | grep -q 'statically linked' || { echo "error: $(AGENT_BIN) is not statically linked"; file $(AGENT_BIN); exit 1; }
+	@echo "agent: $(AGENT_BIN) ($$(stat -c %s $(AGENT_BIN)) bytes, static)"
+
+build: agent
+	cargo build --workspace
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+## test: everything CI checks.
+test: agent lint
+	cargo test --workspace
+
+## openapi: regenerate the committed OpenAPI documents after an intended API change.
+openapi:
+	UPDATE_OPENAPI=1 cargo test -p orchard-protocol openapi
+
+## bench: exec latency against the fork/exec floor, streaming throughput, RSS, size.
+bench: agent
+	cargo run --release -p orchard-bench -- --agent $(AGENT_BIN) --out bench/results
+
+## run: start an agent in a runc sandbox in the background and run a command in it.
+run: agent
+	@scripts/run.sh
+
+## stop: stop what `make run` started and remove everything it made.
+stop:
+	@scripts/stop.sh
+
+clean: stop
+	cargo clean

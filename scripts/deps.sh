@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks to build and test Orchard Env.
+# Idempotent and quiet when everything is present.
+set -euo pipefail
+
+need=()
+command -v runc >/dev/null || need+=(runc)
+[ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && file -L /bin/busybox 2>/dev/null | grep -q static || need+=(busybox-static)
+command -v x86_64-linux-musl-gcc >/dev/null || need+=(musl-tools)
+command -v file >/dev/null || need+=(file)
+command -v curl >/dev/null || need+=(curl)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "deps: installing ${need[*]}"
+  if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
+  echo "deps: adding the x86_64-unknown-linux-musl target"
+  rustup target add x86_64-unknown-linux-musl
+fi
