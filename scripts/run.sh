@@ -20,7 +20,7 @@ scripts/stop.sh >/dev/null 2>&1 || true
 bundle=$state/bundle
 mkdir -p "$bundle/rootfs/bin" "$bundle/rootfs/etc" "$bundle/rootfs/workspace" "$state/bin" "$state/sock" "$runc_root"
 cp /bin/busybox "$bundle/rootfs/bin/busybox"
-for applet in $(/bin/busybox --list); do ln -sf busybox "$bundle/rootfs/bin/$applet"; done
+for applet in $(/bin/busybox --list); do [ "$applet" = busybox ] || ln -sf busybox "$bundle/rootfs/bin/$applet"; done
 echo 'root:x:0:0:root:/root:/bin/sh' > "$bundle/rootfs/etc/passwd"
 cp "$agent" "$state/bin/orchard-agent"
 token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')

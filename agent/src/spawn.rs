@@ -225,7 +225,7 @@ fn spawn_error(program: &str, spec: &SpawnSpec, err: &std::io::Error) -> SpawnEr
                 reason: "no such file or directory (not found on PATH)".to_string(),
             }
         }
-        Some(libc::EACCES) | Some(libc::ENOEXEC) | Some(libc::ENOTDIR) => {
+        Some(libc::EACCES) | Some(libc::ENOEXEC) | Some(libc::ENOTDIR) | Some(libc::ELOOP) => {
             SpawnError::CommandNotFound {
                 program: program.to_string(),
                 reason,
