@@ -11,12 +11,18 @@
 //! the reaper holds it for writing while it calls `waitpid(-1)`. So a status is only
 //! ever collected when its waiter is known, and the standard library's own `waitpid`
 //! after a failed `exec` (inside `Command::spawn`) never finds the child already gone.
+//!
+//! Reaping runs on SIGCHLD, and also from the waiting task itself: each registered
+//! child has a pidfd, which becomes readable when the child exits, and the task woken
+//! by it reaps at once. That saves the signal's trip through the runtime, which is a
+//! large part of the latency of a short exec.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
-use std::time::Duration;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
+use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 /// How a process ended, decoded from a wait status.
@@ -64,26 +70,68 @@ pub struct Reaper {
     waiters: Mutex<HashMap<i32, oneshot::Sender<Exit>>>,
     /// Orphans reaped so far (children nobody registered).
     orphans_reaped: AtomicU64,
-    /// Bumped on every spawn and SIGCHLD; the reaper thread sleeps on it when it has
-    /// no child to wait for.
-    generation: Mutex<u64>,
-    /// Signalled with `generation`.
-    wakeup: Condvar,
 }
 
 /// Held while spawning; register the child's pid before dropping it.
 pub struct SpawnGuard<'a> {
-    reaper: &'a Reaper,
+    reaper: &'a Arc<Reaper>,
     _read: RwLockReadGuard<'a, ()>,
 }
 
 impl SpawnGuard<'_> {
-    /// Registers `pid` and returns the receiver of its exit.
-    pub fn register(&self, pid: i32) -> oneshot::Receiver<Exit> {
+    /// Registers `pid` and returns the waiter of its exit.
+    pub fn register(&self, pid: i32) -> ExitWaiter {
         let (tx, rx) = oneshot::channel();
         self.reaper.lock_waiters().insert(pid, tx);
-        self.reaper.wake();
-        rx
+        ExitWaiter {
+            rx,
+            pidfd: pidfd_open(pid),
+            reaper: self.reaper.clone(),
+        }
+    }
+}
+
+/// Opens a pidfd for `pid` and registers it with the runtime; `None` where pidfds are
+/// unsupported (the SIGCHLD path then delivers the exit alone).
+fn pidfd_open(pid: i32) -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the fd was just returned to us and is owned by nobody else.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: an OwnedFd stays open and keeps its number for as long as it is owned,
+    // here by the AsyncFd.
+    unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }.ok()
+}
+
+/// Resolves to a registered child's exit.
+pub struct ExitWaiter {
+    rx: oneshot::Receiver<Exit>,
+    pidfd: Option<AsyncFd<OwnedFd>>,
+    reaper: Arc<Reaper>,
+}
+
+impl ExitWaiter {
+    /// Waits for the exit. Cancel-safe: dropping the future and calling again is fine.
+    /// `None` only if the reaper vanished.
+    pub async fn wait(&mut self) -> Option<Exit> {
+        if let Some(pidfd) = &self.pidfd {
+            tokio::select! {
+                biased;
+                exit = &mut self.rx => return exit.ok(),
+                ready = pidfd.readable() => {
+                    if ready.is_ok() {
+                        // It has exited: reap now rather than wait for SIGCHLD's turn.
+                        // If a spawn holds the lock, the SIGCHLD path delivers instead.
+                        self.reaper.try_reap();
+                    }
+                    self.pidfd = None;
+                }
+            }
+        }
+        (&mut self.rx).await.ok()
     }
 }
 
@@ -103,7 +151,7 @@ impl Reaper {
     }
 
     /// Takes the spawn lock; hold it across fork/exec and register the pid.
-    pub fn spawn_guard(&self) -> SpawnGuard<'_> {
+    pub fn spawn_guard(self: &Arc<Self>) -> SpawnGuard<'_> {
         let read = self.spawn_lock.read().unwrap_or_else(|p| p.into_inner());
         SpawnGuard {
             reaper: self,
@@ -163,61 +211,23 @@ impl Reaper {
         self.orphans_reaped.load(Ordering::Relaxed)
     }
 
-    /// Starts the reaper: a dedicated thread that sleeps in `waitid(WNOWAIT)` until a
-    /// child has exited, then reaps. A kernel wake-up of a blocked thread is the
-    /// shortest path from a child's exit to its waiter, which is most of the latency
-    /// of a short exec. SIGCHLD only wakes the thread when it had no child to wait on
-    /// (an orphan was reparented to PID 1 in between). Call once, inside the runtime.
+    /// Reaps on every SIGCHLD, forever. Call once, from inside the runtime.
     pub fn spawn_loop(self: Arc<Self>) -> std::io::Result<()> {
         use tokio::signal::unix::{signal, SignalKind};
         let mut sigchld = signal(SignalKind::child())?;
-        let waker = self.clone();
         tokio::spawn(async move {
-            while sigchld.recv().await.is_some() {
-                waker.wake();
-            }
-        });
-        std::thread::Builder::new()
-            .name("reaper".into())
-            .spawn(move || self.thread_loop())?;
-        Ok(())
-    }
-
-    fn thread_loop(&self) {
-        loop {
-            let seen = *self.lock_generation();
-            // SAFETY: waitid with a zeroed siginfo out-parameter; WNOWAIT leaves the
-            // child a zombie for `reap`, which does the collecting under the lock.
-            let rc = unsafe {
-                let mut info: libc::siginfo_t = std::mem::zeroed();
-                libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT)
-            };
-            if rc == 0 {
-                self.reap();
-                continue;
-            }
-            match std::io::Error::last_os_error().raw_os_error() {
-                Some(libc::EINTR) => continue,
-                _ => {
-                    // No child at all: sleep until one is spawned or SIGCHLD says an
-                    // orphan arrived. The timeout bounds any missed wake-up.
-                    let generation = self.lock_generation();
-                    let _ = self
-                        .wakeup
-                        .wait_timeout_while(generation, Duration::from_secs(1), |g| *g == seen);
+            loop {
+                // A spawn holds the lock for one posix_spawn; yielding until it is done
+                // is cheaper than moving the wait to a blocking thread.
+                while self.try_reap().is_none() {
+                    tokio::task::yield_now().await;
+                }
+                if sigchld.recv().await.is_none() {
+                    break;
                 }
             }
-        }
-    }
-
-    fn lock_generation(&self) -> std::sync::MutexGuard<'_, u64> {
-        self.generation.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Wakes the reaper thread if it sleeps for lack of children.
-    fn wake(&self) {
-        *self.lock_generation() += 1;
-        self.wakeup.notify_all();
+        });
+        Ok(())
     }
 }
 
@@ -238,27 +248,22 @@ mod tests {
         SHARED.get_or_init(Default::default).clone()
     }
 
-    #[test]
+    #[tokio::test]
     // The reaper collects the child, not `Child::wait`: that is what is under test.
     #[allow(clippy::zombie_processes)]
-    fn registered_child_gets_its_status_even_when_reaped_by_the_loop() {
+    async fn a_waiter_gets_its_childs_status_through_the_pidfd() {
         let reaper = shared();
         let guard = reaper.spawn_guard();
         let child = std::process::Command::new("sh")
             .args(["-c", "exit 7"])
             .spawn()
             .unwrap();
-        let mut rx = guard.register(child.id() as i32);
+        let mut waiter = guard.register(child.id() as i32);
         drop(guard);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            reaper.reap();
-            if let Ok(exit) = rx.try_recv() {
-                assert_eq!(exit, Exit::Code(7));
-                break;
-            }
-            assert!(std::time::Instant::now() < deadline, "child never reaped");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        // No SIGCHLD loop runs in unit tests: only the pidfd path can deliver this.
+        let exit = tokio::time::timeout(std::time::Duration::from_secs(10), waiter.wait())
+            .await
+            .expect("child never reaped");
+        assert_eq!(exit, Some(Exit::Code(7)));
     }
 }

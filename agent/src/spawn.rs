@@ -11,14 +11,14 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Instant;
 
 use orchard_protocol::{Command, ErrorCode, ExecRequest};
 use tokio::net::unix::pipe;
-use tokio::sync::oneshot;
 
 use crate::error::ApiError;
-use crate::reaper::{Exit, Reaper};
+use crate::reaper::{ExitWaiter, Reaper};
 
 /// Shell used for string commands when the request names none.
 pub const DEFAULT_SHELL: &str = "/bin/sh";
@@ -135,13 +135,13 @@ pub struct Spawned {
     /// Read end of its stderr.
     pub stderr: pipe::Receiver,
     /// Resolves when the reaper collects it.
-    pub exit: oneshot::Receiver<Exit>,
+    pub exit: ExitWaiter,
     /// When it was started.
     pub started: Instant,
 }
 
 /// Starts `spec` in its own process group, registered with `reaper`.
-pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+pub fn spawn(reaper: &Arc<Reaper>, spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     let program = &spec.argv[0];
     let mut cmd = std::process::Command::new(program);
     cmd.args(&spec.argv[1..])

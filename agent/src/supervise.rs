@@ -25,8 +25,10 @@ use tokio::time::{timeout, Instant};
 use crate::reaper::Exit;
 use crate::spawn::{kill_group, Spawned};
 
-/// Bytes read per pipe read.
+/// Largest read per pipe read.
 const READ_CHUNK: usize = 64 * 1024;
+/// First read per pipe read.
+const FIRST_READ_CHUNK: usize = 4096;
 
 /// Longest wait for a SIGKILLed leader to be reaped before giving up on it.
 const KILL_REAP_LIMIT: Duration = Duration::from_secs(5);
@@ -80,7 +82,7 @@ pub async fn supervise<S: Sink>(
         pid,
         stdout,
         stderr,
-        exit: mut exit_rx,
+        exit: mut waiter,
         started,
         ..
     } = child;
@@ -97,7 +99,7 @@ pub async fn supervise<S: Sink>(
     };
     let mut timed_out = false;
     let early = tokio::select! {
-        exit = &mut exit_rx => exit.ok(),
+        exit = waiter.wait() => exit,
         _ = tokio::time::sleep_until(deadline) => { timed_out = true; None }
         _ = killed => None,
     };
@@ -105,16 +107,13 @@ pub async fn supervise<S: Sink>(
         Some(exit) => Some(exit),
         None => {
             kill_group(pid, libc::SIGTERM);
-            let exit = match timeout(timing.grace, &mut exit_rx).await {
-                Ok(exit) => exit.ok(),
-                Err(_) => None,
-            };
+            let exit = timeout(timing.grace, waiter.wait()).await.ok().flatten();
             // Members of the group that ignore SIGTERM would keep running (and keep
             // the pipes open) after the leader is gone.
             kill_group(pid, libc::SIGKILL);
             match exit {
                 Some(exit) => Some(exit),
-                None => timeout(KILL_REAP_LIMIT, exit_rx).await.ok().and_then(Result::ok),
+                None => timeout(KILL_REAP_LIMIT, waiter.wait()).await.ok().flatten(),
             }
         }
     };
@@ -148,12 +147,17 @@ async fn pump<S: Sink>(mut rx: pipe::Receiver, stream: Stream, sink: S, counters
         Stream::Stdout => &counters.stdout,
         Stream::Stderr => &counters.stderr,
     };
-    let mut buf = vec![0u8; READ_CHUNK];
+    // Start small: most commands print little, and a fresh 64 KiB buffer costs page
+    // faults on every exec. Grow when a read fills it.
+    let mut buf = vec![0u8; FIRST_READ_CHUNK];
     let mut consumer_alive = true;
     loop {
         match rx.read(&mut buf).await {
             Ok(0) => break,
             Ok(n) => {
+                if n == buf.len() && buf.len() < READ_CHUNK {
+                    buf.resize(READ_CHUNK, 0);
+                }
                 counter.fetch_add(n as u64, Ordering::Relaxed);
                 if consumer_alive {
                     consumer_alive = sink.write(stream, Bytes::copy_from_slice(&buf[..n])).await;
