@@ -43,11 +43,14 @@ pub fn prepare(state: &AppState, req: &ExecRequest, stdin_pipe: bool) -> ApiResu
     let limits = &state.config.limits;
     let stdin = match (&req.stdin, &req.stdin_b64) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::invalid("give either stdin or stdin_b64, not both"))
+            return Err(ApiError::invalid(
+                "give either stdin or stdin_b64, not both",
+            ))
         }
         (Some(text), None) => Some(text.clone().into_bytes()),
         (None, Some(b64)) => Some(
-            b64_decode(b64).map_err(|e| ApiError::invalid(format!("stdin_b64 is not base64: {e}")))?,
+            b64_decode(b64)
+                .map_err(|e| ApiError::invalid(format!("stdin_b64 is not base64: {e}")))?,
         ),
         (None, None) => None,
     };
@@ -226,5 +229,79 @@ async fn keepalive_loop(tx: mpsc::Sender<Bytes>, every: Duration) {
             Err(mpsc::error::TrySendError::Closed(_)) => break,
             _ => continue,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use orchard_protocol::Command;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::reaper::tests::shared;
+
+    fn state() -> Arc<AppState> {
+        AppState::new(Config::new("t"), shared())
+    }
+
+    fn req(f: impl FnOnce(&mut ExecRequest)) -> ExecRequest {
+        let mut r = ExecRequest {
+            command: Command::Argv(vec!["true".into()]),
+            ..Default::default()
+        };
+        f(&mut r);
+        r
+    }
+
+    fn code(r: ApiResult<Prepared>) -> ErrorCode {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.code,
+        }
+    }
+
+    #[test]
+    fn stdin_is_text_or_base64_not_both() {
+        let s = state();
+        let both = req(|r| {
+            r.stdin = Some("a".into());
+            r.stdin_b64 = Some("YQ==".into());
+        });
+        assert_eq!(code(prepare(&s, &both, false)), ErrorCode::InvalidArgument);
+        let bad = req(|r| r.stdin_b64 = Some("!!".into()));
+        assert_eq!(code(prepare(&s, &bad, false)), ErrorCode::InvalidArgument);
+        let ok = prepare(&s, &req(|r| r.stdin_b64 = Some("AP8=".into())), false).unwrap();
+        assert_eq!(ok.stdin, Some(vec![0, 255]));
+        assert!(ok.spec.stdin_pipe, "stdin bytes need a pipe");
+    }
+
+    #[test]
+    fn limits_apply_defaults_and_caps() {
+        let s = state();
+        assert_eq!(
+            code(prepare(&s, &req(|r| r.timeout_ms = Some(0)), false)),
+            ErrorCode::InvalidArgument
+        );
+        let p = prepare(&s, &req(|_| {}), false).unwrap();
+        assert_eq!(
+            p.timing.timeout,
+            Duration::from_millis(s.config.limits.default_timeout_ms)
+        );
+        assert_eq!(p.max_output as u64, s.config.limits.max_output_bytes);
+        let p = prepare(&s, &req(|r| r.max_output_bytes = Some(u64::MAX)), false).unwrap();
+        assert_eq!(p.max_output as u64, s.config.limits.max_output_bytes);
+        let p = prepare(&s, &req(|r| r.max_output_bytes = Some(10)), false).unwrap();
+        assert_eq!(p.max_output, 10);
+    }
+
+    #[test]
+    fn the_exec_slot_limit_is_too_many_execs() {
+        let mut config = Config::new("t");
+        config.limits.max_concurrent_execs = 1;
+        let s = AppState::new(config, shared());
+        let held = acquire_slot(&s).unwrap();
+        assert_eq!(acquire_slot(&s).unwrap_err().code, ErrorCode::TooManyExecs);
+        drop(held);
+        assert!(acquire_slot(&s).is_ok());
     }
 }

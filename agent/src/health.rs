@@ -62,7 +62,11 @@ pub fn usage() -> Usage {
     let (mut memory_bytes, mut cpu_ticks) = (0u64, 0u64);
     for pid in pids {
         if let Ok(statm) = std::fs::read_to_string(format!("/proc/{pid}/statm")) {
-            let rss: u64 = statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+            let rss: u64 = statm
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
             memory_bytes += rss * page;
         }
         if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -93,7 +97,12 @@ fn stat_cpu_ticks(stat: &str) -> u64 {
         return 0;
     };
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let get = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let get = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     // `after` starts at field 3 (state), so utime (14) is index 11.
     get(11) + get(12)
 }
@@ -150,8 +159,10 @@ fn cgroup_usage() -> Option<(u64, u64)> {
             let cpu_us = std::fs::read_to_string(dir.join("cpu.stat"))
                 .ok()
                 .and_then(|s| {
-                    s.lines()
-                        .find_map(|l| l.strip_prefix("usage_usec ").and_then(|v| v.trim().parse::<u64>().ok()))
+                    s.lines().find_map(|l| {
+                        l.strip_prefix("usage_usec ")
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                    })
                 })
                 .unwrap_or(0);
             return Some((mem, cpu_us / 1000));

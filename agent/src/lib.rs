@@ -22,7 +22,7 @@ pub mod files;
 pub mod health;
 pub mod process;
 pub mod reaper;
+pub mod run;
 pub mod server;
 pub mod spawn;
 pub mod supervise;
-pub mod run;

@@ -17,8 +17,7 @@ use bytes::Bytes;
 use orchard_protocol::exec::ExitInfo;
 use orchard_protocol::output::{b64_decode, b64_encode};
 use orchard_protocol::process::{
-    OutputChunk, ProcessInfo, ProcessList, ProcessOutput, ProcessState, SignalRequest,
-    StdinWrite,
+    OutputChunk, ProcessInfo, ProcessList, ProcessOutput, ProcessState, SignalRequest, StdinWrite,
 };
 use orchard_protocol::{ErrorCode, ExecRequest};
 use serde::Deserialize;
@@ -148,7 +147,10 @@ impl ProcessTable {
 
     fn get(&self, id: &str) -> ApiResult<Arc<Proc>> {
         self.lock().get(id).cloned().ok_or_else(|| {
-            ApiError::new(ErrorCode::NotFound, format!("no background process with id {id}"))
+            ApiError::new(
+                ErrorCode::NotFound,
+                format!("no background process with id {id}"),
+            )
         })
     }
 
@@ -295,7 +297,10 @@ async fn output(
     Query(q): Query<OutputQuery>,
 ) -> ApiResult<Json<ProcessOutput>> {
     let proc = state.processes.get(&id)?;
-    let max = q.max_bytes.unwrap_or(DEFAULT_READ_BYTES).min(DEFAULT_READ_BYTES);
+    let max = q
+        .max_bytes
+        .unwrap_or(DEFAULT_READ_BYTES)
+        .min(DEFAULT_READ_BYTES);
     // Read the state first: output read after seeing `exited` is then complete.
     let process = proc.snapshot().await;
     let (stdout, stderr) = {
@@ -319,7 +324,9 @@ async fn write_stdin(
 ) -> ApiResult<Json<ProcessInfo>> {
     let proc = state.processes.get(&id)?;
     let data = match (req.data, req.data_b64) {
-        (Some(_), Some(_)) => return Err(ApiError::invalid("give either data or data_b64, not both")),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("give either data or data_b64, not both"))
+        }
         (Some(text), None) => text.into_bytes(),
         (None, Some(b64)) => b64_decode(&b64)
             .map_err(|e| ApiError::invalid(format!("data_b64 is not base64: {e}")))?,
@@ -332,7 +339,10 @@ async fn write_stdin(
         } else {
             ErrorCode::ProcessExited
         };
-        return Err(ApiError::new(code, format!("stdin of process {id} is closed")));
+        return Err(ApiError::new(
+            code,
+            format!("stdin of process {id} is closed"),
+        ));
     };
     if !data.is_empty() {
         match tokio::time::timeout(STDIN_WRITE_LIMIT, pipe.write_all(&data)).await {

@@ -18,8 +18,8 @@
 //! large part of the latency of a short exec.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use tokio::io::unix::AsyncFd;
@@ -232,7 +232,7 @@ impl Reaper {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -245,7 +245,14 @@ mod tests {
     /// process would steal each other's children.
     pub(crate) fn shared() -> std::sync::Arc<Reaper> {
         static SHARED: std::sync::OnceLock<std::sync::Arc<Reaper>> = std::sync::OnceLock::new();
-        SHARED.get_or_init(Default::default).clone()
+        SHARED
+            .get_or_init(|| {
+                // Orphaned grandchildren then come back to this process, where the shared
+                // reaper collects them instead of the host's init.
+                Reaper::become_subreaper();
+                Default::default()
+            })
+            .clone()
     }
 
     #[tokio::test]

@@ -83,10 +83,12 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         }));
     }
     if let Some(addr) = config.tcp {
-        let listener = TcpListener::bind(addr).await.map_err(|source| RunError::Bind {
-            what: addr.to_string(),
-            source,
-        })?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| RunError::Bind {
+                what: addr.to_string(),
+                source,
+            })?;
         let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
             let _ = tcp.set_nodelay(true);
         });

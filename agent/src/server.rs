@@ -63,9 +63,9 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
         let limit = state.config.limits.max_body_bytes;
         let bytes = read_limited(req, limit).await?;
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("invalid request body: {e}")))
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
+            ApiError::new(ErrorCode::InvalidJson, format!("invalid request body: {e}"))
+        })
     }
 }
 
@@ -128,7 +128,8 @@ async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: N
         .into_response();
     }
     if state.shutting_down.load(Ordering::Relaxed) {
-        return ApiError::new(ErrorCode::ShuttingDown, "the agent is shutting down").into_response();
+        return ApiError::new(ErrorCode::ShuttingDown, "the agent is shutting down")
+            .into_response();
     }
     next.run(req).await
 }

@@ -101,7 +101,9 @@ impl SpawnSpec {
             }
         };
         if argv.iter().any(|a| a.contains('\0')) {
-            return Err(SpawnError::Invalid("arguments must not contain NUL bytes".into()));
+            return Err(SpawnError::Invalid(
+                "arguments must not contain NUL bytes".into(),
+            ));
         }
         if let Some(cwd) = &req.cwd {
             if !Path::new(cwd).is_dir() {
@@ -165,7 +167,9 @@ pub fn spawn(reaper: &Arc<Reaper>, spec: &SpawnSpec) -> Result<Spawned, SpawnErr
     cmd.process_group(0);
 
     let guard = reaper.spawn_guard();
-    let mut child = cmd.spawn().map_err(|err| spawn_error(program, spec, &err))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|err| spawn_error(program, spec, &err))?;
     let pid = child.id() as i32;
     let exit = guard.register(pid);
     drop(guard);

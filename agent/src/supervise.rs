@@ -135,10 +135,7 @@ pub async fn supervise<S: Sink>(
     }
 }
 
-async fn timeout_at_or_abort<T>(
-    deadline: Instant,
-    task: tokio::task::JoinHandle<T>,
-) -> Option<T> {
+async fn timeout_at_or_abort<T>(deadline: Instant, task: tokio::task::JoinHandle<T>) -> Option<T> {
     tokio::time::timeout_at(deadline, task).await.ok()?.ok()
 }
 
@@ -166,5 +163,122 @@ async fn pump<S: Sink>(mut rx: pipe::Receiver, stream: Stream, sink: S, counters
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use orchard_protocol::{Command, ExecRequest};
+
+    use super::*;
+    use crate::reaper::tests::shared;
+    use crate::spawn::{spawn, SpawnSpec};
+
+    /// Members of process group `pgid` that are not zombies. (Orphans of a test process
+    /// are reaped by the host's init, late; a zombie has released everything but its
+    /// pid, so it does not count.)
+    fn running_in_group(pgid: i32) -> usize {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        dir.flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+            .filter(|stat| {
+                let Some(after) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+                    return false;
+                };
+                let fields: Vec<&str> = after.split_whitespace().collect();
+                // After the comm: state, ppid, pgrp.
+                fields.first() != Some(&"Z") && fields.get(2) == Some(&pgid.to_string().as_str())
+            })
+            .count()
+    }
+
+    #[derive(Clone, Default)]
+    struct Collect(Arc<Mutex<Vec<u8>>>);
+
+    impl Sink for Collect {
+        async fn write(&self, stream: Stream, data: Bytes) -> bool {
+            if stream == Stream::Stdout {
+                self.0.lock().unwrap().extend_from_slice(&data);
+            }
+            true
+        }
+    }
+
+    async fn run(script: &str, timeout_ms: u64) -> (ExitInfo, Vec<u8>, i32, Duration) {
+        let req = ExecRequest {
+            command: Command::Shell(script.into()),
+            ..Default::default()
+        };
+        let spec = SpawnSpec::from_request(&req, false).unwrap();
+        let child = spawn(&shared(), &spec).unwrap();
+        let pid = child.pid;
+        let timing = Timing {
+            timeout: Duration::from_millis(timeout_ms),
+            grace: Duration::from_millis(200),
+            drain: Duration::from_millis(100),
+        };
+        let sink = Collect::default();
+        let start = std::time::Instant::now();
+        let exit = supervise(child, timing, sink.clone(), Arc::default(), None).await;
+        let out = sink.0.lock().unwrap().clone();
+        (exit, out, pid, start.elapsed())
+    }
+
+    #[tokio::test]
+    async fn output_arrives_whole_and_in_order() {
+        let (exit, out, _, _) = run("seq 1 20000", 10_000).await;
+        assert_eq!(exit.exit_code, Some(0));
+        let expect: String = (1..=20000).map(|i| format!("{i}\n")).collect();
+        assert_eq!(String::from_utf8(out).unwrap(), expect);
+    }
+
+    #[tokio::test]
+    async fn a_timeout_kills_a_group_that_ignores_sigterm() {
+        let (exit, _, pid, took) = run("trap '' TERM; sleep 30 & sleep 30; wait", 200).await;
+        assert!(exit.timed_out);
+        assert_eq!(exit.signal, Some(libc::SIGKILL));
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        assert_eq!(running_in_group(pid), 0, "members of the group still run");
+    }
+
+    #[tokio::test]
+    async fn a_grandchild_holding_stdout_does_not_hold_the_call() {
+        let (exit, out, pid, took) = run("sleep 30 & echo started", 10_000).await;
+        kill_group(pid, libc::SIGKILL);
+        assert_eq!(exit.exit_code, Some(0));
+        assert!(!exit.timed_out);
+        assert_eq!(out, b"started\n");
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_kill_request_ends_the_process_without_timed_out() {
+        let req = ExecRequest {
+            command: Command::Argv(vec!["sleep".into(), "30".into()]),
+            ..Default::default()
+        };
+        let spec = SpawnSpec::from_request(&req, false).unwrap();
+        let child = spawn(&shared(), &spec).unwrap();
+        let kill = Arc::new(Notify::new());
+        kill.notify_one();
+        let timing = Timing {
+            timeout: Duration::from_secs(30),
+            grace: Duration::from_millis(200),
+            drain: Duration::from_millis(100),
+        };
+        let exit = supervise(
+            child,
+            timing,
+            Collect::default(),
+            Arc::default(),
+            Some(kill),
+        )
+        .await;
+        assert!(!exit.timed_out);
+        assert_eq!(exit.signal, Some(libc::SIGTERM));
     }
 }

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use hyper::Method;
 use clap::Parser;
+use hyper::Method;
 use orchard_client::{AgentClient, Endpoint};
 use orchard_protocol::{Command as Cmd, ExecEvent, ExecRequest};
 use serde_json::{json, Value};
@@ -210,7 +210,10 @@ fn previous(out: &Path) -> Value {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let agent = start_agent(&args.agent, &args.agent_args)?;
-    let unix = Arc::new(AgentClient::new(Endpoint::Unix(agent.unix.clone()), &agent.token));
+    let unix = Arc::new(AgentClient::new(
+        Endpoint::Unix(agent.unix.clone()),
+        &agent.token,
+    ));
     let tcp = Arc::new(AgentClient::new(Endpoint::Tcp(agent.tcp), &agent.token));
     wait_ready(&unix).await?;
     wait_ready(&tcp).await?;
@@ -226,7 +229,8 @@ async fn main() -> anyhow::Result<()> {
         exec_true(&tcp, &req).await?;
         Command::new(&true_bin).status()?;
     }
-    let (mut floor, mut over_unix, mut over_tcp) = (Samples::default(), Samples::default(), Samples::default());
+    let (mut floor, mut over_unix, mut over_tcp) =
+        (Samples::default(), Samples::default(), Samples::default());
     let mut http_only = Samples::default();
     let block = 100;
     let blocks = args.iterations.div_ceil(block);
@@ -251,7 +255,8 @@ async fn main() -> anyhow::Result<()> {
         }
         for _ in 0..block {
             let t = Instant::now();
-            unix.send(Method::GET, "/livez", Bytes::new(), "text/plain").await?;
+            unix.send(Method::GET, "/livez", Bytes::new(), "text/plain")
+                .await?;
             http_only.push(t.elapsed());
         }
     }
@@ -282,30 +287,144 @@ async fn main() -> anyhow::Result<()> {
     );
     md += "Ratios are against the floor measured in this run; `prev` is the previous run's value.\n\n";
     md += "| measure | value | ratio to floor | target | prev |\n|---|---|---|---|---|\n";
-    let prevv = |k: &str| prev.get(k).and_then(Value::as_f64).map_or("–".to_string(), |v| format!("{v:.1}"));
-    let row = |md: &mut String, name: &str, key: &str, v: f64, unit: &str, ratio: Option<f64>, target: &str| {
-        let r = ratio.map_or("–".to_string(), |r| format!("{r:.2}x"));
-        md.push_str(&format!("| {name} | {v:.1} {unit} | {r} | {target} | {} |\n", prevv(key)));
+    let prevv = |k: &str| {
+        prev.get(k)
+            .and_then(Value::as_f64)
+            .map_or("–".to_string(), |v| format!("{v:.1}"))
     };
-    row(&mut md, "floor: spawn+wait `true`, p50", "floor_p50_us", f50, "µs", Some(1.0), "");
-    row(&mut md, "floor: spawn+wait `true`, p99", "floor_p99_us", floor.pct(0.99), "µs", None, "");
-    row(&mut md, "exec `true` over Unix socket, p50", "unix_p50_us", over_unix.pct(0.5), "µs", Some(over_unix.pct(0.5) / f50), "≤ 1.5x");
-    row(&mut md, "exec `true` over Unix socket, p99", "unix_p99_us", over_unix.pct(0.99), "µs", Some(over_unix.pct(0.99) / floor.pct(0.99)), "");
-    row(&mut md, "exec `true` over TCP, p50", "tcp_p50_us", over_tcp.pct(0.5), "µs", Some(over_tcp.pct(0.5) / f50), "≤ 1.5x");
-    row(&mut md, "exec `true` over TCP, p99", "tcp_p99_us", over_tcp.pct(0.99), "µs", Some(over_tcp.pct(0.99) / floor.pct(0.99)), "");
-    row(&mut md, "HTTP round trip without exec (`/livez`, Unix), p50", "http_p50_us", http_only.pct(0.5), "µs", None, "");
-    row(&mut md, "floor: read a pipe directly", "direct_pipe_mb_s", direct_mbs, "MB/s", Some(1.0), "");
-    row(&mut md, "streamed exec throughput", "stream_mb_s", stream_mbs, "MB/s", Some(stream_mbs / direct_mbs), "");
-    row(&mut md, "agent idle RSS", "idle_rss_kib", idle_rss as f64, "KiB", None, "≤ 4096 KiB");
-    row(&mut md, "agent RSS after the run", "loaded_rss_kib", loaded_rss as f64, "KiB", None, "");
-    row(&mut md, "agent binary size", "binary_bytes", size as f64, "bytes", None, "≤ 12 MiB");
+    let row = |md: &mut String,
+               name: &str,
+               key: &str,
+               v: f64,
+               unit: &str,
+               ratio: Option<f64>,
+               target: &str| {
+        let r = ratio.map_or("–".to_string(), |r| format!("{r:.2}x"));
+        md.push_str(&format!(
+            "| {name} | {v:.1} {unit} | {r} | {target} | {} |\n",
+            prevv(key)
+        ));
+    };
+    row(
+        &mut md,
+        "floor: spawn+wait `true`, p50",
+        "floor_p50_us",
+        f50,
+        "µs",
+        Some(1.0),
+        "",
+    );
+    row(
+        &mut md,
+        "floor: spawn+wait `true`, p99",
+        "floor_p99_us",
+        floor.pct(0.99),
+        "µs",
+        None,
+        "",
+    );
+    row(
+        &mut md,
+        "exec `true` over Unix socket, p50",
+        "unix_p50_us",
+        over_unix.pct(0.5),
+        "µs",
+        Some(over_unix.pct(0.5) / f50),
+        "≤ 1.5x",
+    );
+    row(
+        &mut md,
+        "exec `true` over Unix socket, p99",
+        "unix_p99_us",
+        over_unix.pct(0.99),
+        "µs",
+        Some(over_unix.pct(0.99) / floor.pct(0.99)),
+        "",
+    );
+    row(
+        &mut md,
+        "exec `true` over TCP, p50",
+        "tcp_p50_us",
+        over_tcp.pct(0.5),
+        "µs",
+        Some(over_tcp.pct(0.5) / f50),
+        "≤ 1.5x",
+    );
+    row(
+        &mut md,
+        "exec `true` over TCP, p99",
+        "tcp_p99_us",
+        over_tcp.pct(0.99),
+        "µs",
+        Some(over_tcp.pct(0.99) / floor.pct(0.99)),
+        "",
+    );
+    row(
+        &mut md,
+        "HTTP round trip without exec (`/livez`, Unix), p50",
+        "http_p50_us",
+        http_only.pct(0.5),
+        "µs",
+        None,
+        "",
+    );
+    row(
+        &mut md,
+        "floor: read a pipe directly",
+        "direct_pipe_mb_s",
+        direct_mbs,
+        "MB/s",
+        Some(1.0),
+        "",
+    );
+    row(
+        &mut md,
+        "streamed exec throughput",
+        "stream_mb_s",
+        stream_mbs,
+        "MB/s",
+        Some(stream_mbs / direct_mbs),
+        "",
+    );
+    row(
+        &mut md,
+        "agent idle RSS",
+        "idle_rss_kib",
+        idle_rss as f64,
+        "KiB",
+        None,
+        "≤ 4096 KiB",
+    );
+    row(
+        &mut md,
+        "agent RSS after the run",
+        "loaded_rss_kib",
+        loaded_rss as f64,
+        "KiB",
+        None,
+        "",
+    );
+    row(
+        &mut md,
+        "agent binary size",
+        "binary_bytes",
+        size as f64,
+        "bytes",
+        None,
+        "≤ 12 MiB",
+    );
     std::fs::create_dir_all(&args.out)?;
     std::fs::write(args.out.join("agent.md"), &md)?;
-    std::fs::write(args.out.join("agent.json"), serde_json::to_string_pretty(&now)? + "\n")?;
+    std::fs::write(
+        args.out.join("agent.json"),
+        serde_json::to_string_pretty(&now)? + "\n",
+    )?;
     print!("{md}");
     let unix_ratio = over_unix.pct(0.5) / f50;
     if unix_ratio > 1.5 {
-        eprintln!("bench: exec p50 over the Unix socket is {unix_ratio:.2}x the floor (target 1.5x)");
+        eprintln!(
+            "bench: exec p50 over the Unix socket is {unix_ratio:.2}x the floor (target 1.5x)"
+        );
     }
     drop(agent);
     Ok(())

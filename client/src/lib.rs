@@ -107,7 +107,9 @@ impl AgentClient {
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>> {
         let sender = match &self.endpoint {
             Endpoint::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path).await.map_err(transport)?;
+                let stream = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(transport)?;
                 let (sender, conn) = http1::handshake(TokioIo::new(stream))
                     .await
                     .map_err(transport)?;
@@ -115,7 +117,9 @@ impl AgentClient {
                 sender
             }
             Endpoint::Tcp(addr) => {
-                let stream = tokio::net::TcpStream::connect(addr).await.map_err(transport)?;
+                let stream = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(transport)?;
                 let _ = stream.set_nodelay(true);
                 let (sender, conn) = http1::handshake(TokioIo::new(stream))
                     .await
@@ -141,7 +145,13 @@ impl AgentClient {
         }
     }
 
-    fn build(&self, method: Method, path: &str, body: Bytes, content_type: &str) -> Result<Request<Full<Bytes>>> {
+    fn build(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> Result<Request<Full<Bytes>>> {
         Request::builder()
             .method(method)
             .uri(path)
@@ -179,7 +189,10 @@ impl AgentClient {
         let resp = sender.send_request(req).await.map_err(transport)?;
         let (parts, body) = resp.into_parts();
         let body = body.collect().await.map_err(transport)?.to_bytes();
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(sender);
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(sender);
         Ok(RawResponse {
             status: parts.status,
             headers: parts.headers,
@@ -212,13 +225,24 @@ impl AgentClient {
         }
     }
 
-    async fn json<T: DeserializeOwned>(&self, method: Method, path: &str, body: &impl Serialize) -> Result<T> {
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T> {
         let body = serde_json::to_vec(body).map_err(|e| ClientError::Decode(e.to_string()))?;
-        Self::decode(self.send(method, path, body.into(), "application/json").await?)
+        Self::decode(
+            self.send(method, path, body.into(), "application/json")
+                .await?,
+        )
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        Self::decode(self.send(Method::GET, path, Bytes::new(), "application/json").await?)
+        Self::decode(
+            self.send(Method::GET, path, Bytes::new(), "application/json")
+                .await?,
+        )
     }
 
     /// `GET /v1/health`.
@@ -235,11 +259,21 @@ impl AgentClient {
     pub async fn exec_stream(&self, req: &ExecRequest) -> Result<ExecStream> {
         let body = serde_json::to_vec(req).map_err(|e| ClientError::Decode(e.to_string()))?;
         let resp = self
-            .send_streaming(Method::POST, "/v1/exec/stream", body.into(), "application/json")
+            .send_streaming(
+                Method::POST,
+                "/v1/exec/stream",
+                body.into(),
+                "application/json",
+            )
             .await?;
         if !resp.status().is_success() {
             let status = resp.status();
-            let body = resp.into_body().collect().await.map_err(transport)?.to_bytes();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(transport)?
+                .to_bytes();
             return Err(Self::decode::<serde_json::Value>(RawResponse {
                 status,
                 headers: Default::default(),
@@ -270,7 +304,12 @@ impl AgentClient {
     }
 
     /// `GET /v1/processes/{id}/output`.
-    pub async fn process_output(&self, id: &str, stdout_offset: u64, stderr_offset: u64) -> Result<ProcessOutput> {
+    pub async fn process_output(
+        &self,
+        id: &str,
+        stdout_offset: u64,
+        stderr_offset: u64,
+    ) -> Result<ProcessOutput> {
         self.get(&format!(
             "/v1/processes/{id}/output?stdout_offset={stdout_offset}&stderr_offset={stderr_offset}"
         ))
@@ -279,24 +318,32 @@ impl AgentClient {
 
     /// `POST /v1/processes/{id}/stdin`.
     pub async fn write_stdin(&self, id: &str, write: &StdinWrite) -> Result<ProcessInfo> {
-        self.json(Method::POST, &format!("/v1/processes/{id}/stdin"), write).await
+        self.json(Method::POST, &format!("/v1/processes/{id}/stdin"), write)
+            .await
     }
 
     /// `POST /v1/processes/{id}/signal`.
     pub async fn signal(&self, id: &str, req: &SignalRequest) -> Result<ProcessInfo> {
-        self.json(Method::POST, &format!("/v1/processes/{id}/signal"), req).await
+        self.json(Method::POST, &format!("/v1/processes/{id}/signal"), req)
+            .await
     }
 
     /// `GET /v1/processes/{id}/wait`.
     pub async fn wait_process(&self, id: &str, timeout_ms: u64) -> Result<ProcessInfo> {
-        self.get(&format!("/v1/processes/{id}/wait?timeout_ms={timeout_ms}")).await
+        self.get(&format!("/v1/processes/{id}/wait?timeout_ms={timeout_ms}"))
+            .await
     }
 
     /// `DELETE /v1/processes/{id}`.
     pub async fn delete_process(&self, id: &str) -> Result<ProcessInfo> {
         Self::decode(
-            self.send(Method::DELETE, &format!("/v1/processes/{id}"), Bytes::new(), "application/json")
-                .await?,
+            self.send(
+                Method::DELETE,
+                &format!("/v1/processes/{id}"),
+                Bytes::new(),
+                "application/json",
+            )
+            .await?,
         )
     }
 
@@ -306,7 +353,12 @@ impl AgentClient {
     }
 
     /// `GET /v1/files` with a byte range.
-    pub async fn read_range(&self, path: &str, offset: Option<u64>, length: Option<u64>) -> Result<Bytes> {
+    pub async fn read_range(
+        &self,
+        path: &str,
+        offset: Option<u64>,
+        length: Option<u64>,
+    ) -> Result<Bytes> {
         let mut q = format!("/v1/files?path={}", encode(path));
         if let Some(o) = offset {
             q += &format!("&offset={o}");
@@ -314,32 +366,55 @@ impl AgentClient {
         if let Some(l) = length {
             q += &format!("&length={l}");
         }
-        Self::bytes_or_error(self.send(Method::GET, &q, Bytes::new(), "application/json").await?)
+        Self::bytes_or_error(
+            self.send(Method::GET, &q, Bytes::new(), "application/json")
+                .await?,
+        )
     }
 
     /// `PUT /v1/files`.
-    pub async fn write_file(&self, path: &str, data: impl Into<Bytes>, mode: Option<u32>) -> Result<WriteResult> {
+    pub async fn write_file(
+        &self,
+        path: &str,
+        data: impl Into<Bytes>,
+        mode: Option<u32>,
+    ) -> Result<WriteResult> {
         let mut q = format!("/v1/files?path={}", encode(path));
         if let Some(m) = mode {
             q += &format!("&mode={m:o}");
         }
-        Self::decode(self.send(Method::PUT, &q, data.into(), "application/octet-stream").await?)
+        Self::decode(
+            self.send(Method::PUT, &q, data.into(), "application/octet-stream")
+                .await?,
+        )
     }
 
     /// `GET /v1/files/stat`.
     pub async fn stat(&self, path: &str) -> Result<FileStat> {
-        self.get(&format!("/v1/files/stat?path={}", encode(path))).await
+        self.get(&format!("/v1/files/stat?path={}", encode(path)))
+            .await
     }
 
     /// `GET /v1/files/list`.
     pub async fn list_dir(&self, path: &str, depth: u32) -> Result<FileList> {
-        self.get(&format!("/v1/files/list?path={}&depth={depth}", encode(path))).await
+        self.get(&format!(
+            "/v1/files/list?path={}&depth={depth}",
+            encode(path)
+        ))
+        .await
     }
 
     /// `POST /v1/files/mkdir`.
     pub async fn mkdir(&self, path: &str) -> Result<Done> {
-        self.json(Method::POST, "/v1/files/mkdir", &MkdirRequest { path: path.into(), mode: None })
-            .await
+        self.json(
+            Method::POST,
+            "/v1/files/mkdir",
+            &MkdirRequest {
+                path: path.into(),
+                mode: None,
+            },
+        )
+        .await
     }
 
     /// `POST /v1/files/move`.
@@ -359,19 +434,28 @@ impl AgentClient {
     /// `DELETE /v1/files`.
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<Done> {
         let q = format!("/v1/files?path={}&recursive={recursive}", encode(path));
-        Self::decode(self.send(Method::DELETE, &q, Bytes::new(), "application/json").await?)
+        Self::decode(
+            self.send(Method::DELETE, &q, Bytes::new(), "application/json")
+                .await?,
+        )
     }
 
     /// `PUT /v1/files/archive`: extract a tar or tar.gz into `dir`.
     pub async fn upload_tar(&self, dir: &str, archive: impl Into<Bytes>) -> Result<ExtractResult> {
         let q = format!("/v1/files/archive?path={}", encode(dir));
-        Self::decode(self.send(Method::PUT, &q, archive.into(), "application/x-tar").await?)
+        Self::decode(
+            self.send(Method::PUT, &q, archive.into(), "application/x-tar")
+                .await?,
+        )
     }
 
     /// `GET /v1/files/archive`: `path` as tar.gz.
     pub async fn download_tar(&self, path: &str) -> Result<Bytes> {
         let q = format!("/v1/files/archive?path={}", encode(path));
-        Self::bytes_or_error(self.send(Method::GET, &q, Bytes::new(), "application/json").await?)
+        Self::bytes_or_error(
+            self.send(Method::GET, &q, Bytes::new(), "application/json")
+                .await?,
+        )
     }
 }
 
