@@ -7,7 +7,8 @@
 //! - [`spawn`] starts every command in its own session; [`reaper`] is the only place
 //!   that waits on children, so PID 1's orphan reaping never steals a status.
 //! - [`supervise`] watches a command to its end (output pumps, timeout, kill, drain),
-//!   shared by [`exec`] (sync and streamed) and [`process`] (background processes).
+//!   shared by [`exec`] (sync and streamed) and [`process`] (background processes);
+//!   [`session`] keeps persistent shells.
 //! - [`files`] and [`archive`] read and write the sandbox's filesystem; [`health`]
 //!   reports usage. [`buffer`] holds the bounded output buffers.
 //! - [`config`] holds the limits and their defaults; [`error`] maps every failure to
@@ -24,5 +25,6 @@ pub mod process;
 pub mod reaper;
 pub mod run;
 pub mod server;
+pub mod session;
 pub mod spawn;
 pub mod supervise;

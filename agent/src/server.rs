@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::process::ProcessTable;
 use crate::reaper::Reaper;
+use crate::session::SessionTable;
 
 /// State shared by every handler.
 pub struct AppState {
@@ -34,6 +35,8 @@ pub struct AppState {
     pub exec_slots: Arc<Semaphore>,
     /// Background processes.
     pub processes: ProcessTable,
+    /// Persistent shell sessions.
+    pub sessions: SessionTable,
     /// Set once shutdown began; new work is refused.
     pub shutting_down: AtomicBool,
 }
@@ -44,6 +47,7 @@ impl AppState {
         let slots = config.limits.max_concurrent_execs as usize;
         Arc::new(Self {
             processes: ProcessTable::new(&config),
+            sessions: SessionTable::default(),
             config,
             started: Instant::now(),
             reaper,
@@ -149,6 +153,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/exec", post(crate::exec::exec_sync))
         .route("/v1/exec/stream", post(crate::exec::exec_stream))
         .merge(crate::process::routes())
+        .merge(crate::session::routes())
         .merge(crate::files::routes())
         .fallback(route_not_found)
         .method_not_allowed_fallback(|| async {

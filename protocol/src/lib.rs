@@ -10,6 +10,7 @@
 //! - [`exec`]: synchronous and streamed command execution ([`ExecRequest`],
 //!   [`ExecResult`], [`ExecEvent`]).
 //! - [`process`]: background processes with buffered output.
+//! - [`session`]: persistent shell sessions.
 //! - [`files`]: file and directory operations and tar transfer.
 //! - [`health`]: liveness and resource usage.
 //! - [`openapi`]: the OpenAPI document of the agent API, generated from these types.
@@ -21,6 +22,7 @@ pub mod health;
 pub mod openapi;
 pub mod output;
 pub mod process;
+pub mod session;
 pub mod signal;
 
 pub use error::{ErrorBody, ErrorCode};

@@ -16,6 +16,7 @@ use crate::files::{
 };
 use crate::health::Health;
 use crate::process::{ProcessInfo, ProcessList, ProcessOutput, SignalRequest, StdinWrite};
+use crate::session::{SessionCreate, SessionInfo, SessionList, SessionRun, SessionRunResult};
 
 /// A request or response body.
 #[derive(Clone, Copy)]
@@ -190,6 +191,51 @@ pub const AGENT_ROUTES: &[Route] = &[
         )],
         request: Body::Empty,
         response: Body::Json(schema::<ProcessInfo>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/sessions",
+        summary: "Start a persistent shell session.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<SessionCreate>),
+        response: Body::Json(schema::<SessionInfo>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/sessions",
+        summary: "List sessions.",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<SessionList>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/sessions/{id}",
+        summary: "One session.",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<SessionInfo>),
+    },
+    Route {
+        method: "DELETE",
+        path: "/v1/sessions/{id}",
+        summary: "Kill the session's shell and everything it started.",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<SessionInfo>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/sessions/{id}/run",
+        summary: "Run a command in the session; cd, export and functions persist.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<SessionRun>),
+        response: Body::Json(schema::<SessionRunResult>),
     },
     Route {
         method: "GET",

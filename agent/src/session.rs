@@ -1,0 +1,464 @@
+//! Persistent shell sessions: `/v1/sessions`.
+//!
+//! Each session is one long-lived shell (bash when the image has it, else sh) fed
+//! through a stdin pipe, so `cd`, `export` and functions persist. A command is sent as
+//!
+//! ```sh
+//! __orchard_c='<command, single-quoted>'
+//! eval "$__orchard_c" </dev/null
+//! printf '\n<nonce>%d\n' "$?"; printf '\n<nonce>\n' >&2
+//! ```
+//!
+//! and is complete when the random per-command nonce shows up on both streams: no
+//! sleeps, no prompt scraping. Quoting makes a syntax error in the command an error of
+//! `eval` (reported through `$?`) rather than a shell left waiting for more input, and
+//! `</dev/null` keeps a command that reads stdin from eating the commands after it.
+//!
+//! A timeout sends SIGINT to the shell's descendants (not the shell: without job
+//! control they share its process group), then SIGKILL; only a command that is a shell
+//! builtin loop makes the agent kill the shell, and the result then says the session
+//! ended.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::routing::{delete, post};
+use axum::{Json, Router};
+use orchard_protocol::session::{
+    SessionCreate, SessionInfo, SessionList, SessionRun, SessionRunResult,
+};
+use orchard_protocol::{Command, ErrorCode, ExecRequest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::buffer::HeadTail;
+use crate::error::{ApiError, ApiResult};
+use crate::reaper::Exit;
+use crate::server::{AppState, JsonBody};
+use crate::spawn::{kill_group, kill_one, spawn, SpawnSpec};
+
+/// Most sessions alive at once.
+pub const MAX_SESSIONS: usize = 64;
+/// From SIGINT to SIGKILL of a timed-out command, and from SIGKILL to killing the shell.
+const INTERRUPT_GRACE: Duration = Duration::from_millis(500);
+/// How long to wait for the exit status of a shell whose output ended.
+const EXIT_STATUS_WAIT: Duration = Duration::from_secs(1);
+
+/// The shell's pipes; the mutex around them makes commands run one at a time, in
+/// arrival order (tokio's mutex is fair).
+struct Io {
+    stdin: pipe::Sender,
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+}
+
+struct Session {
+    id: String,
+    pid: i32,
+    shell: String,
+    io: tokio::sync::Mutex<Io>,
+    commands: AtomicU64,
+    alive: AtomicBool,
+    exit: watch::Receiver<Option<Exit>>,
+}
+
+impl Session {
+    fn info(&self) -> SessionInfo {
+        SessionInfo {
+            id: self.id.clone(),
+            pid: self.pid as u32,
+            shell: self.shell.clone(),
+            alive: self.alive.load(Ordering::Relaxed) && self.exit.borrow().is_none(),
+            commands: self.commands.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The table of sessions.
+#[derive(Default)]
+pub struct SessionTable {
+    /// id -> session; locked briefly for lookups and inserts.
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    next_id: AtomicU64,
+}
+
+impl SessionTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, id: &str) -> ApiResult<Arc<Session>> {
+        self.lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no session with id {id}")))
+    }
+
+    /// Pids of the sessions' shells, for shutdown.
+    pub fn pids(&self) -> Vec<i32> {
+        self.lock().values().map(|s| s.pid).collect()
+    }
+}
+
+/// Routes of the sessions capability.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/sessions", post(create).get(list))
+        .route("/v1/sessions/{id}", delete(remove).get(one))
+        .route("/v1/sessions/{id}/run", post(run))
+}
+
+fn default_shell() -> &'static str {
+    if std::path::Path::new("/bin/bash").exists() {
+        "/bin/bash"
+    } else {
+        "/bin/sh"
+    }
+}
+
+async fn create(
+    State(state): State<Arc<AppState>>,
+    JsonBody(req): JsonBody<SessionCreate>,
+) -> ApiResult<Json<SessionInfo>> {
+    if state.sessions.lock().len() >= MAX_SESSIONS {
+        return Err(ApiError::new(
+            ErrorCode::TooManyProcesses,
+            format!("{MAX_SESSIONS} sessions are open; delete one first"),
+        ));
+    }
+    let shell = req
+        .shell
+        .clone()
+        .unwrap_or_else(|| default_shell().to_string());
+    let mut spec = SpawnSpec::from_request(
+        &ExecRequest {
+            command: Command::Shell(String::new()),
+            shell: Some(shell.clone()),
+            cwd: req.cwd.clone(),
+            env: req.env.clone(),
+            ..Default::default()
+        },
+        true,
+    )?;
+    spec.argv = if shell.ends_with("bash") {
+        vec![shell.clone(), "--noprofile".into(), "--norc".into()]
+    } else {
+        vec![shell.clone()]
+    };
+    let mut child = spawn(&state.reaper, &spec)?;
+    let Some(stdin) = child.stdin.take() else {
+        kill_group(child.pid, libc::SIGKILL);
+        return Err(ApiError::new(
+            ErrorCode::SpawnFailed,
+            "the shell got no stdin pipe",
+        ));
+    };
+    let (exit_tx, exit_rx) = watch::channel(None);
+    let id = format!(
+        "s{}",
+        state.sessions.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    );
+    let session = Arc::new(Session {
+        id: id.clone(),
+        pid: child.pid,
+        shell,
+        io: tokio::sync::Mutex::new(Io {
+            stdin,
+            stdout: child.stdout,
+            stderr: child.stderr,
+        }),
+        commands: AtomicU64::new(0),
+        alive: AtomicBool::new(true),
+        exit: exit_rx,
+    });
+    let mut waiter = child.exit;
+    tokio::spawn(async move {
+        let exit = waiter.wait().await;
+        exit_tx.send_replace(Some(exit.unwrap_or(Exit::Signal(libc::SIGKILL))));
+    });
+    let info = session.info();
+    state.sessions.lock().insert(id, session);
+    Ok(Json(info))
+}
+
+async fn list(State(state): State<Arc<AppState>>) -> Json<SessionList> {
+    let mut sessions: Vec<SessionInfo> = state.sessions.lock().values().map(|s| s.info()).collect();
+    sessions.sort_by_key(|s| s.id[1..].parse::<u64>().unwrap_or(u64::MAX));
+    Json(SessionList { sessions })
+}
+
+async fn one(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionInfo>> {
+    Ok(Json(state.sessions.get(&id)?.info()))
+}
+
+async fn remove(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionInfo>> {
+    let session = state.sessions.get(&id)?;
+    kill_group(session.pid, libc::SIGKILL);
+    for pid in descendants(session.pid) {
+        kill_one(pid, libc::SIGKILL);
+    }
+    session.alive.store(false, Ordering::Relaxed);
+    state.sessions.lock().remove(&id);
+    Ok(Json(session.info()))
+}
+
+/// Quotes `text` for a POSIX shell: `'` becomes `'\''`.
+pub fn sh_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+fn nonce() -> String {
+    let mut bytes = [0u8; 12];
+    // SAFETY: getrandom writes at most `len` bytes into the buffer.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        // Fall back to time and a counter; uniqueness, not secrecy, is what matters.
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let c = COUNTER.fetch_add(1, Ordering::Relaxed);
+        return format!("__ORCHARD_{t:x}_{c}__");
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("__ORCHARD_{hex}__")
+}
+
+/// Finds the end marker in a stream, capturing what comes before it.
+struct Scan {
+    marker: Vec<u8>,
+    pending: Vec<u8>,
+    capture: HeadTail,
+    /// Bytes after the marker, once found.
+    after: Option<Vec<u8>>,
+}
+
+impl Scan {
+    fn new(marker: &str, cap: usize) -> Self {
+        Self {
+            marker: marker.as_bytes().to_vec(),
+            pending: Vec::new(),
+            capture: HeadTail::new(cap),
+            after: None,
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        if let Some(after) = &mut self.after {
+            after.extend_from_slice(data);
+            return;
+        }
+        self.pending.extend_from_slice(data);
+        if let Some(i) = find(&self.pending, &self.marker) {
+            self.capture.push(&self.pending[..i]);
+            self.after = Some(self.pending[i + self.marker.len()..].to_vec());
+            self.pending.clear();
+            return;
+        }
+        // Keep a tail that could be the start of a marker split across reads.
+        let keep = self.marker.len().saturating_sub(1).min(self.pending.len());
+        let flush = self.pending.len() - keep;
+        self.capture.push(&self.pending[..flush]);
+        self.pending.drain(..flush);
+    }
+
+    /// The exit code written after the stdout marker, once its line is complete.
+    fn code(&self) -> Option<Option<i32>> {
+        let after = self.after.as_ref()?;
+        let nl = after.iter().position(|b| *b == b'\n')?;
+        Some(
+            std::str::from_utf8(&after[..nl])
+                .ok()
+                .and_then(|s| s.trim().parse().ok()),
+        )
+    }
+
+    /// Everything read, when the stream ended without a marker.
+    fn finish(mut self) -> HeadTail {
+        if self.after.is_none() {
+            let pending = std::mem::take(&mut self.pending);
+            self.capture.push(&pending);
+        }
+        self.capture
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Pids of every descendant of `root`, from /proc.
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut parent_of = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if let Some(ppid) = ppid {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        for (pid, ppid) in &parent_of {
+            if *ppid == parent && !found.contains(pid) {
+                found.push(*pid);
+            }
+        }
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+async fn run(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<SessionRun>,
+) -> ApiResult<Json<SessionRunResult>> {
+    let session = state.sessions.get(&id)?;
+    let timeout_ms = req
+        .timeout_ms
+        .unwrap_or(state.config.limits.default_timeout_ms);
+    if timeout_ms == 0 {
+        return Err(ApiError::invalid("timeout_ms must be at least 1"));
+    }
+    let cap = state.config.limits.max_output_bytes as usize;
+    let mut io = session.io.lock().await;
+    if !session.info().alive {
+        return Err(ApiError::new(
+            ErrorCode::ProcessExited,
+            format!("the shell of session {id} has exited; delete the session and start another"),
+        ));
+    }
+    let start = Instant::now();
+    let nonce = nonce();
+    let script = format!(
+        "__orchard_c={}\neval \"$__orchard_c\" </dev/null\nprintf '\\n{nonce}%d\\n' \"$?\"\nprintf '\\n{nonce}\\n' >&2\n",
+        sh_quote(&req.command)
+    );
+    session.commands.fetch_add(1, Ordering::Relaxed);
+    let mut out = Scan::new(&format!("\n{nonce}"), cap);
+    let mut err = Scan::new(&format!("\n{nonce}\n"), cap);
+    let mut shell_gone = io.stdin.write_all(script.as_bytes()).await.is_err();
+
+    let deadline = start + Duration::from_millis(timeout_ms);
+    let mut stage = 0u8; // 0 running, 1 interrupted, 2 killed, 3 shell killed
+    let mut next_step = deadline;
+    let (mut out_buf, mut err_buf) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+    let (mut out_eof, mut err_eof) = (false, false);
+    while !shell_gone {
+        let out_done = out.code().is_some() || out_eof;
+        let err_done = err.after.is_some() || err_eof;
+        if out_done && err_done {
+            break;
+        }
+        let Io { stdout, stderr, .. } = &mut *io;
+        tokio::select! {
+            r = stdout.read(&mut out_buf), if !out_done => match r {
+                Ok(n) if n > 0 => out.push(&out_buf[..n]),
+                _ => out_eof = true,
+            },
+            r = stderr.read(&mut err_buf), if !err_done => match r {
+                Ok(n) if n > 0 => err.push(&err_buf[..n]),
+                _ => err_eof = true,
+            },
+            _ = tokio::time::sleep_until(next_step), if stage < 3 => {
+                let signal = if stage == 0 { libc::SIGINT } else { libc::SIGKILL };
+                if stage < 2 {
+                    for pid in descendants(session.pid) {
+                        kill_one(pid, signal);
+                    }
+                } else {
+                    // Nothing but the shell itself is running: a builtin loop.
+                    kill_group(session.pid, libc::SIGKILL);
+                }
+                stage += 1;
+                next_step = Instant::now() + INTERRUPT_GRACE;
+            }
+        }
+        shell_gone = out_eof && out.code().is_none();
+    }
+    let code = out.code().flatten();
+    let alive = !shell_gone;
+    let exit_code = if alive {
+        code
+    } else {
+        session.alive.store(false, Ordering::Relaxed);
+        let mut exit = session.exit.clone();
+        let _ = tokio::time::timeout(EXIT_STATUS_WAIT, exit.wait_for(Option::is_some)).await;
+        let status = *exit.borrow();
+        status.and_then(Exit::code)
+    };
+    Ok(Json(SessionRunResult {
+        exit_code,
+        timed_out: stage > 0,
+        duration_ms: start.elapsed().as_secs_f64() * 1000.0,
+        stdout: out.finish().into_output(),
+        stderr: err.finish().into_output(),
+        session_alive: alive,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_single_quotes() {
+        assert_eq!(sh_quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn the_marker_is_found_across_reads_and_the_code_parsed() {
+        let mut s = Scan::new("\nMARK", 100);
+        for chunk in [&b"hello\n\nMA"[..], b"RK1", b"27\n"] {
+            s.push(chunk);
+        }
+        assert_eq!(s.code(), Some(Some(127)));
+        assert_eq!(s.finish().finish().0, b"hello\n");
+    }
+
+    #[test]
+    fn output_without_a_trailing_newline_is_kept_exactly() {
+        let mut s = Scan::new("\nMARK", 100);
+        s.push(b"abc\nMARK0\n");
+        assert_eq!(s.code(), Some(Some(0)));
+        assert_eq!(s.finish().finish().0, b"abc");
+    }
+
+    #[test]
+    fn nonces_differ() {
+        assert_ne!(nonce(), nonce());
+    }
+}
