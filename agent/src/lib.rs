@@ -9,6 +9,7 @@
 //! - [`supervise`] watches a command to its end (output pumps, timeout, kill, drain),
 //!   shared by [`exec`] (sync and streamed) and [`process`] (background processes);
 //!   [`session`] keeps persistent shells.
+//! - [`git`] reads and changes repositories through libgit2.
 //! - [`files`] and [`archive`] read and write the sandbox's filesystem; [`health`]
 //!   reports usage. [`buffer`] holds the bounded output buffers.
 //! - [`config`] holds the limits and their defaults; [`error`] maps every failure to
@@ -20,6 +21,7 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod git;
 pub mod health;
 pub mod process;
 pub mod reaper;

@@ -155,6 +155,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(crate::process::routes())
         .merge(crate::session::routes())
         .merge(crate::files::routes())
+        .merge(crate::git::routes())
         .fallback(route_not_found)
         .method_not_allowed_fallback(|| async {
             ApiError::new(ErrorCode::RouteNotFound, "method not allowed on this route")

@@ -12,12 +12,14 @@
 //! - [`process`]: background processes with buffered output.
 //! - [`session`]: persistent shell sessions.
 //! - [`files`]: file and directory operations and tar transfer.
+//! - [`git`]: status, diff, apply, commit and reset of a repository.
 //! - [`health`]: liveness and resource usage.
 //! - [`openapi`]: the OpenAPI document of the agent API, generated from these types.
 
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod git;
 pub mod health;
 pub mod openapi;
 pub mod output;

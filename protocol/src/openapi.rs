@@ -1,6 +1,6 @@
 //! The OpenAPI 3.0 document of the agent API, generated from the wire types.
 //!
-//! [`AGENT_ROUTES`] is the one list of the agent's routes; the agent's integration tests
+//! [`agent_routes`] is the one list of the agent's routes; the agent's integration tests
 //! call every entry against a real agent, and `protocol/openapi/agent.json` is this
 //! document committed, compared by a test so an API change is always a reviewed diff.
 
@@ -58,7 +58,13 @@ fn schema<T: JsonSchema>(gen: &mut SchemaGenerator) -> Schema {
 
 const PATH: Param = ("path", "string", true, "Absolute path inside the sandbox.");
 
-/// Every route the agent serves.
+/// Every route the agent serves, core and per-capability lists together.
+pub fn agent_routes() -> Vec<&'static Route> {
+    AGENT_ROUTES.iter().chain(crate::git::GIT_ROUTES).collect()
+}
+
+/// The agent's core routes (exec, processes, sessions, files, health); capabilities
+/// with their own module list theirs there (see [`agent_routes`]).
 pub const AGENT_ROUTES: &[Route] = &[
     Route {
         method: "GET",
@@ -365,7 +371,11 @@ fn content(gen: &mut SchemaGenerator, body: Body) -> Option<Value> {
 }
 
 /// Builds an OpenAPI 3.0 document for a list of routes.
-pub fn document(title: &str, version: &str, routes: &[Route]) -> Value {
+pub fn document<'a>(
+    title: &str,
+    version: &str,
+    routes: impl IntoIterator<Item = &'a Route>,
+) -> Value {
     let mut gen = SchemaSettings::openapi3().into_generator();
     let error_schema = schema::<ErrorBody>(&mut gen);
     let mut paths = Map::new();
@@ -440,7 +450,7 @@ pub fn document(title: &str, version: &str, routes: &[Route]) -> Value {
 
 /// The agent API document.
 pub fn agent_document() -> Value {
-    document("orchard-agent", env!("CARGO_PKG_VERSION"), AGENT_ROUTES)
+    document("orchard-agent", env!("CARGO_PKG_VERSION"), agent_routes())
 }
 
 #[cfg(test)]
@@ -467,7 +477,7 @@ mod tests {
     #[test]
     fn every_route_is_unique_and_documented() {
         let mut seen = std::collections::HashSet::new();
-        for r in AGENT_ROUTES {
+        for r in agent_routes() {
             assert!(
                 seen.insert((r.method, r.path)),
                 "duplicate {} {}",
