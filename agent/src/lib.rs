@@ -8,7 +8,7 @@
 //!   that waits on children, so PID 1's orphan reaping never steals a status.
 //! - [`supervise`] watches a command to its end (output pumps, timeout, kill, drain),
 //!   shared by [`exec`] (sync and streamed) and [`process`] (background processes);
-//!   [`session`] keeps persistent shells.
+//!   [`session`] keeps persistent shells; [`pty`] runs terminals over WebSocket.
 //! - [`git`] reads and changes repositories through libgit2.
 //! - [`files`] and [`archive`] read and write the sandbox's filesystem; [`health`]
 //!   reports usage. [`buffer`] holds the bounded output buffers.
@@ -24,6 +24,7 @@ pub mod files;
 pub mod git;
 pub mod health;
 pub mod process;
+pub mod pty;
 pub mod reaper;
 pub mod run;
 pub mod server;

@@ -104,10 +104,11 @@ pub async fn run(config: Config) -> Result<(), RunError> {
 
     let prune_state = state.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(30));
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
             tick.tick().await;
             prune_state.processes.prune();
+            prune_state.ptys.sweep();
         }
     });
 

@@ -20,6 +20,7 @@ use tokio::sync::Semaphore;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::process::ProcessTable;
+use crate::pty::PtyTable;
 use crate::reaper::Reaper;
 use crate::session::SessionTable;
 
@@ -37,6 +38,8 @@ pub struct AppState {
     pub processes: ProcessTable,
     /// Persistent shell sessions.
     pub sessions: SessionTable,
+    /// Terminals.
+    pub ptys: PtyTable,
     /// Set once shutdown began; new work is refused.
     pub shutting_down: AtomicBool,
 }
@@ -48,6 +51,7 @@ impl AppState {
         Arc::new(Self {
             processes: ProcessTable::new(&config),
             sessions: SessionTable::default(),
+            ptys: PtyTable::default(),
             config,
             started: Instant::now(),
             reaper,
@@ -154,6 +158,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/exec/stream", post(crate::exec::exec_stream))
         .merge(crate::process::routes())
         .merge(crate::session::routes())
+        .merge(crate::pty::routes())
         .merge(crate::files::routes())
         .merge(crate::git::routes())
         .fallback(route_not_found)

@@ -142,18 +142,10 @@ pub struct Spawned {
     pub started: Instant,
 }
 
-/// Starts `spec` in its own process group, registered with `reaper`.
-pub fn spawn(reaper: &Arc<Reaper>, spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
-    let program = &spec.argv[0];
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(&spec.argv[1..])
-        .stdin(if spec.stdin_pipe {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+/// A `Command` for `spec` with its argv, environment and cwd; stdio is the caller's.
+fn command(spec: &SpawnSpec) -> std::process::Command {
+    let mut cmd = std::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..]);
     if std::env::var_os("PATH").is_none() && !spec.env.contains_key("PATH") {
         cmd.env("PATH", DEFAULT_PATH);
     }
@@ -161,19 +153,42 @@ pub fn spawn(reaper: &Arc<Reaper>, spec: &SpawnSpec) -> Result<Spawned, SpawnErr
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
     }
+    cmd
+}
+
+/// Spawns `cmd` with the spawn lock held, registers it and resets its OOM score.
+fn start(
+    reaper: &Arc<Reaper>,
+    spec: &SpawnSpec,
+    cmd: &mut std::process::Command,
+) -> Result<(std::process::Child, ExitWaiter), SpawnError> {
+    let guard = reaper.spawn_guard();
+    let child = cmd
+        .spawn()
+        .map_err(|err| spawn_error(&spec.argv[0], spec, &err))?;
+    let exit = guard.register(child.id() as i32);
+    drop(guard);
+    reset_oom_score(child.id() as i32);
+    Ok((child, exit))
+}
+
+/// Starts `spec` in its own process group, registered with `reaper`.
+pub fn spawn(reaper: &Arc<Reaper>, spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+    let program = &spec.argv[0];
+    let mut cmd = command(spec);
+    cmd.stdin(if spec.stdin_pipe {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     // Its own process group, so a timeout kills grandchildren too. No pre_exec hook:
     // without one the standard library uses posix_spawn (vfork), which is what keeps
     // an exec of `true` close to the bare fork/exec floor.
     cmd.process_group(0);
-
-    let guard = reaper.spawn_guard();
-    let mut child = cmd
-        .spawn()
-        .map_err(|err| spawn_error(program, spec, &err))?;
+    let (mut child, exit) = start(reaper, spec, &mut cmd)?;
     let pid = child.id() as i32;
-    let exit = guard.register(pid);
-    drop(guard);
-    reset_oom_score(pid);
 
     let started = Instant::now();
     let to_receiver = |fd: Option<OwnedFd>| -> Result<pipe::Receiver, SpawnError> {
@@ -199,6 +214,99 @@ pub fn spawn(reaper: &Arc<Reaper>, spec: &SpawnSpec) -> Result<Spawned, SpawnErr
             Err(e)
         }
     }
+}
+
+/// A program started on a new terminal.
+pub struct SpawnedPty {
+    /// Its pid, which is also its session id.
+    pub pid: i32,
+    /// The terminal's master side (non-blocking, close-on-exec).
+    pub master: OwnedFd,
+    /// Resolves when the reaper collects it.
+    pub exit: ExitWaiter,
+}
+
+/// Starts `spec` as the session leader of a new terminal of `rows` x `cols`, with the
+/// terminal as its controlling tty and stdio.
+pub fn spawn_pty(
+    reaper: &Arc<Reaper>,
+    spec: &SpawnSpec,
+    rows: u16,
+    cols: u16,
+) -> Result<SpawnedPty, SpawnError> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let program = &spec.argv[0];
+    let (mut master, mut slave) = (-1, -1);
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty writes two fds into the out-parameters; name and termios may be
+    // null, and `size` outlives the call.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &size,
+        )
+    };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        return Err(failed(
+            program,
+            &format!(
+                "cannot open a terminal: {}",
+                crate::error::describe_io(&err)
+            ),
+        ));
+    }
+    // SAFETY: both fds were just opened by openpty and are owned by nobody else.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    for fd in [&master, &slave] {
+        // SAFETY: fcntl on an fd we own. Close-on-exec keeps other children from
+        // inheriting the terminal; the child gets the slave through dup2 onto 0-2.
+        unsafe {
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+    // SAFETY: as above; the agent reads the master side asynchronously.
+    unsafe {
+        let flags = libc::fcntl(master.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(master.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    let stdio = |fd: &OwnedFd| -> Result<Stdio, SpawnError> {
+        fd.try_clone()
+            .map(Stdio::from)
+            .map_err(|e| failed(program, &e.to_string()))
+    };
+    let mut cmd = command(spec);
+    cmd.stdin(stdio(&slave)?)
+        .stdout(stdio(&slave)?)
+        .stderr(stdio(&slave)?);
+    if !spec.env.contains_key("TERM") {
+        cmd.env("TERM", "xterm-256color");
+    }
+    // SAFETY: runs between fork and exec; only async-signal-safe calls on fd 0, which
+    // is the terminal's slave side by then.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (child, exit) = start(reaper, spec, &mut cmd)?;
+    drop(slave);
+    Ok(SpawnedPty {
+        pid: child.id() as i32,
+        master,
+        exit,
+    })
 }
 
 /// The agent runs with a very low OOM score and children inherit it; raise the child's

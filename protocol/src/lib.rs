@@ -11,6 +11,7 @@
 //!   [`ExecResult`], [`ExecEvent`]).
 //! - [`process`]: background processes with buffered output.
 //! - [`session`]: persistent shell sessions.
+//! - [`pty`]: terminals over WebSocket, ours and the Orchard-compatible protocol.
 //! - [`files`]: file and directory operations and tar transfer.
 //! - [`git`]: status, diff, apply, commit and reset of a repository.
 //! - [`health`]: liveness and resource usage.
@@ -24,6 +25,7 @@ pub mod health;
 pub mod openapi;
 pub mod output;
 pub mod process;
+pub mod pty;
 pub mod session;
 pub mod signal;
 

@@ -16,6 +16,7 @@ use crate::files::{
 };
 use crate::health::Health;
 use crate::process::{ProcessInfo, ProcessList, ProcessOutput, SignalRequest, StdinWrite};
+use crate::pty::{PtyCreate, PtyInfo, PtyList, PtyResize};
 use crate::session::{SessionCreate, SessionInfo, SessionList, SessionRun, SessionRunResult};
 
 /// A request or response body.
@@ -242,6 +243,69 @@ pub const AGENT_ROUTES: &[Route] = &[
         query: &[],
         request: Body::Json(schema::<SessionRun>),
         response: Body::Json(schema::<SessionRunResult>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/pty",
+        summary: "Start a program on a new terminal.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<PtyCreate>),
+        response: Body::Json(schema::<PtyInfo>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/pty",
+        summary: "List terminals.",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<PtyList>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/pty/{id}",
+        summary: "One terminal.",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<PtyInfo>),
+    },
+    Route {
+        method: "DELETE",
+        path: "/v1/pty/{id}",
+        summary: "Close a terminal (SIGHUP to its session, then SIGKILL).",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<PtyInfo>),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/pty/{id}/resize",
+        summary: "Resize a terminal.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<PtyResize>),
+        response: Body::Json(schema::<PtyInfo>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/pty/{id}/attach",
+        summary: "WebSocket: attach as a viewer (PtyClientFrame in, PtyServerFrame out; scrollback first).",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Empty,
+    },
+    Route {
+        method: "GET",
+        path: "/v1/pty/compat",
+        summary: "WebSocket: the Orchard-compatible terminal protocol (init first).",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Empty,
     },
     Route {
         method: "GET",
