@@ -7,6 +7,7 @@
 //!   Floor and agent calls run in interleaved blocks so machine noise hits both alike.
 //! - streamed exec throughput of a large output, next to reading the same command's
 //!   pipe directly.
+//! - a trivial command in a persistent shell session, p50/p99.
 //! - agent idle RSS and binary size.
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ use bytes::Bytes;
 use clap::Parser;
 use hyper::Method;
 use orchard_client::{AgentClient, Endpoint};
+use orchard_protocol::session::{SessionCreate, SessionRun};
 use orchard_protocol::{Command as Cmd, ExecEvent, ExecRequest};
 use serde_json::{json, Value};
 
@@ -262,6 +264,24 @@ async fn main() -> anyhow::Result<()> {
     }
     let loaded_rss = rss_kib(agent.child.id());
 
+    let session = unix.create_session(&SessionCreate::default()).await?;
+    let mut in_session = Samples::default();
+    let run = SessionRun {
+        command: "true".into(),
+        timeout_ms: None,
+    };
+    for i in 0..(blocks * block + 100) {
+        let t = Instant::now();
+        let r = unix.session_run(&session.id, &run).await?;
+        if i >= 100 {
+            in_session.push(t.elapsed());
+        }
+        if r.exit_code != Some(0) {
+            bail!("session command exited {:?}", r.exit_code);
+        }
+    }
+    unix.delete_session(&session.id).await?;
+
     let head = which("head");
     let direct_mbs = direct_throughput(&head, args.stream_bytes)?;
     let stream_mbs = stream_throughput(&unix, &head, args.stream_bytes).await?;
@@ -272,6 +292,7 @@ async fn main() -> anyhow::Result<()> {
         "unix_p50_us": over_unix.pct(0.5), "unix_p99_us": over_unix.pct(0.99),
         "tcp_p50_us": over_tcp.pct(0.5), "tcp_p99_us": over_tcp.pct(0.99),
         "http_p50_us": http_only.pct(0.5),
+        "session_p50_us": in_session.pct(0.5), "session_p99_us": in_session.pct(0.99),
         "direct_pipe_mb_s": direct_mbs, "stream_mb_s": stream_mbs,
         "idle_rss_kib": idle_rss, "loaded_rss_kib": loaded_rss, "binary_bytes": size,
         "iterations": blocks * block,

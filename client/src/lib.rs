@@ -22,6 +22,8 @@ use orchard_protocol::health::Health;
 use orchard_protocol::process::{
     ProcessInfo, ProcessList, ProcessOutput, SignalRequest, StdinWrite,
 };
+use orchard_protocol::pty::{PtyCreate, PtyInfo, PtyResize};
+use orchard_protocol::session::{SessionCreate, SessionInfo, SessionRun, SessionRunResult};
 use orchard_protocol::{ErrorBody, ExecEvent, ExecRequest, ExecResult, TOKEN_HEADER};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -345,6 +347,73 @@ impl AgentClient {
             )
             .await?,
         )
+    }
+
+    /// `POST /v1/sessions`.
+    pub async fn create_session(&self, req: &SessionCreate) -> Result<SessionInfo> {
+        self.json(Method::POST, "/v1/sessions", req).await
+    }
+
+    /// `POST /v1/sessions/{id}/run`.
+    pub async fn session_run(&self, id: &str, req: &SessionRun) -> Result<SessionRunResult> {
+        self.json(Method::POST, &format!("/v1/sessions/{id}/run"), req)
+            .await
+    }
+
+    /// `DELETE /v1/sessions/{id}`.
+    pub async fn delete_session(&self, id: &str) -> Result<SessionInfo> {
+        Self::decode(
+            self.send(
+                Method::DELETE,
+                &format!("/v1/sessions/{id}"),
+                Bytes::new(),
+                "application/json",
+            )
+            .await?,
+        )
+    }
+
+    /// `POST /v1/pty`.
+    pub async fn create_pty(&self, req: &PtyCreate) -> Result<PtyInfo> {
+        self.json(Method::POST, "/v1/pty", req).await
+    }
+
+    /// `GET /v1/pty/{id}`.
+    pub async fn pty(&self, id: &str) -> Result<PtyInfo> {
+        self.get(&format!("/v1/pty/{id}")).await
+    }
+
+    /// `POST /v1/pty/{id}/resize`.
+    pub async fn resize_pty(&self, id: &str, rows: u16, cols: u16) -> Result<PtyInfo> {
+        self.json(
+            Method::POST,
+            &format!("/v1/pty/{id}/resize"),
+            &PtyResize { rows, cols },
+        )
+        .await
+    }
+
+    /// `DELETE /v1/pty/{id}`.
+    pub async fn delete_pty(&self, id: &str) -> Result<PtyInfo> {
+        Self::decode(
+            self.send(
+                Method::DELETE,
+                &format!("/v1/pty/{id}"),
+                Bytes::new(),
+                "application/json",
+            )
+            .await?,
+        )
+    }
+
+    /// The endpoint this client talks to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The token this client sends.
+    pub fn token(&self) -> &str {
+        &self.token
     }
 
     /// `GET /v1/files`: the whole file.
