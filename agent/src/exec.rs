@@ -193,11 +193,23 @@ pub async fn exec_stream(
         tx: tx.clone(),
         kill_pgid: req.kill_on_disconnect.then_some(pid),
     };
+    // A command that prints nothing never notices a vanished client through its
+    // sink; watch the channel itself.
+    let disconnect_kill = req.kill_on_disconnect.then(|| {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            tx.closed().await;
+            kill_group(pid, libc::SIGKILL);
+        })
+    });
     tokio::spawn(async move {
         let _slot = slot;
         let counters = Arc::new(Counters::default());
         let exit: ExitInfo = supervise(child, prepared.timing, sink, counters.clone(), None).await;
         keepalive.abort();
+        if let Some(watch) = disconnect_kill {
+            watch.abort();
+        }
         let last = ExecEvent::Exit {
             exit,
             stdout_bytes: counters.stdout.load(std::sync::atomic::Ordering::Relaxed),

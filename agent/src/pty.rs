@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::Response;
@@ -413,13 +414,18 @@ async fn resize(
     Ok(Json(pty.info()))
 }
 
+/// The upgrade, or a clear error for a plain HTTP request.
+fn upgrade(ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>) -> ApiResult<WebSocketUpgrade> {
+    ws.map_err(|e| ApiError::invalid(format!("this route is a WebSocket: {e}")))
+}
+
 async fn attach(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
     let pty = state.ptys.get(&id)?;
-    Ok(ws.on_upgrade(move |socket| viewer(socket, pty)))
+    Ok(upgrade(ws)?.on_upgrade(move |socket| viewer(socket, pty)))
 }
 
 fn text<T: serde::Serialize>(frame: &T) -> Message {
@@ -543,8 +549,11 @@ async fn viewer(mut socket: WebSocket, pty: Arc<Pty>) {
     }
 }
 
-async fn compat(State(state): State<Arc<AppState>>, ws: WebSocketUpgrade) -> Response {
-    ws.on_upgrade(move |socket| compat_session(socket, state))
+async fn compat(
+    State(state): State<Arc<AppState>>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> ApiResult<Response> {
+    Ok(upgrade(ws)?.on_upgrade(move |socket| compat_session(socket, state)))
 }
 
 async fn close_with(mut socket: WebSocket, code: u16, reason: &str) {

@@ -71,6 +71,14 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
         let limit = state.config.limits.max_body_bytes;
         let bytes = read_limited(req, limit).await?;
+        // serde's derived structs also accept a JSON array, filling fields by position;
+        // every request body of ours is an object.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::new(
+                ErrorCode::InvalidJson,
+                "invalid request body: expected a JSON object",
+            ));
+        }
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
             ApiError::new(ErrorCode::InvalidJson, format!("invalid request body: {e}"))
         })

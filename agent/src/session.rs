@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! __orchard_c='<command, single-quoted>'
-//! eval "$__orchard_c" </dev/null
+//! command eval "$__orchard_c" </dev/null
 //! printf '\n<nonce>%d\n' "$?"; printf '\n<nonce>\n' >&2
 //! ```
 //!
@@ -33,7 +33,7 @@ use orchard_protocol::session::{
 use orchard_protocol::{Command, ErrorCode, ExecRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::buffer::HeadTail;
@@ -302,8 +302,40 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Pids of every descendant of `root`, from /proc.
+/// Direct children of `pid`, from `/proc/PID/task/*/children` (one small read per
+/// thread), or `None` where the kernel does not offer that file.
+fn children(pid: i32) -> Option<Vec<i32>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut out = Vec::new();
+    let mut any = false;
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            any = true;
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+    any.then_some(out)
+}
+
+/// Pids of every descendant of `root`. Cheap (it runs before every session command)
+/// where the kernel lists children; a scan of all of /proc otherwise.
 pub fn descendants(root: i32) -> Vec<i32> {
+    if children(root).is_some() {
+        let mut found = Vec::new();
+        let mut queue = vec![root];
+        while let Some(pid) = queue.pop() {
+            for child in children(pid).unwrap_or_default() {
+                if !found.contains(&child) {
+                    found.push(child);
+                    queue.push(child);
+                }
+            }
+        }
+        return found;
+    }
     let mut parent_of = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
@@ -341,6 +373,15 @@ pub fn descendants(root: i32) -> Vec<i32> {
     found
 }
 
+/// Notifies on drop: tells a run's task that its HTTP client went away.
+struct CancelOnDrop(Arc<Notify>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
+    }
+}
+
 async fn run(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -354,27 +395,62 @@ async fn run(
         return Err(ApiError::invalid("timeout_ms must be at least 1"));
     }
     let cap = state.config.limits.max_output_bytes as usize;
+    // The command runs in its own task: a client that gives up must not leave it
+    // half-read in the shell, where its output and marker would leak into the next
+    // run. Dropping the request interrupts the command instead, and the task reads up
+    // to its marker before the session is free again.
+    let cancel = Arc::new(Notify::new());
+    let _cancel_on_drop = CancelOnDrop(cancel.clone());
+    let task = tokio::spawn(run_in_shell(
+        session,
+        req.command,
+        Duration::from_millis(timeout_ms),
+        cap,
+        cancel,
+    ));
+    match task.await {
+        Ok(result) => result.map(Json),
+        Err(_) => Err(ApiError::new(
+            ErrorCode::Internal,
+            "the session command failed",
+        )),
+    }
+}
+
+async fn run_in_shell(
+    session: Arc<Session>,
+    command: String,
+    timeout: Duration,
+    cap: usize,
+    cancel: Arc<Notify>,
+) -> ApiResult<SessionRunResult> {
     let mut io = session.io.lock().await;
     if !session.info().alive {
         return Err(ApiError::new(
             ErrorCode::ProcessExited,
-            format!("the shell of session {id} has exited; delete the session and start another"),
+            format!(
+                "the shell of session {} has exited; delete the session and start another",
+                session.id
+            ),
         ));
     }
     let start = Instant::now();
     let nonce = nonce();
+    // `command eval`, not `eval`: an error in a special builtin such as eval would
+    // make a POSIX shell exit, taking the session with it.
     let script = format!(
-        "__orchard_c={}\neval \"$__orchard_c\" </dev/null\nprintf '\\n{nonce}%d\\n' \"$?\"\nprintf '\\n{nonce}\\n' >&2\n",
-        sh_quote(&req.command)
+        "__orchard_c={}\ncommand eval \"$__orchard_c\" </dev/null\nprintf '\\n{nonce}%d\\n' \"$?\"\nprintf '\\n{nonce}\\n' >&2\n",
+        sh_quote(&command)
     );
     session.commands.fetch_add(1, Ordering::Relaxed);
+    // Background jobs of earlier commands are not this command's to interrupt.
+    let earlier = descendants(session.pid);
     let mut out = Scan::new(&format!("\n{nonce}"), cap);
     let mut err = Scan::new(&format!("\n{nonce}\n"), cap);
     let mut shell_gone = io.stdin.write_all(script.as_bytes()).await.is_err();
 
-    let deadline = start + Duration::from_millis(timeout_ms);
     let mut stage = 0u8; // 0 running, 1 interrupted, 2 killed, 3 shell killed
-    let mut next_step = deadline;
+    let mut next_step = start + timeout;
     let (mut out_buf, mut err_buf) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
     let (mut out_eof, mut err_eof) = (false, false);
     while !shell_gone {
@@ -393,11 +469,14 @@ async fn run(
                 Ok(n) if n > 0 => err.push(&err_buf[..n]),
                 _ => err_eof = true,
             },
+            _ = cancel.notified(), if stage == 0 => next_step = Instant::now(),
             _ = tokio::time::sleep_until(next_step), if stage < 3 => {
                 let signal = if stage == 0 { libc::SIGINT } else { libc::SIGKILL };
                 if stage < 2 {
                     for pid in descendants(session.pid) {
-                        kill_one(pid, signal);
+                        if !earlier.contains(&pid) {
+                            kill_one(pid, signal);
+                        }
                     }
                 } else {
                     // Nothing but the shell itself is running: a builtin loop.
@@ -420,14 +499,14 @@ async fn run(
         let status = *exit.borrow();
         status.and_then(Exit::code)
     };
-    Ok(Json(SessionRunResult {
+    Ok(SessionRunResult {
         exit_code,
         timed_out: stage > 0,
         duration_ms: start.elapsed().as_secs_f64() * 1000.0,
         stdout: out.finish().into_output(),
         stderr: err.finish().into_output(),
         session_alive: alive,
-    }))
+    })
 }
 
 #[cfg(test)]
@@ -455,6 +534,27 @@ mod tests {
         s.push(b"abc\nMARK0\n");
         assert_eq!(s.code(), Some(Some(0)));
         assert_eq!(s.finish().finish().0, b"abc");
+    }
+
+    #[test]
+    fn descendants_include_grandchildren() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut found = descendants(pid);
+        while found.len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+            found = descendants(pid);
+        }
+        for p in &found {
+            kill_one(*p, libc::SIGKILL);
+        }
+        kill_one(pid, libc::SIGKILL);
+        let _ = child.wait();
+        assert_eq!(found.len(), 2, "{found:?}");
     }
 
     #[test]

@@ -156,19 +156,19 @@ fn command(spec: &SpawnSpec) -> std::process::Command {
     cmd
 }
 
-/// Spawns `cmd` with the spawn lock held, registers it and resets its OOM score.
+/// Spawns `cmd` with the spawn lock held and the children's OOM score, and registers it.
 fn start(
     reaper: &Arc<Reaper>,
     spec: &SpawnSpec,
     cmd: &mut std::process::Command,
 ) -> Result<(std::process::Child, ExitWaiter), SpawnError> {
     let guard = reaper.spawn_guard();
-    let child = cmd
-        .spawn()
-        .map_err(|err| spawn_error(&spec.argv[0], spec, &err))?;
+    let window = OomWindow::open();
+    let spawned = cmd.spawn();
+    drop(window);
+    let child = spawned.map_err(|err| spawn_error(&spec.argv[0], spec, &err))?;
     let exit = guard.register(child.id() as i32);
     drop(guard);
-    reset_oom_score(child.id() as i32);
     Ok((child, exit))
 }
 
@@ -309,11 +309,58 @@ pub fn spawn_pty(
     })
 }
 
-/// The agent runs with a very low OOM score and children inherit it; raise the child's
-/// back to 0 so the kernel picks a memory hog rather than PID 1. (Raising needs no
-/// privilege. A child that already exited has nothing left to protect.)
-fn reset_oom_score(pid: i32) {
-    let _ = std::fs::write(format!("/proc/{pid}/oom_score_adj"), "0");
+/// OOM scores: the agent's own (as it found it after trying to lower it to -998) and
+/// the one its children get: 0 when the agent is below that, else 500 above the
+/// agent's. Lowering needs CAP_SYS_RESOURCE, which containers rarely have; raising
+/// needs nothing. Either way a memory hog ranks above PID 1 and dies first.
+fn oom_scores() -> &'static (String, String) {
+    static SCORES: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    SCORES.get_or_init(|| {
+        let own = std::fs::read_to_string("/proc/self/oom_score_adj")
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .unwrap_or(0);
+        let child = if own < 0 { 0 } else { (own + 500).min(1000) };
+        (own.to_string(), child.to_string())
+    })
+}
+
+/// The OOM score children get.
+pub fn child_oom_score() -> &'static str {
+    &oom_scores().1
+}
+
+/// Spawns in flight; the first raises the agent's OOM score to the children's, the
+/// last puts it back.
+static SPAWNS_IN_FLIGHT: std::sync::Mutex<u32> = std::sync::Mutex::new(0);
+
+/// While alive, the agent's OOM score is the children's, so posix_spawn (which has no
+/// hook between fork and exec) starts every child with the right score already: a
+/// score set after the spawn would race a child that forks at once. Going back down
+/// is allowed without privilege because it only returns to the agent's own value.
+struct OomWindow;
+
+impl OomWindow {
+    fn open() -> Self {
+        let (_, child) = oom_scores();
+        let mut n = SPAWNS_IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
+        if *n == 0 {
+            let _ = std::fs::write("/proc/self/oom_score_adj", child);
+        }
+        *n += 1;
+        OomWindow
+    }
+}
+
+impl Drop for OomWindow {
+    fn drop(&mut self) {
+        let (own, _) = oom_scores();
+        let mut n = SPAWNS_IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            let _ = std::fs::write("/proc/self/oom_score_adj", own);
+        }
+    }
 }
 
 fn failed(program: &str, reason: &str) -> SpawnError {

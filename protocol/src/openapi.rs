@@ -30,6 +30,8 @@ pub enum Body {
     Ndjson(fn(&mut SchemaGenerator) -> Schema),
     /// Raw bytes of the given media type.
     Bytes(&'static str),
+    /// The route is a WebSocket: a GET with an upgrade, then frames as its summary says.
+    WebSocket,
 }
 
 /// A query parameter: name, JSON type, required, description.
@@ -295,8 +297,8 @@ pub const AGENT_ROUTES: &[Route] = &[
         summary: "WebSocket: attach as a viewer (PtyClientFrame in, PtyServerFrame out; scrollback first).",
         auth: true,
         query: &[],
-        request: Body::Empty,
-        response: Body::Empty,
+        request: Body::WebSocket,
+        response: Body::WebSocket,
     },
     Route {
         method: "GET",
@@ -304,8 +306,8 @@ pub const AGENT_ROUTES: &[Route] = &[
         summary: "WebSocket: the Orchard-compatible terminal protocol (init first).",
         auth: true,
         query: &[],
-        request: Body::Empty,
-        response: Body::Empty,
+        request: Body::WebSocket,
+        response: Body::WebSocket,
     },
     Route {
         method: "GET",
@@ -426,7 +428,7 @@ pub const AGENT_ROUTES: &[Route] = &[
 
 fn content(gen: &mut SchemaGenerator, body: Body) -> Option<Value> {
     let (media, schema) = match body {
-        Body::Empty => return None,
+        Body::Empty | Body::WebSocket => return None,
         Body::Json(f) => ("application/json", serde_json::to_value(f(gen)).ok()?),
         Body::Ndjson(f) => (crate::NDJSON, serde_json::to_value(f(gen)).ok()?),
         Body::Bytes(media) => (media, json!({"type": "string", "format": "binary"})),
@@ -473,7 +475,10 @@ pub fn document<'a>(
                 json!({"required": true, "content": c}),
             );
         }
-        let mut ok = json!({"description": "Success."});
+        let mut ok = match route.response {
+            Body::WebSocket => json!({"description": "Upgraded to a WebSocket (101)."}),
+            _ => json!({"description": "Success."}),
+        };
         if let Some(c) = content(&mut gen, route.response) {
             ok["content"] = c;
         }
