@@ -313,127 +313,128 @@ async fn main() -> anyhow::Result<()> {
             .and_then(Value::as_f64)
             .map_or("–".to_string(), |v| format!("{v:.1}"))
     };
-    let row = |md: &mut String,
-               name: &str,
-               key: &str,
-               v: f64,
-               unit: &str,
-               ratio: Option<f64>,
-               target: &str| {
-        let r = ratio.map_or("–".to_string(), |r| format!("{r:.2}x"));
-        md.push_str(&format!(
-            "| {name} | {v:.1} {unit} | {r} | {target} | {} |\n",
+    // (name, key in agent.json, value, unit, ratio to the floor, target)
+    let rows: Vec<(&str, &str, f64, &str, Option<f64>, &str)> = vec![
+        (
+            "floor: spawn+wait `true`, p50",
+            "floor_p50_us",
+            f50,
+            "µs",
+            Some(1.0),
+            "",
+        ),
+        (
+            "floor: spawn+wait `true`, p99",
+            "floor_p99_us",
+            floor.pct(0.99),
+            "µs",
+            None,
+            "",
+        ),
+        (
+            "exec `true` over Unix socket, p50",
+            "unix_p50_us",
+            over_unix.pct(0.5),
+            "µs",
+            Some(over_unix.pct(0.5) / f50),
+            "≤ 1.5x",
+        ),
+        (
+            "exec `true` over Unix socket, p99",
+            "unix_p99_us",
+            over_unix.pct(0.99),
+            "µs",
+            Some(over_unix.pct(0.99) / floor.pct(0.99)),
+            "",
+        ),
+        (
+            "exec `true` over TCP, p50",
+            "tcp_p50_us",
+            over_tcp.pct(0.5),
+            "µs",
+            Some(over_tcp.pct(0.5) / f50),
+            "≤ 1.5x",
+        ),
+        (
+            "exec `true` over TCP, p99",
+            "tcp_p99_us",
+            over_tcp.pct(0.99),
+            "µs",
+            Some(over_tcp.pct(0.99) / floor.pct(0.99)),
+            "",
+        ),
+        (
+            "HTTP round trip without exec (`/livez`, Unix), p50",
+            "http_p50_us",
+            http_only.pct(0.5),
+            "µs",
+            None,
+            "",
+        ),
+        (
+            "session command `true`, p50",
+            "session_p50_us",
+            in_session.pct(0.5),
+            "µs",
+            None,
+            "≤ 2000 µs",
+        ),
+        (
+            "session command `true`, p99",
+            "session_p99_us",
+            in_session.pct(0.99),
+            "µs",
+            None,
+            "",
+        ),
+        (
+            "floor: read a pipe directly",
+            "direct_pipe_mb_s",
+            direct_mbs,
+            "MB/s",
+            Some(1.0),
+            "",
+        ),
+        (
+            "streamed exec throughput",
+            "stream_mb_s",
+            stream_mbs,
+            "MB/s",
+            Some(stream_mbs / direct_mbs),
+            "",
+        ),
+        (
+            "agent idle RSS",
+            "idle_rss_kib",
+            idle_rss as f64,
+            "KiB",
+            None,
+            "≤ 4096 KiB",
+        ),
+        (
+            "agent RSS after the run",
+            "loaded_rss_kib",
+            loaded_rss as f64,
+            "KiB",
+            None,
+            "",
+        ),
+        (
+            "agent binary size",
+            "binary_bytes",
+            size as f64,
+            "bytes",
+            None,
+            "≤ 12 MiB",
+        ),
+    ];
+    for (name, key, value, unit, ratio, target) in rows {
+        let ratio = ratio.map_or("–".to_string(), |r| format!("{r:.2}x"));
+        md += &format!(
+            "| {name} | {value:.1} {unit} | {ratio} | {target} | {} |\n",
             prevv(key)
-        ));
-    };
-    row(
-        &mut md,
-        "floor: spawn+wait `true`, p50",
-        "floor_p50_us",
-        f50,
-        "µs",
-        Some(1.0),
-        "",
-    );
-    row(
-        &mut md,
-        "floor: spawn+wait `true`, p99",
-        "floor_p99_us",
-        floor.pct(0.99),
-        "µs",
-        None,
-        "",
-    );
-    row(
-        &mut md,
-        "exec `true` over Unix socket, p50",
-        "unix_p50_us",
-        over_unix.pct(0.5),
-        "µs",
-        Some(over_unix.pct(0.5) / f50),
-        "≤ 1.5x",
-    );
-    row(
-        &mut md,
-        "exec `true` over Unix socket, p99",
-        "unix_p99_us",
-        over_unix.pct(0.99),
-        "µs",
-        Some(over_unix.pct(0.99) / floor.pct(0.99)),
-        "",
-    );
-    row(
-        &mut md,
-        "exec `true` over TCP, p50",
-        "tcp_p50_us",
-        over_tcp.pct(0.5),
-        "µs",
-        Some(over_tcp.pct(0.5) / f50),
-        "≤ 1.5x",
-    );
-    row(
-        &mut md,
-        "exec `true` over TCP, p99",
-        "tcp_p99_us",
-        over_tcp.pct(0.99),
-        "µs",
-        Some(over_tcp.pct(0.99) / floor.pct(0.99)),
-        "",
-    );
-    row(
-        &mut md,
-        "HTTP round trip without exec (`/livez`, Unix), p50",
-        "http_p50_us",
-        http_only.pct(0.5),
-        "µs",
-        None,
-        "",
-    );
-    row(
-        &mut md,
-        "floor: read a pipe directly",
-        "direct_pipe_mb_s",
-        direct_mbs,
-        "MB/s",
-        Some(1.0),
-        "",
-    );
-    row(
-        &mut md,
-        "streamed exec throughput",
-        "stream_mb_s",
-        stream_mbs,
-        "MB/s",
-        Some(stream_mbs / direct_mbs),
-        "",
-    );
-    row(
-        &mut md,
-        "agent idle RSS",
-        "idle_rss_kib",
-        idle_rss as f64,
-        "KiB",
-        None,
-        "≤ 4096 KiB",
-    );
-    row(
-        &mut md,
-        "agent RSS after the run",
-        "loaded_rss_kib",
-        loaded_rss as f64,
-        "KiB",
-        None,
-        "",
-    );
-    row(
-        &mut md,
-        "agent binary size",
-        "binary_bytes",
-        size as f64,
-        "bytes",
-        None,
-        "≤ 12 MiB",
-    );
+        );
+    }
     std::fs::create_dir_all(&args.out)?;
     std::fs::write(args.out.join("agent.md"), &md)?;
     std::fs::write(
