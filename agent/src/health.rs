@@ -14,9 +14,10 @@ use crate::server::AppState;
 
 /// `GET /v1/health`.
 pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {
-    let state2 = state.clone();
-    let usage = tokio::task::spawn_blocking(usage).await.unwrap_or_default();
-    let limits = &state2.config.limits;
+    // Inline, not on the blocking pool: health must answer even when a fork bomb has
+    // used up the pids limit and no new thread can start.
+    let usage = usage();
+    let limits = &state.config.limits;
     Json(Health {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),

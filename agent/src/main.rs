@@ -96,7 +96,7 @@ fn main() -> anyhow::Result<()> {
         .max_blocking_threads(64)
         // Threads that stay alive keep the agent serving when a fork bomb has used up
         // the sandbox's pids limit and no new thread could be created.
-        .thread_keep_alive(Duration::from_secs(3600))
+        .thread_keep_alive(Duration::from_secs(365 * 24 * 3600))
         .enable_all()
         .build()
         .context("starting the async runtime")?;

@@ -19,6 +19,9 @@ use crate::spawn::{group_alive, kill_group};
 /// so the kernel kills a memory hog rather than PID 1.
 const AGENT_OOM_SCORE_ADJ: &str = "-998";
 
+/// Blocking-pool threads started up front (file I/O and tar run there).
+const WARM_BLOCKING_THREADS: usize = 2;
+
 /// How long a shutdown waits for commands after forwarding the signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
@@ -51,6 +54,15 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     }
     // Lowering needs CAP_SYS_RESOURCE; without it the agent just keeps its score.
     let _ = std::fs::write("/proc/self/oom_score_adj", AGENT_OOM_SCORE_ADJ);
+
+    // Start blocking-pool threads now, while threads can be created: when the pids
+    // limit is used up later, tokio queues blocking work on these instead of failing.
+    let warm: Vec<_> = (0..WARM_BLOCKING_THREADS)
+        .map(|_| tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(20))))
+        .collect();
+    for thread in warm {
+        let _ = thread.await;
+    }
 
     let reaper = Arc::new(Reaper::new());
     reaper.clone().spawn_loop().map_err(RunError::Signals)?;
@@ -104,7 +116,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
 
     let prune_state = state.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
             prune_state.processes.prune();

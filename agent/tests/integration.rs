@@ -4,6 +4,7 @@
 //! Every test starts its own sandbox and tears it down with `Sandbox::stop`, which also
 //! asserts that no container, mount or cgroup was left behind.
 
+mod terminal;
 mod util;
 
 use std::collections::BTreeSet;
