@@ -1,0 +1,3 @@
+//! `orchard-injector` (placeholder: being written).
+
+fn main() {}

@@ -1,0 +1,1 @@
+//! The local backend (placeholder: being written).

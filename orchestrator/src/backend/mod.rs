@@ -1,0 +1,3 @@
+//! Sandbox backends. [`local`] runs sandboxes on this machine with runc over overlayfs.
+
+pub mod local;
