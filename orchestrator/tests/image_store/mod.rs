@@ -1,0 +1,1 @@
+//! Image store tests (being written).

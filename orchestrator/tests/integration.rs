@@ -1,0 +1,6 @@
+//! Integration tests of the orchestrator crate: one test binary, shared `util`.
+//! They need root, runc and the test images (`make images`).
+
+mod image_store;
+mod local_backend;
+mod util;

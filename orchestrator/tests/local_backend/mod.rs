@@ -1,0 +1,1 @@
+//! Local backend tests (being written).

@@ -1,0 +1,5 @@
+//! Shared fixtures: a real local registry with the test images, and sandbox helpers.
+#![allow(dead_code)]
+
+pub mod registry;
+pub mod sandbox;

@@ -1,0 +1,1 @@
+//! A real docker-registry on loopback holding the test images (being written).

@@ -1,0 +1,1 @@
+//! Sandbox fixtures and the leak audit (being written).
