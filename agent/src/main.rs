@@ -47,6 +47,9 @@ struct Args {
     /// How long an exited background process stays retrievable, in milliseconds.
     #[arg(long, default_value_t = config::DEFAULT_PROCESS_RETENTION_MS)]
     process_retention_ms: u64,
+    /// Milliseconds between keepalive frames of a quiet streamed exec.
+    #[arg(long, default_value_t = 15_000)]
+    keepalive_ms: u64,
     /// Async worker threads.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -82,6 +85,7 @@ fn main() -> anyhow::Result<()> {
     config.unix = args.unix.clone();
     config.tcp = args.tcp;
     config.kill_grace = Duration::from_millis(args.kill_grace_ms);
+    config.keepalive = Duration::from_millis(args.keepalive_ms.max(10));
     let l = &mut config.limits;
     l.max_body_bytes = args.max_body_bytes;
     l.max_upload_bytes = args.max_upload_bytes;

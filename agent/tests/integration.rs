@@ -390,6 +390,34 @@ async fn exec_stream_sends_start_then_output_losslessly_in_order_then_exit() {
     sb.stop();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_stream_sends_keepalives_while_the_command_is_quiet() {
+    let sb = Sandbox::start(
+        RootfsKind::Busybox,
+        SandboxOpts::agent_args(&["--keepalive-ms", "100"]),
+    );
+    let mut stream = sb
+        .client()
+        .exec_stream(&shell("sleep 1; echo done"))
+        .await
+        .unwrap();
+    let mut frames = Vec::new();
+    while let Some(ev) = stream.next().await.unwrap() {
+        frames.push(ev);
+    }
+    let keepalives = frames
+        .iter()
+        .filter(|f| matches!(f, ExecEvent::Keepalive))
+        .count();
+    assert!(
+        keepalives >= 3,
+        "{keepalives} keepalives in 1 s at 100 ms: {frames:?}"
+    );
+    assert!(matches!(frames.first(), Some(ExecEvent::Start { .. })));
+    assert!(matches!(frames.last(), Some(ExecEvent::Exit { .. })));
+    sb.stop();
+}
+
 // ---------------------------------------------------------------------------------------
 // Background processes
 // ---------------------------------------------------------------------------------------
@@ -1812,6 +1840,13 @@ async fn fill_id(sb: &Sandbox, path: &str) -> Option<String> {
         let v: serde_json::Value = serde_json::from_slice(&raw.body).unwrap_or_default();
         return v["id"].as_str().map(String::from);
     }
+    if path.starts_with("/v1/pty/{id}") {
+        let req = orchard_protocol::pty::PtyCreate {
+            command: Some(orchard_protocol::Command::Argv(vec!["cat".into()])),
+            ..Default::default()
+        };
+        return Some(ok("open a terminal", sb.client().create_pty(&req)).await.id);
+    }
     None
 }
 
@@ -1861,8 +1896,42 @@ async fn fill_body(
             ("POST", "/v1/processes/{id}/stdin") => json(serde_json::json!({"data": "x"})),
             ("POST", "/v1/processes/{id}/signal") => json(serde_json::json!({"signal": "TERM"})),
             ("POST", "/v1/sessions") => json(serde_json::json!({})),
+            ("POST", "/v1/pty") => json(serde_json::json!({"command": ["cat"]})),
+            ("POST", "/v1/pty/{id}/resize") => json(serde_json::json!({"rows": 30, "cols": 90})),
             ("POST", "/v1/sessions/{id}/run") => json(serde_json::json!({"command": "true"})),
             ("POST", "/v1/files/mkdir") => json(serde_json::json!({"path": "/tmp/routes/made"})),
+            ("POST", path) if path.starts_with("/v1/git/") => {
+                // A repository made through the API itself: no git binary in the image.
+                let repo = "/tmp/routes/repo";
+                if sb.client().stat(&format!("{repo}/.git")).await.is_err() {
+                    sb.client()
+                        .write_file(&format!("{repo}/.git/HEAD"), "ref: refs/heads/main\n", None)
+                        .await
+                        .unwrap();
+                    for dir in ["objects", "refs/heads"] {
+                        sb.client()
+                            .mkdir(&format!("{repo}/.git/{dir}"))
+                            .await
+                            .unwrap();
+                    }
+                    sb.client()
+                        .write_file(&format!("{repo}/a.txt"), "a\n", None)
+                        .await
+                        .unwrap();
+                }
+                match path {
+                    "/v1/git/status" | "/v1/git/diff" | "/v1/git/reset" => {
+                        json(serde_json::json!({"repo": repo}))
+                    }
+                    "/v1/git/commit" => json(
+                        serde_json::json!({"repo": repo, "message": "routes", "allow_empty": true}),
+                    ),
+                    "/v1/git/apply" => json(
+                        serde_json::json!({"repo": repo, "patch": "diff --git a/b.txt b/b.txt\nnew file mode 100644\n--- /dev/null\n+++ b/b.txt\n@@ -0,0 +1 @@\n+b\n", "check_only": true}),
+                    ),
+                    _ => None,
+                }
+            }
             ("POST", "/v1/files/move") => {
                 sb.sh("mkdir -p /tmp/routes && touch /tmp/routes/move-src")
                     .await;
