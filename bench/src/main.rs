@@ -8,6 +8,7 @@
 //! - streamed exec throughput of a large output, next to reading the same command's
 //!   pipe directly.
 //! - a trivial command in a persistent shell session, p50/p99.
+//! - git diff of a 20,000-file work tree through the agent, next to the git CLI.
 //! - agent idle RSS and binary size.
 
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use bytes::Bytes;
 use clap::Parser;
 use hyper::Method;
 use orchard_client::{AgentClient, Endpoint};
+use orchard_protocol::git::{GitDiff, GitDiffRequest};
 use orchard_protocol::session::{SessionCreate, SessionRun};
 use orchard_protocol::{Command as Cmd, ExecEvent, ExecRequest};
 use serde_json::{json, Value};
@@ -38,6 +40,9 @@ struct Args {
     /// Extra arguments for the agent (repeatable), e.g. `--agent-arg=--workers=1`.
     #[arg(long = "agent-arg", allow_hyphen_values = true)]
     agent_args: Vec<String>,
+    /// Files in the repository of the git diff measurement.
+    #[arg(long, default_value_t = 20_000)]
+    git_files: usize,
     /// Bytes streamed in the throughput test.
     #[arg(long, default_value_t = 256 << 20)]
     stream_bytes: u64,
@@ -201,6 +206,106 @@ fn direct_throughput(head: &Path, bytes: u64) -> anyhow::Result<f64> {
     Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e6)
 }
 
+fn git(dir: &Path, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "bench")
+        .env("GIT_AUTHOR_EMAIL", "bench@example.invalid")
+        .env("GIT_COMMITTER_NAME", "bench")
+        .env("GIT_COMMITTER_EMAIL", "bench@example.invalid")
+        .output()
+        .context("running git (the bench compares against the git CLI)")?;
+    if !out.status.success() {
+        bail!("git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(out)
+}
+
+/// git diff of a work tree with `files` committed files, 50 modified and 10 new, through
+/// the agent and through the git CLI (`add -A` into a throwaway index, then
+/// `diff --cached --binary`, which is what the agent's diff is equivalent to).
+async fn git_diff_bench(client: &AgentClient, files: usize) -> anyhow::Result<(f64, f64)> {
+    let dir = std::env::temp_dir().join(format!("orchard-bench-git-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for i in 0..files {
+        let sub = dir.join(format!("d{:03}", i / 100));
+        if i % 100 == 0 {
+            std::fs::create_dir_all(&sub)?;
+        }
+        std::fs::write(
+            sub.join(format!("f{i}.txt")),
+            format!("line one of {i}\nline two\n"),
+        )?;
+    }
+    git(&dir, &["init", "-q"])?;
+    git(&dir, &["add", "-A"])?;
+    git(&dir, &["commit", "-q", "-m", "base"])?;
+    for i in (0..files).step_by((files / 50).max(1)).take(50) {
+        let path = dir.join(format!("d{:03}/f{i}.txt", i / 100));
+        std::fs::write(path, format!("line one of {i}\nchanged\n"))?;
+    }
+    for i in 0..10 {
+        std::fs::write(dir.join(format!("new{i}.txt")), "new\n")?;
+    }
+    let req = GitDiffRequest {
+        repo: dir.display().to_string(),
+        base: None,
+        include_untracked: true,
+        binary: true,
+    };
+    let body = serde_json::to_vec(&req)?;
+    let index = dir.join(".git/index");
+    let scratch = dir.join(".git/bench-index");
+    let (mut ours, mut cli) = (Samples::default(), Samples::default());
+    let mut patch_len = (0, 0);
+    for _ in 0..11 {
+        let t = Instant::now();
+        let raw = client
+            .send(
+                Method::POST,
+                "/v1/git/diff",
+                Bytes::from(body.clone()),
+                "application/json",
+            )
+            .await?;
+        ours.push(t.elapsed());
+        if !raw.status.is_success() {
+            bail!(
+                "git diff through the agent: {}",
+                String::from_utf8_lossy(&raw.body)
+            );
+        }
+        let diff: GitDiff = serde_json::from_slice(&raw.body)?;
+        patch_len.0 = diff.patch.len();
+
+        let t = Instant::now();
+        std::fs::copy(&index, &scratch)?;
+        let run = |args: &[&str]| {
+            Command::new("git")
+                .arg("-C")
+                .arg(&dir)
+                .args(args)
+                .env("GIT_INDEX_FILE", &scratch)
+                .output()
+        };
+        run(&["add", "-A"])?;
+        let out = run(&["diff", "--cached", "--binary", "HEAD"])?;
+        cli.push(t.elapsed());
+        patch_len.1 = out.stdout.len();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if patch_len.0 == 0 || patch_len.1 == 0 {
+        bail!(
+            "empty git diff (agent {} bytes, CLI {} bytes)",
+            patch_len.0,
+            patch_len.1
+        );
+    }
+    Ok((ours.pct(0.5) / 1000.0, cli.pct(0.5) / 1000.0))
+}
+
 fn previous(out: &Path) -> Value {
     std::fs::read_to_string(out.join("agent.json"))
         .ok()
@@ -286,6 +391,7 @@ async fn main() -> anyhow::Result<()> {
     let direct_mbs = direct_throughput(&head, args.stream_bytes)?;
     let stream_mbs = stream_throughput(&unix, &head, args.stream_bytes).await?;
     let size = std::fs::metadata(&args.agent)?.len();
+    let (git_ours_ms, git_cli_ms) = git_diff_bench(&unix, args.git_files).await?;
 
     let now = json!({
         "floor_p50_us": floor.pct(0.5), "floor_p99_us": floor.pct(0.99),
@@ -294,6 +400,7 @@ async fn main() -> anyhow::Result<()> {
         "http_p50_us": http_only.pct(0.5),
         "session_p50_us": in_session.pct(0.5), "session_p99_us": in_session.pct(0.99),
         "direct_pipe_mb_s": direct_mbs, "stream_mb_s": stream_mbs,
+        "git_cli_p50_ms": git_cli_ms, "git_ours_p50_ms": git_ours_ms,
         "idle_rss_kib": idle_rss, "loaded_rss_kib": loaded_rss, "binary_bytes": size,
         "iterations": blocks * block,
     });
@@ -385,6 +492,22 @@ async fn main() -> anyhow::Result<()> {
             in_session.pct(0.99),
             "µs",
             None,
+            "",
+        ),
+        (
+            "git diff, 20k-file repo, `git` CLI (floor), p50",
+            "git_cli_p50_ms",
+            git_cli_ms,
+            "ms",
+            Some(1.0),
+            "",
+        ),
+        (
+            "git diff, 20k-file repo, agent /v1/git/diff, p50",
+            "git_ours_p50_ms",
+            git_ours_ms,
+            "ms",
+            Some(git_ours_ms / git_cli_ms),
             "",
         ),
         (
