@@ -306,6 +306,9 @@ async fn git_diff_bench(client: &AgentClient, files: usize) -> anyhow::Result<(f
     Ok((ours.pct(0.5) / 1000.0, cli.pct(0.5) / 1000.0))
 }
 
+/// A results row: name, key in agent.json, value, unit, ratio to the floor, target.
+type Row<'a> = (&'a str, &'a str, f64, &'a str, Option<f64>, &'a str);
+
 fn previous(out: &Path) -> Value {
     std::fs::read_to_string(out.join("agent.json"))
         .ok()
@@ -421,7 +424,7 @@ async fn main() -> anyhow::Result<()> {
             .map_or("–".to_string(), |v| format!("{v:.1}"))
     };
     // (name, key in agent.json, value, unit, ratio to the floor, target)
-    let rows: Vec<(&str, &str, f64, &str, Option<f64>, &str)> = vec![
+    let rows: Vec<Row> = vec![
         (
             "floor: spawn+wait `true`, p50",
             "floor_p50_us",
