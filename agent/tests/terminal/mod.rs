@@ -380,3 +380,37 @@ async fn session_runs_a_thousand_commands_without_growing() {
     c.delete_session(&s.id).await.unwrap();
     sb.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_commands_sent_at_once_run_one_after_another() {
+    let sb = Sandbox::busybox();
+    let c = sb.client();
+    let s = c.create_session(&SessionCreate::default()).await.unwrap();
+    let runs = (0..5).map(|i| {
+        let id = s.id.clone();
+        async move {
+            let run = SessionRun {
+                command: format!(
+                    "echo start-{i} >> /tmp/order; sleep 0.1; echo end-{i} >> /tmp/order"
+                ),
+                timeout_ms: Some(10_000),
+            };
+            c.session_run(&id, &run).await.unwrap()
+        }
+    });
+    for r in futures_util::future::join_all(runs).await {
+        assert_eq!(r.exit_code, Some(0));
+    }
+    let log = c.read_file("/tmp/order").await.unwrap();
+    let lines: Vec<&str> = std::str::from_utf8(&log).unwrap().lines().collect();
+    assert_eq!(lines.len(), 10, "{lines:?}");
+    for pair in lines.chunks(2) {
+        let start = pair[0].strip_prefix("start-").expect("a start line");
+        assert_eq!(
+            pair[1],
+            format!("end-{start}"),
+            "commands overlapped: {lines:?}"
+        );
+    }
+    sb.stop();
+}
