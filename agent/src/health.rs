@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::Json;
 use orchard_protocol::health::Health;
 
+use crate::procfs;
 use crate::server::AppState;
 
 /// `GET /v1/health`.
@@ -48,8 +49,8 @@ pub struct Usage {
 
 /// Reads the sandbox's usage.
 pub fn usage() -> Usage {
-    let pids = proc_pids();
-    let processes = pids.len() as u64;
+    let procs = procfs::all();
+    let processes = procs.len() as u64;
     if let Some((memory_bytes, cpu_ms)) = cgroup_usage() {
         return Usage {
             processes,
@@ -60,9 +61,9 @@ pub fn usage() -> Usage {
     }
     let page = page_size();
     let ticks = clock_ticks();
-    let (mut memory_bytes, mut cpu_ticks) = (0u64, 0u64);
-    for pid in pids {
-        if let Ok(statm) = std::fs::read_to_string(format!("/proc/{pid}/statm")) {
+    let mut memory_bytes = 0u64;
+    for p in &procs {
+        if let Ok(statm) = std::fs::read_to_string(format!("/proc/{}/statm", p.pid)) {
             let rss: u64 = statm
                 .split_whitespace()
                 .nth(1)
@@ -70,42 +71,14 @@ pub fn usage() -> Usage {
                 .unwrap_or(0);
             memory_bytes += rss * page;
         }
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            cpu_ticks += stat_cpu_ticks(&stat);
-        }
     }
+    let cpu_ticks: u64 = procs.iter().map(|p| p.cpu_ticks).sum();
     Usage {
         processes,
         memory_bytes,
         cpu_ms: cpu_ticks * 1000 / ticks.max(1),
         source: "procfs",
     }
-}
-
-fn proc_pids() -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .map(|dir| {
-            dir.flatten()
-                .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// utime + stime from a `/proc/PID/stat` line (fields 14 and 15, after the `(comm)`).
-fn stat_cpu_ticks(stat: &str) -> u64 {
-    let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return 0;
-    };
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let get = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // `after` starts at field 3 (state), so utime (14) is index 11.
-    get(11) + get(12)
 }
 
 fn page_size() -> u64 {
@@ -183,12 +156,6 @@ fn cgroup_usage() -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpu_ticks_parse_past_a_comm_with_spaces() {
-        let stat = "42 (my (odd) prog) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 0 0 20 0 1 0 100 0 0";
-        assert_eq!(stat_cpu_ticks(stat), 12);
-    }
 
     #[test]
     fn usage_reports_this_process() {

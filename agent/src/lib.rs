@@ -12,6 +12,7 @@
 //! - [`git`] reads and changes repositories through libgit2.
 //! - [`files`] and [`archive`] read and write the sandbox's filesystem; [`health`]
 //!   reports usage. [`buffer`] holds the bounded output buffers.
+//! - [`procfs`] parses `/proc`.
 //! - [`config`] holds the limits and their defaults; [`error`] maps every failure to
 //!   one wire error.
 
@@ -24,6 +25,7 @@ pub mod files;
 pub mod git;
 pub mod health;
 pub mod process;
+pub mod procfs;
 pub mod pty;
 pub mod reaper;
 pub mod run;

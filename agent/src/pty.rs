@@ -32,6 +32,7 @@ use tokio::sync::{broadcast, watch};
 
 use crate::buffer::Ring;
 use crate::error::{ApiError, ApiResult};
+use crate::procfs;
 use crate::reaper::Exit;
 use crate::server::{AppState, JsonBody};
 use crate::spawn::{kill_one, spawn_pty, SpawnSpec};
@@ -177,27 +178,9 @@ impl Pty {
 
 /// Sends `signal` to every process whose session id is `sid`.
 fn kill_session(sid: i32, signal: i32) {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // After the comm: state, ppid, pgrp, session.
-        let session = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().nth(3))
-            .and_then(|s| s.parse::<i32>().ok());
-        if session == Some(sid) {
-            kill_one(pid, signal);
+    for p in procfs::all() {
+        if p.session == sid {
+            kill_one(p.pid, signal);
         }
     }
 }

@@ -38,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::buffer::HeadTail;
 use crate::error::{ApiError, ApiResult};
+use crate::procfs;
 use crate::reaper::Exit;
 use crate::server::{AppState, JsonBody};
 use crate::spawn::{kill_group, kill_one, spawn, SpawnSpec};
@@ -336,28 +337,7 @@ pub fn descendants(root: i32) -> Vec<i32> {
         }
         return found;
     }
-    let mut parent_of = Vec::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for entry in dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            let ppid = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
-                .and_then(|p| p.parse::<i32>().ok());
-            if let Some(ppid) = ppid {
-                parent_of.push((pid, ppid));
-            }
-        }
-    }
+    let parent_of: Vec<(i32, i32)> = procfs::all().iter().map(|p| (p.pid, p.ppid)).collect();
     let mut found = vec![root];
     let mut i = 0;
     while i < found.len() {

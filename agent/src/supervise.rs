@@ -180,19 +180,9 @@ mod tests {
     /// are reaped by the host's init, late; a zombie has released everything but its
     /// pid, so it does not count.)
     fn running_in_group(pgid: i32) -> usize {
-        let Ok(dir) = std::fs::read_dir("/proc") else {
-            return 0;
-        };
-        dir.flatten()
-            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-            .filter(|stat| {
-                let Some(after) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-                    return false;
-                };
-                let fields: Vec<&str> = after.split_whitespace().collect();
-                // After the comm: state, ppid, pgrp.
-                fields.first() != Some(&"Z") && fields.get(2) == Some(&pgid.to_string().as_str())
-            })
+        crate::procfs::all()
+            .iter()
+            .filter(|p| p.pgrp == pgid && p.state != 'Z')
             .count()
     }
 
