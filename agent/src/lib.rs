@@ -12,7 +12,8 @@
 //! - [`git`] reads and changes repositories through libgit2.
 //! - [`files`] and [`archive`] read and write the sandbox's filesystem; [`health`]
 //!   reports usage. [`buffer`] holds the bounded output buffers.
-//! - [`procfs`] parses `/proc`.
+//! - [`procfs`] parses `/proc`; [`registry`] keeps processes, sessions and
+//!   terminals by id.
 //! - [`config`] holds the limits and their defaults; [`error`] maps every failure to
 //!   one wire error.
 
@@ -28,6 +29,7 @@ pub mod process;
 pub mod procfs;
 pub mod pty;
 pub mod reaper;
+pub mod registry;
 pub mod run;
 pub mod server;
 pub mod session;

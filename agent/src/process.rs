@@ -5,8 +5,7 @@
 //! offset, its stdin stays open for writes, and its record outlives it for the
 //! configured retention so a late reader still gets the exit status.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +28,7 @@ use crate::buffer::Ring;
 use crate::config::{Config, MAX_TRACKED_PROCESSES};
 use crate::error::{ApiError, ApiResult};
 use crate::exec::{acquire_slot, prepare};
+use crate::registry::Registry;
 use crate::server::{AppState, JsonBody};
 use crate::spawn::{kill_group, kill_one, spawn};
 use crate::supervise::{supervise, Counters, Sink, Stream};
@@ -104,9 +104,7 @@ impl Sink for RingSink {
 
 /// The table of background processes.
 pub struct ProcessTable {
-    /// id -> process; locked briefly for lookups, inserts and pruning.
-    procs: Mutex<HashMap<String, Arc<Proc>>>,
-    next_id: AtomicU64,
+    procs: Registry<Proc>,
     buffer_bytes: usize,
     retention: Duration,
 }
@@ -115,21 +113,16 @@ impl ProcessTable {
     /// An empty table using `config`'s buffer size and retention.
     pub fn new(config: &Config) -> Self {
         Self {
-            procs: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
+            procs: Registry::new("p", "background process"),
             buffer_bytes: config.limits.process_buffer_bytes as usize,
             retention: Duration::from_millis(config.limits.process_retention_ms),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Proc>>> {
-        self.procs.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Forgets exited processes older than the retention.
     pub fn prune(&self) {
         let retention = self.retention;
-        self.lock().retain(|_, p| {
+        self.procs.retain(|p| {
             let finished = *p.finished.lock().unwrap_or_else(|e| e.into_inner());
             finished.is_none_or(|at| at.elapsed() < retention)
         });
@@ -137,30 +130,12 @@ impl ProcessTable {
 
     /// Processes tracked now.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.procs.len()
     }
 
     /// Whether no process is tracked.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn get(&self, id: &str) -> ApiResult<Arc<Proc>> {
-        self.lock().get(id).cloned().ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::NotFound,
-                format!("no background process with id {id}"),
-            )
-        })
-    }
-
-    /// Pids of running processes, for shutdown.
-    pub fn running_pids(&self) -> Vec<i32> {
-        self.lock()
-            .values()
-            .filter(|p| p.is_running())
-            .map(|p| p.pid)
-            .collect()
+        self.procs.is_empty()
     }
 }
 
@@ -207,7 +182,7 @@ async fn start(
         // A process that exits before reading its initial stdin is not an error.
         let _ = tokio::time::timeout(STDIN_WRITE_LIMIT, pipe.write_all(data)).await;
     }
-    let id = format!("p{}", table.next_id.fetch_add(1, Ordering::Relaxed));
+    let id = table.procs.next_id();
     let cap = table.buffer_bytes;
     let proc = Arc::new(Proc {
         id: id.clone(),
@@ -221,7 +196,7 @@ async fn start(
         finished: Mutex::new(None),
         kill: Arc::new(Notify::new()),
     });
-    table.lock().insert(id, proc.clone());
+    table.procs.insert(id, proc.clone());
     let info = proc.info(proc.stdin.try_lock().map(|s| s.is_some()).unwrap_or(true));
     let timing = prepared.timing;
     tokio::spawn(async move {
@@ -243,7 +218,7 @@ async fn start(
 
 async fn list(State(state): State<Arc<AppState>>) -> Json<ProcessList> {
     state.processes.prune();
-    let procs: Vec<Arc<Proc>> = state.processes.lock().values().cloned().collect();
+    let procs = state.processes.procs.values();
     let mut processes = Vec::with_capacity(procs.len());
     for p in procs {
         processes.push(p.snapshot().await);
@@ -256,19 +231,19 @@ async fn one(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    Ok(Json(state.processes.get(&id)?.snapshot().await))
+    Ok(Json(state.processes.procs.get(&id)?.snapshot().await))
 }
 
 async fn remove(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    let proc = state.processes.get(&id)?;
+    let proc = state.processes.procs.get(&id)?;
     if proc.is_running() {
         // SIGTERM, then SIGKILL after the grace period, like a timeout.
         proc.kill.notify_one();
     }
-    state.processes.lock().remove(&id);
+    state.processes.procs.remove(&id);
     Ok(Json(proc.snapshot().await))
 }
 
@@ -296,7 +271,7 @@ async fn output(
     Path(id): Path<String>,
     Query(q): Query<OutputQuery>,
 ) -> ApiResult<Json<ProcessOutput>> {
-    let proc = state.processes.get(&id)?;
+    let proc = state.processes.procs.get(&id)?;
     let max = q
         .max_bytes
         .unwrap_or(DEFAULT_READ_BYTES)
@@ -322,7 +297,7 @@ async fn write_stdin(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<StdinWrite>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    let proc = state.processes.get(&id)?;
+    let proc = state.processes.procs.get(&id)?;
     let data = match (req.data, req.data_b64) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid("give either data or data_b64, not both"))
@@ -375,7 +350,7 @@ async fn signal(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<SignalRequest>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    let proc = state.processes.get(&id)?;
+    let proc = state.processes.procs.get(&id)?;
     let number = req
         .signal
         .number()
@@ -404,7 +379,7 @@ async fn wait(
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    let proc = state.processes.get(&id)?;
+    let proc = state.processes.procs.get(&id)?;
     let limit = Duration::from_millis(q.timeout_ms.unwrap_or(DEFAULT_WAIT_MS));
     let mut rx = proc.exit.subscribe();
     let _ = tokio::time::timeout(limit, rx.wait_for(Option::is_some)).await;

@@ -7,9 +7,8 @@
 //! Viewers come and go; the terminal lives until its program exits, someone closes it,
 //! or nobody has watched it for its idle timeout.
 
-use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,6 +33,7 @@ use crate::buffer::Ring;
 use crate::error::{ApiError, ApiResult};
 use crate::procfs;
 use crate::reaper::Exit;
+use crate::registry::Registry;
 use crate::server::{AppState, JsonBody};
 use crate::spawn::{kill_one, spawn_pty, SpawnSpec};
 
@@ -186,29 +186,19 @@ fn kill_session(sid: i32, signal: i32) {
 }
 
 /// The table of terminals.
-#[derive(Default)]
-pub struct PtyTable {
-    /// id -> terminal; locked briefly.
-    ptys: Mutex<HashMap<String, Arc<Pty>>>,
-    next_id: AtomicU64,
+pub struct PtyTable(Registry<Pty>);
+
+impl Default for PtyTable {
+    fn default() -> Self {
+        Self(Registry::new("t", "terminal"))
+    }
 }
 
 impl PtyTable {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Pty>>> {
-        self.ptys.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn get(&self, id: &str) -> ApiResult<Arc<Pty>> {
-        self.lock()
-            .get(id)
-            .cloned()
-            .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no terminal with id {id}")))
-    }
-
     /// Closes terminals nobody watched for their idle timeout and forgets exited ones
     /// after the retention. Called periodically.
     pub fn sweep(&self) {
-        let ptys: Vec<Arc<Pty>> = self.lock().values().cloned().collect();
+        let ptys = self.0.values();
         for pty in ptys {
             let exited_at = *pty.exited_at.lock().unwrap_or_else(|p| p.into_inner());
             let idle = pty.viewers.load(Ordering::Relaxed) == 0
@@ -220,7 +210,7 @@ impl PtyTable {
                     >= pty.idle_timeout;
             match exited_at {
                 Some(at) if at.elapsed() >= EXITED_RETENTION => {
-                    self.lock().remove(&pty.id);
+                    self.0.remove(&pty.id);
                 }
                 None if idle => pty.close(),
                 _ => {}
@@ -251,7 +241,7 @@ fn default_shell() -> String {
 fn open(state: &Arc<AppState>, req: &PtyCreate) -> ApiResult<Arc<Pty>> {
     let table = &state.ptys;
     table.sweep();
-    if table.lock().len() >= MAX_PTYS {
+    if table.0.len() >= MAX_PTYS {
         return Err(ApiError::new(
             ErrorCode::TooManyProcesses,
             format!("{MAX_PTYS} terminals are open; close one first"),
@@ -289,7 +279,7 @@ fn open(state: &Arc<AppState>, req: &PtyCreate) -> ApiResult<Arc<Pty>> {
         )
     }
     .map_err(|_| ApiError::new(ErrorCode::SpawnFailed, "cannot watch the terminal"))?;
-    let id = format!("t{}", table.next_id.fetch_add(1, Ordering::Relaxed) + 1);
+    let id = table.0.next_id();
     let pty = Arc::new(Pty {
         id: id.clone(),
         pid: child.pid,
@@ -321,7 +311,7 @@ fn open(state: &Arc<AppState>, req: &PtyCreate) -> ApiResult<Arc<Pty>> {
         watcher.exit.send_replace(Some(exit));
         let _ = watcher.events.send(Event::Exit(exit));
     });
-    table.lock().insert(id, pty.clone());
+    table.0.insert(id, pty.clone());
     Ok(pty)
 }
 
@@ -363,8 +353,7 @@ async fn create(
 }
 
 async fn list(State(state): State<Arc<AppState>>) -> Json<PtyList> {
-    let mut ptys: Vec<PtyInfo> = state.ptys.lock().values().map(|p| p.info()).collect();
-    ptys.sort_by_key(|p| p.id[1..].parse::<u64>().unwrap_or(u64::MAX));
+    let ptys = state.ptys.0.values().iter().map(|p| p.info()).collect();
     Json(PtyList { ptys })
 }
 
@@ -372,18 +361,18 @@ async fn one(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<PtyInfo>> {
-    Ok(Json(state.ptys.get(&id)?.info()))
+    Ok(Json(state.ptys.0.get(&id)?.info()))
 }
 
 async fn remove(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<PtyInfo>> {
-    let pty = state.ptys.get(&id)?;
+    let pty = state.ptys.0.get(&id)?;
     if pty.exit.borrow().is_none() {
         pty.close();
     }
-    state.ptys.lock().remove(&id);
+    state.ptys.0.remove(&id);
     Ok(Json(pty.info()))
 }
 
@@ -392,7 +381,7 @@ async fn resize(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<PtyResize>,
 ) -> ApiResult<Json<PtyInfo>> {
-    let pty = state.ptys.get(&id)?;
+    let pty = state.ptys.0.get(&id)?;
     pty.resize(req.rows, req.cols)?;
     Ok(Json(pty.info()))
 }
@@ -407,7 +396,7 @@ async fn attach(
     Path(id): Path<String>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
-    let pty = state.ptys.get(&id)?;
+    let pty = state.ptys.0.get(&id)?;
     Ok(upgrade(ws)?.on_upgrade(move |socket| viewer(socket, pty)))
 }
 

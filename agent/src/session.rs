@@ -19,9 +19,8 @@
 //! builtin loop makes the agent kill the shell, and the result then says the session
 //! ended.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -40,6 +39,7 @@ use crate::buffer::HeadTail;
 use crate::error::{ApiError, ApiResult};
 use crate::procfs;
 use crate::reaper::Exit;
+use crate::registry::Registry;
 use crate::server::{AppState, JsonBody};
 use crate::spawn::{kill_group, kill_one, spawn, SpawnSpec};
 
@@ -81,28 +81,11 @@ impl Session {
 }
 
 /// The table of sessions.
-#[derive(Default)]
-pub struct SessionTable {
-    /// id -> session; locked briefly for lookups and inserts.
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
-    next_id: AtomicU64,
-}
+pub struct SessionTable(Registry<Session>);
 
-impl SessionTable {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn get(&self, id: &str) -> ApiResult<Arc<Session>> {
-        self.lock()
-            .get(id)
-            .cloned()
-            .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no session with id {id}")))
-    }
-
-    /// Pids of the sessions' shells, for shutdown.
-    pub fn pids(&self) -> Vec<i32> {
-        self.lock().values().map(|s| s.pid).collect()
+impl Default for SessionTable {
+    fn default() -> Self {
+        Self(Registry::new("s", "session"))
     }
 }
 
@@ -126,7 +109,7 @@ async fn create(
     State(state): State<Arc<AppState>>,
     JsonBody(req): JsonBody<SessionCreate>,
 ) -> ApiResult<Json<SessionInfo>> {
-    if state.sessions.lock().len() >= MAX_SESSIONS {
+    if state.sessions.0.len() >= MAX_SESSIONS {
         return Err(ApiError::new(
             ErrorCode::TooManyProcesses,
             format!("{MAX_SESSIONS} sessions are open; delete one first"),
@@ -160,10 +143,7 @@ async fn create(
         ));
     };
     let (exit_tx, exit_rx) = watch::channel(None);
-    let id = format!(
-        "s{}",
-        state.sessions.next_id.fetch_add(1, Ordering::Relaxed) + 1
-    );
+    let id = state.sessions.0.next_id();
     let session = Arc::new(Session {
         id: id.clone(),
         pid: child.pid,
@@ -183,13 +163,12 @@ async fn create(
         exit_tx.send_replace(Some(exit.unwrap_or(Exit::Signal(libc::SIGKILL))));
     });
     let info = session.info();
-    state.sessions.lock().insert(id, session);
+    state.sessions.0.insert(id, session);
     Ok(Json(info))
 }
 
 async fn list(State(state): State<Arc<AppState>>) -> Json<SessionList> {
-    let mut sessions: Vec<SessionInfo> = state.sessions.lock().values().map(|s| s.info()).collect();
-    sessions.sort_by_key(|s| s.id[1..].parse::<u64>().unwrap_or(u64::MAX));
+    let sessions = state.sessions.0.values().iter().map(|s| s.info()).collect();
     Json(SessionList { sessions })
 }
 
@@ -197,20 +176,20 @@ async fn one(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SessionInfo>> {
-    Ok(Json(state.sessions.get(&id)?.info()))
+    Ok(Json(state.sessions.0.get(&id)?.info()))
 }
 
 async fn remove(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SessionInfo>> {
-    let session = state.sessions.get(&id)?;
+    let session = state.sessions.0.get(&id)?;
     kill_group(session.pid, libc::SIGKILL);
     for pid in descendants(session.pid) {
         kill_one(pid, libc::SIGKILL);
     }
     session.alive.store(false, Ordering::Relaxed);
-    state.sessions.lock().remove(&id);
+    state.sessions.0.remove(&id);
     Ok(Json(session.info()))
 }
 
@@ -367,7 +346,7 @@ async fn run(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<SessionRun>,
 ) -> ApiResult<Json<SessionRunResult>> {
-    let session = state.sessions.get(&id)?;
+    let session = state.sessions.0.get(&id)?;
     let timeout_ms = req
         .timeout_ms
         .unwrap_or(state.config.limits.default_timeout_ms);
