@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::reaper::Reaper;
@@ -42,6 +43,21 @@ pub enum RunError {
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+}
+
+/// Serves `app` on `listener` until `stop` turns true.
+fn serve_until<L>(listener: L, app: axum::Router, mut stop: watch::Receiver<bool>) -> JoinHandle<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await;
+    })
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -84,15 +100,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
             what: path.display().to_string(),
             source,
         })?;
-        let app = app.clone();
-        let mut stop = stop_rx.clone();
-        servers.push(tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await;
-        }));
+        servers.push(serve_until(listener, app.clone(), stop_rx.clone()));
     }
     if let Some(addr) = config.tcp {
         let listener = TcpListener::bind(addr)
@@ -104,14 +112,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
             let _ = tcp.set_nodelay(true);
         });
-        let mut stop = stop_rx.clone();
-        servers.push(tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await;
-        }));
+        servers.push(serve_until(listener, app, stop_rx.clone()));
     }
 
     let prune_state = state.clone();
