@@ -26,8 +26,14 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 
 ## test: everything CI checks.
-test: agent lint
+test: agent images lint
 	cargo test --workspace
+
+## images: the test base images (busybox, empty, whiteout, python:3.11-slim) as OCI
+## layouts in images/out/, built without Docker; cached (see images/README.md).
+.PHONY: images
+images: deps
+	@images/build.sh
 
 ## openapi: regenerate the committed OpenAPI documents after an intended API change.
 openapi:

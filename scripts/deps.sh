@@ -9,6 +9,12 @@ command -v runc >/dev/null || need+=(runc)
 command -v x86_64-linux-musl-gcc >/dev/null || need+=(musl-tools)
 command -v file >/dev/null || need+=(file)
 command -v curl >/dev/null || need+=(curl)
+# The image store's tests and `make images`: a registry, image copying, OCI layouts,
+# and a Debian root file system for the python image.
+command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v skopeo >/dev/null || need+=(skopeo)
+command -v umoci >/dev/null || need+=(umoci)
+[ -x /usr/sbin/debootstrap ] || command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi

@@ -1,5 +1,38 @@
-//! The image store (placeholder: being written). [`Image`] is what the store hands to a
-//! backend: unpacked layer directories, bottom first, and the image's run config.
+//! The image store: pulls images from OCI/Docker registries (with mirrors and token
+//! auth) and imports `docker save` archives and OCI layouts into a content-addressed
+//! store of unpacked layers, each usable as an overlayfs lower dir. [`Image`] is what the
+//! store hands to a backend: unpacked layer directories, bottom first, and the image's
+//! run config.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), orchard::image::ImageError> {
+//! use orchard::image::{ImageStore, StoreConfig};
+//! let mut config = StoreConfig::default();
+//! config.mirrors.insert("docker.io".into(), vec!["http://127.0.0.1:5000".into()]);
+//! let store = ImageStore::open("/var/lib/orchard/images", config)?;
+//! let image = store.pull("python:3.11-slim", |p| eprintln!("{}/{} layers", p.layers_done, p.layers_total)).await?;
+//! println!("{} has {} layers", image.reference, image.layers.len());
+//! # Ok(()) }
+//! ```
+//!
+//! - [`reference`]: names, normalised like Docker (`busybox` is `docker.io/library/busybox:latest`).
+//! - [`registry`]: the distribution API client (mirrors, Bearer and Basic auth).
+//! - [`manifest`]: manifests, indexes and configs.
+//! - [`unpack`]: one layer tar into one directory, whiteouts as overlayfs wants them.
+//! - [`store`]: the store, its on-disk layout and its locking; `import`: archives.
+
+pub mod digest;
+mod error;
+mod import;
+pub mod manifest;
+pub mod reference;
+pub mod registry;
+pub mod store;
+pub mod unpack;
+
+pub use error::ImageError;
+pub use reference::Reference;
+pub use store::{Credentials, GcReport, ImageStore, Progress, StoreConfig};
 
 use std::path::PathBuf;
 
