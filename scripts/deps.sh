@@ -5,6 +5,8 @@ set -euo pipefail
 
 need=()
 command -v runc >/dev/null || need+=(runc)
+# Egress of sandboxes that ask for it (user-mode networking, no bridge or iptables).
+command -v slirp4netns >/dev/null || need+=(slirp4netns)
 [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && file -L /bin/busybox 2>/dev/null | grep -q static || need+=(busybox-static)
 command -v x86_64-linux-musl-gcc >/dev/null || need+=(musl-tools)
 command -v file >/dev/null || need+=(file)

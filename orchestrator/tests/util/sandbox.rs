@@ -1,1 +1,309 @@
-//! Sandbox fixtures and the leak audit (being written).
+//! Sandbox fixtures of the local backend tests: image layers built by hand (no image
+//! store needed), a [`TestBackend`] per test on its own temporary root, and the leak
+//! audit run at the end of every scenario.
+//!
+//! Dropping a [`TestBackend`] (also when its test failed) destroys every sandbox, mount,
+//! cgroup and directory it made; [`TestBackend::finish`] does the same and asserts that
+//! the audit is empty before and after.
+
+use std::fs;
+use std::future::Future;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use orchard::backend::local::{LocalBackend, LocalConfig, SandboxInfo, SandboxSpec};
+use orchard::image::{Image, ImageConfig};
+use orchard_protocol::{ExecRequest, ExecResult};
+
+/// Longest any single agent call of a test may take.
+pub const CALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// The static agent binary under test.
+pub fn agent_binary() -> PathBuf {
+    let path = std::env::var_os("ORCHARD_AGENT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../target/x86_64-unknown-linux-musl/release/orchard-agent"
+            ))
+        });
+    assert!(
+        path.is_file(),
+        "the static agent binary {} does not exist: build it with `make agent` \
+         (or point ORCHARD_AGENT_BIN at one)",
+        path.display()
+    );
+    path
+}
+
+/// Layer directories shared by every test of this process (read-only overlay lowers).
+pub struct Layers {
+    /// Where they live.
+    pub base: PathBuf,
+    /// /bin/busybox with its applets, /etc/passwd and /etc/group (root and `app`).
+    pub busybox: PathBuf,
+    /// An empty directory.
+    pub empty: PathBuf,
+    /// A layer for on top of `busybox`: /workspace, /etc/motd.
+    pub top: PathBuf,
+}
+
+static LAYERS: OnceLock<Layers> = OnceLock::new();
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn remove_layers_at_exit() {
+    if let Some(l) = LAYERS.get() {
+        let _ = fs::remove_dir_all(&l.base);
+    }
+}
+
+/// Env naming the layers of a parent test process, for a child it re-invokes (a child
+/// killed with SIGKILL could not remove its own).
+pub const LAYERS_ENV: &str = "ORCHARD_TEST_LAYERS";
+
+/// The shared layers, built on first use.
+pub fn layers() -> &'static Layers {
+    LAYERS.get_or_init(|| {
+        if let Some(base) = std::env::var_os(LAYERS_ENV).map(PathBuf::from) {
+            return Layers {
+                busybox: base.join("busybox"),
+                empty: base.join("empty"),
+                top: base.join("top"),
+                base,
+            };
+        }
+        let base = tempfile::Builder::new()
+            .prefix("orchard-layers-")
+            .tempdir()
+            .expect("creating the layers dir")
+            .keep();
+        // SAFETY: registers a plain extern "C" function.
+        unsafe {
+            libc::atexit(remove_layers_at_exit);
+        }
+        let busybox = base.join("busybox");
+        let bin = busybox.join("bin");
+        fs::create_dir_all(&bin).unwrap();
+        fs::copy("/bin/busybox", bin.join("busybox")).expect("copying /bin/busybox");
+        fs::set_permissions(bin.join("busybox"), fs::Permissions::from_mode(0o755)).unwrap();
+        let list = Command::new("/bin/busybox")
+            .arg("--list")
+            .output()
+            .expect("running /bin/busybox --list (install busybox-static)");
+        for applet in String::from_utf8_lossy(&list.stdout).lines().map(str::trim) {
+            // `busybox --list` names busybox itself: keep the binary.
+            if !applet.is_empty() && !applet.contains('/') && applet != "busybox" {
+                symlink("busybox", bin.join(applet)).unwrap();
+            }
+        }
+        let etc = busybox.join("etc");
+        fs::create_dir_all(&etc).unwrap();
+        fs::write(
+            etc.join("passwd"),
+            "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n",
+        )
+        .unwrap();
+        fs::write(
+            etc.join("group"),
+            "root:x:0:\napp:x:1000:\nstaff:x:50:app\n",
+        )
+        .unwrap();
+        fs::write(etc.join("motd"), "bottom\n").unwrap();
+        fs::write(etc.join("only-bottom"), "from the bottom layer\n").unwrap();
+        fs::create_dir_all(busybox.join("root")).unwrap();
+        let empty = base.join("empty");
+        fs::create_dir_all(&empty).unwrap();
+        let top = base.join("top");
+        fs::create_dir_all(top.join("workspace")).unwrap();
+        fs::create_dir_all(top.join("etc")).unwrap();
+        fs::write(top.join("etc/motd"), "top\n").unwrap();
+        Layers {
+            base,
+            busybox,
+            empty,
+            top,
+        }
+    })
+}
+
+/// An image of `layers` (bottom first) with `config`.
+pub fn image(name: &str, layers: Vec<PathBuf>, config: ImageConfig) -> Image {
+    Image {
+        reference: format!("test.local/{name}:latest"),
+        digest: format!("sha256:{:064x}", layers.len()),
+        layers,
+        config,
+    }
+}
+
+/// The busybox image.
+pub fn busybox_image() -> Image {
+    image(
+        "busybox",
+        vec![layers().busybox.clone()],
+        ImageConfig::default(),
+    )
+}
+
+/// A unique sandbox id with `name` in it.
+pub fn unique_id(name: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{name}-{}-{n}", std::process::id())
+}
+
+/// A backend on its own temporary root, destroyed on drop.
+pub struct TestBackend {
+    /// The backend.
+    pub backend: LocalBackend,
+    /// Its root.
+    pub root: PathBuf,
+    finished: bool,
+}
+
+/// A fresh short root directory (the agent's socket path must stay under 108 bytes).
+pub fn fresh_root() -> PathBuf {
+    tempfile::Builder::new()
+        .prefix("orb-")
+        .tempdir()
+        .expect("creating a backend root")
+        .keep()
+}
+
+/// The config every test backend uses on `root`.
+pub fn test_config(root: &Path) -> LocalConfig {
+    let mut config = LocalConfig::new(root, agent_binary());
+    config.ready_timeout = Duration::from_secs(60);
+    config
+}
+
+impl TestBackend {
+    /// A backend on a fresh root.
+    pub fn new() -> TestBackend {
+        Self::with_config(test_config(&fresh_root()))
+    }
+
+    /// A backend with `config`.
+    pub fn with_config(config: LocalConfig) -> TestBackend {
+        let root = config.root.clone();
+        let backend = LocalBackend::open(config).expect("opening the backend");
+        TestBackend {
+            backend,
+            root,
+            finished: false,
+        }
+    }
+
+    /// Creates a sandbox, failing the test with the backend's error.
+    pub async fn create(&self, spec: SandboxSpec) -> SandboxInfo {
+        match within(Duration::from_secs(120), self.backend.create(spec)).await {
+            Ok(info) => info,
+            Err(e) => panic!("creating a sandbox failed: {e}"),
+        }
+    }
+
+    /// A busybox sandbox with default options.
+    pub async fn busybox(&self) -> SandboxInfo {
+        let mut spec = SandboxSpec::new(busybox_image());
+        spec.id = Some(unique_id("bb"));
+        self.create(spec).await
+    }
+
+    /// Deletes every sandbox, asserts the audit is empty, destroys the backend and
+    /// asserts again.
+    pub async fn finish(mut self) {
+        for sb in self.backend.list() {
+            if let Err(e) = self.backend.delete(&sb.id).await {
+                panic!("deleting {} failed: {e}", sb.id);
+            }
+        }
+        assert_clean(&self.backend).await;
+        self.finished = true;
+        self.backend
+            .destroy()
+            .await
+            .expect("destroying the backend");
+        assert_clean(&self.backend).await;
+        assert!(!self.root.exists(), "{} left behind", self.root.display());
+    }
+}
+
+impl Drop for TestBackend {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        // Drop may run inside the test's runtime, where we cannot block: tear down on a
+        // thread with its own runtime.
+        let backend = self.backend.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for teardown");
+            if let Err(e) = rt.block_on(backend.destroy()) {
+                eprintln!("teardown of {}: {e}", backend.root().display());
+            }
+        })
+        .join();
+    }
+}
+
+/// Asserts that the backend's audit finds nothing.
+pub async fn assert_clean(backend: &LocalBackend) {
+    let report = backend.audit().await.expect("running the audit");
+    assert!(report.is_clean(), "leaks:\n{report}");
+}
+
+/// Awaits `fut`, failing the test if it takes longer than `limit`.
+pub async fn within<F: Future>(limit: Duration, fut: F) -> F::Output {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("call did not finish within {limit:?}"),
+    }
+}
+
+/// Runs `req` in the sandbox, failing the test on an API error.
+pub async fn exec(sb: &SandboxInfo, req: ExecRequest) -> ExecResult {
+    let what = format!("{:?}", req.command);
+    match within(CALL_LIMIT, sb.client().exec(&req)).await {
+        Ok(r) => r,
+        Err(e) => panic!(
+            "exec {what} in {} failed: {e}\n--- agent log ---\n{}",
+            sb.id,
+            fs::read_to_string(sb.bundle.join("agent.log")).unwrap_or_default()
+        ),
+    }
+}
+
+/// Runs a shell string.
+pub async fn sh(sb: &SandboxInfo, script: &str) -> ExecResult {
+    exec(sb, shell(script)).await
+}
+
+/// Runs a shell string that must succeed; answers its stdout.
+pub async fn sh_ok(sb: &SandboxInfo, script: &str) -> String {
+    let r = sh(sb, script).await;
+    assert_eq!(r.exit_code, Some(0), "{script}: {r:?}");
+    r.stdout.text_lossy()
+}
+
+/// An exec request of a shell string.
+pub fn shell(script: &str) -> ExecRequest {
+    ExecRequest {
+        command: orchard_protocol::Command::Shell(script.into()),
+        ..Default::default()
+    }
+}
+
+/// An exec request of an argv.
+pub fn argv(args: &[&str]) -> ExecRequest {
+    ExecRequest {
+        command: orchard_protocol::Command::Argv(args.iter().map(|s| s.to_string()).collect()),
+        ..Default::default()
+    }
+}

@@ -1,1 +1,394 @@
-//! The local backend (placeholder: being written).
+//! The local backend: sandboxes on this machine, run by runc over overlayfs.
+//!
+//! ```text
+//! <root>/backend.json          this root's tag (names our cgroups, marks our processes)
+//! <root>/lock                  flock: one backend per root at a time
+//! <root>/runc/                 runc --root: runc's state of our containers only
+//! <root>/inject/               the injected volume, mounted read-only at /.orchard:
+//!                              bin/orchard-agent, harness/, manifest.json, run/ (mount point)
+//! <root>/empty/                the lower layer of an image without layers
+//! <root>/sandboxes/<id>/       one bundle per sandbox:
+//!     state.json config.json   state (token, pids, phase) and the OCI config
+//!     rootfs/ upper/ work/     the overlay and its upper and work dirs
+//!     run/agent.sock           the agent's socket, mounted at /.orchard/run
+//!     agent.log slirp4netns.log
+//! ```
+//!
+//! [`LocalBackend::create`] returns once the agent answers `/v1/health`; on any failure
+//! it collects the agent's log into the error and removes everything it made.
+//! [`LocalBackend::delete`] kills, unmounts and removes everything. A backend killed with
+//! SIGKILL leaves its sandboxes running; a new backend on the same root calls
+//! [`LocalBackend::recover`] to adopt the healthy ones and remove the rest, and
+//! [`LocalBackend::audit`] lists anything left behind (processes, mounts, cgroups,
+//! network namespaces, directories) that no live sandbox accounts for.
+//!
+//! The backend's process becomes a child subreaper (see [`process`]): container inits
+//! are re-parented to it and reaped by it.
+//!
+//! The agent runs as root (it binds its socket and will switch commands to the image's
+//! user); the image's `User` is resolved against its `/etc/passwd` and recorded in the
+//! annotations and the state file for that. Until the agent applies it, commands run
+//! as root.
+//!
+//! Parts:
+//! - [`sys`]: mount syscalls behind a trait, with a recording implementation for tests.
+//! - [`rootfs`]: the overlay, and paths resolved inside the image (users, workdir).
+//! - [`spec`]: the OCI runtime config, built with `oci-spec`.
+//! - [`runc`]: runc as a command-line program with our own state directory.
+//! - [`network`]: loopback-only by default, slirp4netns egress on request.
+//! - [`cgroup`], [`process`]: finding, killing, reaping and removing what a sandbox holds.
+//! - [`state`]: the per-sandbox state file recovery reads.
+//! - `lifecycle`: create, delete, recover, destroy; [`audit`]: the leak audit.
+//! - [`mod@bench`]: the backend's benchmark.
+
+pub mod audit;
+pub mod bench;
+pub mod cgroup;
+mod error;
+mod lifecycle;
+pub mod network;
+pub mod process;
+mod request;
+pub mod rootfs;
+pub mod runc;
+pub mod spec;
+pub mod state;
+pub mod sys;
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+pub use audit::AuditReport;
+pub use error::LocalError;
+pub use network::NetworkMode;
+pub use request::{
+    valid_id, FailPoint, Limits, LocalConfig, RecoverReport, SandboxInfo, SandboxSpec,
+    DEFAULT_PATH, HARNESS_BIN,
+};
+
+use error::io_err;
+use runc::Runc;
+use state::SandboxState;
+use sys::{Mounter, RealMounter};
+
+/// Prefix of every annotation we write.
+pub const ANNOTATION_PREFIX: &str = "org.orchard.";
+/// Highest `RLIMIT_NOFILE` given to a sandbox (the host's hard limit caps it: raising a
+/// hard limit needs CAP_SYS_RESOURCE, which not every host has).
+pub const MAX_NOFILE: u64 = 1 << 20;
+
+/// Paths of one sandbox.
+#[derive(Debug, Clone)]
+struct Paths {
+    dir: PathBuf,
+    rootfs: PathBuf,
+    upper: PathBuf,
+    work: PathBuf,
+    run: PathBuf,
+    socket: PathBuf,
+    state: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    slirp_log: PathBuf,
+    pid_file: PathBuf,
+}
+
+enum Entry {
+    /// Reserved by a create in progress.
+    Creating,
+    /// Created and healthy (at the time).
+    Ready(Box<SandboxState>),
+    /// Being deleted.
+    Deleting,
+}
+
+struct Inner {
+    config: LocalConfig,
+    root: PathBuf,
+    tag: String,
+    runc: Runc,
+    mounter: Arc<dyn Mounter>,
+    inject_dir: PathBuf,
+    empty_layer: PathBuf,
+    sandboxes_dir: PathBuf,
+    cgroup_parents: Vec<PathBuf>,
+    nofile: u64,
+    swap_accounting: bool,
+    table: Mutex<HashMap<String, Entry>>,
+    /// Held for the backend's life: the flock on `<root>/lock`.
+    _lock: fs::File,
+}
+
+/// The local backend. Cheap to clone; clones share the sandboxes.
+#[derive(Clone)]
+pub struct LocalBackend {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LocalBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBackend")
+            .field("root", &self.inner.root)
+            .field("tag", &self.inner.tag)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct BackendFile {
+    tag: String,
+}
+
+/// `n` random bytes as hex.
+pub(crate) fn random_hex(n: usize) -> Result<String, LocalError> {
+    let mut bytes = vec![0u8; n];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(io_err("reading", Path::new("/dev/urandom")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl LocalBackend {
+    /// Opens (creating if needed) a backend on `config.root`: takes its lock, injects the
+    /// agent into the shared volume and makes this process a child subreaper. Sandboxes a
+    /// previous backend left on the root are untouched until [`LocalBackend::recover`].
+    pub fn open(config: LocalConfig) -> Result<LocalBackend, LocalError> {
+        Self::open_with_mounter(config, Arc::new(RealMounter))
+    }
+
+    /// [`LocalBackend::open`] with another [`Mounter`].
+    pub fn open_with_mounter(
+        config: LocalConfig,
+        mounter: Arc<dyn Mounter>,
+    ) -> Result<LocalBackend, LocalError> {
+        let root_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| LocalError::Root { path, source }
+        };
+        fs::create_dir_all(&config.root).map_err(root_err(&config.root))?;
+        let root = fs::canonicalize(&config.root).map_err(root_err(&config.root))?;
+        // It holds tokens.
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o700)).map_err(root_err(&root))?;
+        let lock_path = root.join("lock");
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(root_err(&lock_path))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(LocalError::Busy(root));
+        }
+        let backend_file = root.join("backend.json");
+        let tag = match fs::read(&backend_file)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<BackendFile>(&b).ok())
+        {
+            Some(f) if !f.tag.is_empty() && f.tag.bytes().all(|c| c.is_ascii_hexdigit()) => f.tag,
+            _ => {
+                let tag = random_hex(4)?;
+                let bytes = serde_json::to_vec(&BackendFile { tag: tag.clone() })
+                    .map_err(|e| LocalError::Task(e.to_string()))?;
+                fs::write(&backend_file, bytes).map_err(root_err(&backend_file))?;
+                tag
+            }
+        };
+        let runc_root = root.join("runc");
+        let inject_dir = root.join("inject");
+        let empty_layer = root.join("empty");
+        let sandboxes_dir = root.join("sandboxes");
+        for d in [&runc_root, &empty_layer, &sandboxes_dir] {
+            fs::create_dir_all(d).map_err(root_err(d))?;
+        }
+        orchard_injector::inject(&orchard_injector::InjectRequest {
+            agent: config.agent.clone(),
+            harness: config.harness.clone(),
+            target: inject_dir.clone(),
+        })?;
+        // The mount point of /.orchard/run inside the read-only /.orchard.
+        let run_point = inject_dir.join("run");
+        fs::create_dir_all(&run_point).map_err(root_err(&run_point))?;
+        process::become_subreaper()?;
+        let cgroup_parents = cgroup::parents()?;
+        let swap_accounting = cgroup_parents
+            .iter()
+            .any(|p| p.join("memory.memsw.limit_in_bytes").exists());
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit with a valid out pointer.
+        let nofile = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+            rl.rlim_max.min(MAX_NOFILE)
+        } else {
+            1024
+        };
+        Ok(LocalBackend {
+            inner: Arc::new(Inner {
+                runc: Runc::new(&config.runc, &runc_root),
+                config,
+                root,
+                tag,
+                mounter,
+                inject_dir,
+                empty_layer,
+                sandboxes_dir,
+                cgroup_parents,
+                nofile,
+                swap_accounting,
+                table: Mutex::new(HashMap::new()),
+                _lock: lock,
+            }),
+        })
+    }
+
+    /// The backend's root directory.
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// The shared injected volume.
+    pub fn injection_dir(&self) -> &Path {
+        &self.inner.inject_dir
+    }
+
+    /// This root's tag (in cgroup names and process markers).
+    pub fn tag(&self) -> &str {
+        &self.inner.tag
+    }
+
+    /// runc's state directory of this backend.
+    pub fn runc_root(&self) -> &Path {
+        self.inner.runc.root()
+    }
+
+    /// Creates a sandbox and returns once its agent answers. On failure nothing is left.
+    /// Runs to completion even if the returned future is dropped.
+    pub async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, LocalError> {
+        let inner = self.inner.clone();
+        tokio::spawn(async move { inner.create(spec).await })
+            .await
+            .map_err(|e| LocalError::Task(e.to_string()))?
+    }
+
+    /// Kills and removes a sandbox: its processes, slirp4netns, mounts, cgroups and
+    /// directory. Runs to completion even if the returned future is dropped.
+    pub async fn delete(&self, id: &str) -> Result<(), LocalError> {
+        let inner = self.inner.clone();
+        let id = id.to_string();
+        tokio::spawn(async move { inner.delete(&id).await })
+            .await
+            .map_err(|e| LocalError::Task(e.to_string()))?
+    }
+
+    /// The sandboxes of this backend, oldest first.
+    pub fn list(&self) -> Vec<SandboxInfo> {
+        let table = self.inner.lock_table();
+        let mut list: Vec<SandboxInfo> = table
+            .values()
+            .filter_map(|e| match e {
+                Entry::Ready(s) => Some(self.inner.info(s)),
+                _ => None,
+            })
+            .collect();
+        list.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        list
+    }
+
+    /// One sandbox.
+    pub fn get(&self, id: &str) -> Option<SandboxInfo> {
+        match self.inner.lock_table().get(id) {
+            Some(Entry::Ready(s)) => Some(self.inner.info(s)),
+            _ => None,
+        }
+    }
+
+    /// Finds every sandbox on the root that this backend does not know (left by a
+    /// previous backend process), adopts the running ones whose agent answers, and
+    /// removes the rest with everything they hold.
+    pub async fn recover(&self) -> Result<RecoverReport, LocalError> {
+        let inner = self.inner.clone();
+        tokio::spawn(async move { inner.recover().await })
+            .await
+            .map_err(|e| LocalError::Task(e.to_string()))?
+    }
+
+    /// Lists what is on the host for this backend but belongs to no live sandbox.
+    pub async fn audit(&self) -> Result<AuditReport, LocalError> {
+        let inner = self.inner.clone();
+        tokio::spawn(async move { audit::audit(&inner).await })
+            .await
+            .map_err(|e| LocalError::Task(e.to_string()))?
+    }
+
+    /// Deletes every sandbox, removes whatever else is found on the root, then the root
+    /// itself. The backend is unusable afterwards.
+    pub async fn destroy(&self) -> Result<(), LocalError> {
+        let inner = self.inner.clone();
+        tokio::spawn(async move { inner.destroy().await })
+            .await
+            .map_err(|e| LocalError::Task(e.to_string()))?
+    }
+}
+
+impl Inner {
+    fn lock_table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn paths(&self, id: &str) -> Paths {
+        let dir = self.sandboxes_dir.join(id);
+        let run = dir.join("run");
+        Paths {
+            rootfs: dir.join("rootfs"),
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            socket: run.join("agent.sock"),
+            run,
+            state: dir.join("state.json"),
+            config: dir.join("config.json"),
+            log: dir.join("agent.log"),
+            slirp_log: dir.join("slirp4netns.log"),
+            pid_file: dir.join("init.pid"),
+            dir,
+        }
+    }
+
+    fn cgroup_prefix(&self) -> String {
+        format!("orchard-{}-", self.tag)
+    }
+
+    fn cgroup_name(&self, id: &str) -> String {
+        format!("{}{id}", self.cgroup_prefix())
+    }
+
+    fn marker(&self, id: &str) -> String {
+        format!("{}/{id}", self.tag)
+    }
+
+    fn info(&self, s: &SandboxState) -> SandboxInfo {
+        let paths = self.paths(&s.id);
+        SandboxInfo {
+            id: s.id.clone(),
+            image: s.image.clone(),
+            created_at: s.created_at.clone(),
+            limits: s.limits,
+            network: s.network,
+            labels: s.labels.clone(),
+            socket: paths.socket,
+            token: s.token.clone(),
+            init_pid: s.init.map_or(0, |p| p.pid),
+            running: s.init.is_some_and(|p| p.is_running()),
+            bundle: paths.dir,
+            cgroup_dirs: s.cgroup_dirs.clone(),
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Where runc puts a sandbox's cgroups, finding ours, and removing them when runc could
+//! not (a crash between `runc create` and `runc delete`).
+//!
+//! The spec gives runc a *relative* `cgroupsPath`, `orchard-<tag>-<id>`: runc's cgroupfs
+//! driver places it under runc's own cgroup in every hierarchy, i.e. under the
+//! backend's cgroup (runc is our child). Sandboxes are thereby accounted inside the
+//! orchestrator's cgroup, no write access at the hierarchy roots is needed, and the
+//! `<tag>` (one per backend root) keeps two backends on one host apart.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// `/proc/self/cgroup` or `/proc/self/mountinfo` could not be read.
+    #[error("reading {what}: {source}")]
+    Read {
+        /// Which file.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// A cgroup could not be removed.
+    #[error("removing cgroup {path}: {reason}")]
+    Remove {
+        /// The cgroup directory.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The directories, one per mounted hierarchy, under which runc (our child) creates
+/// cgroups with relative paths: our own cgroup in each.
+pub fn parents() -> Result<Vec<PathBuf>, CgroupError> {
+    let own = fs::read_to_string("/proc/self/cgroup").map_err(|source| CgroupError::Read {
+        what: "/proc/self/cgroup",
+        source,
+    })?;
+    let mountinfo =
+        fs::read_to_string("/proc/self/mountinfo").map_err(|source| CgroupError::Read {
+            what: "/proc/self/mountinfo",
+            source,
+        })?;
+    Ok(parents_from(&own, &mountinfo))
+}
+
+fn parents_from(own: &str, mountinfo: &str) -> Vec<PathBuf> {
+    struct Mount<'a> {
+        root: &'a str,
+        point: PathBuf,
+        v2: bool,
+        options: Vec<&'a str>,
+    }
+    let mounts: Vec<Mount> = mountinfo
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split(' ').collect();
+            let dash = f.iter().position(|x| *x == "-")?;
+            let fstype = *f.get(dash + 1)?;
+            if fstype != "cgroup" && fstype != "cgroup2" {
+                return None;
+            }
+            Some(Mount {
+                root: f.get(3)?,
+                point: PathBuf::from(f.get(4)?),
+                v2: fstype == "cgroup2",
+                options: f.get(dash + 3)?.split(',').collect(),
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let mount = mounts.iter().find(|m| {
+            if ctrls.is_empty() {
+                m.v2
+            } else {
+                !m.v2 && ctrls.split(',').all(|c| m.options.contains(&c))
+            }
+        });
+        let Some(mount) = mount else { continue };
+        // Inside a cgroup namespace the mount root is our cgroup, not "/".
+        let rel = if mount.root == "/" {
+            Some(path)
+        } else {
+            path.strip_prefix(mount.root)
+        };
+        let Some(rel) = rel else { continue };
+        let dir = mount.point.join(rel.trim_start_matches('/'));
+        if !out.contains(&dir) {
+            out.push(dir);
+        }
+    }
+    out
+}
+
+/// Every existing cgroup directory named `name` under the [`parents`].
+pub fn dirs_named(parents: &[PathBuf], name: &str) -> Vec<PathBuf> {
+    parents
+        .iter()
+        .map(|p| p.join(name))
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// Names of the cgroups under the [`parents`] starting with `prefix`.
+pub fn names_with_prefix(parents: &[PathBuf], prefix: &str) -> Vec<String> {
+    let mut names: Vec<String> = parents
+        .iter()
+        .filter_map(|p| fs::read_dir(p).ok())
+        .flat_map(|entries| entries.flatten())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str().map(String::from))
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Pids in a cgroup (its `cgroup.procs`).
+pub fn procs(dir: &Path) -> Vec<i32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Kills whatever still runs in `dir` (and its children cgroups) and removes it. A
+/// missing directory is fine.
+pub async fn remove(dir: &Path, limit: Duration) -> Result<(), CgroupError> {
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let err = |reason: String| CgroupError::Remove {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                Box::pin(remove(&e.path(), limit)).await?;
+            }
+        }
+    }
+    let deadline = Instant::now() + limit;
+    loop {
+        let pids = procs(dir);
+        if pids.is_empty() {
+            match fs::remove_dir(dir) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                // EBUSY: a process is still leaving.
+                Err(e) if Instant::now() >= deadline => return Err(err(e.to_string())),
+                Err(_) => {}
+            }
+        } else {
+            for pid in &pids {
+                // SAFETY: kill with plain integer arguments; these pids are in the
+                // sandbox's cgroup, so they are the sandbox's processes.
+                unsafe {
+                    libc::kill(*pid, libc::SIGKILL);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(err(format!("processes {pids:?} do not die")));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The cgroup names a process is in, one per hierarchy (last path component).
+pub fn process_cgroup_paths(pid: i32) -> Vec<String> {
+    fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|t| {
+            t.lines()
+                .filter_map(|l| l.splitn(3, ':').nth(2).map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+42 31 0:39 /ns /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+";
+
+    #[test]
+    fn parents_join_our_cgroup_to_each_hierarchy() {
+        let own = "9:name=systemd:/\n4:memory:/process_api/abc\n2:cpuacct:/\n1:cpu:/\n\
+                   8:pids:/ns/x\n7:blkio:/\n0::/\n";
+        let got = parents_from(own, MOUNTINFO);
+        let want: Vec<PathBuf> = [
+            "/sys/fs/cgroup/systemd",
+            "/sys/fs/cgroup/memory/process_api/abc",
+            "/sys/fs/cgroup/cpuacct",
+            "/sys/fs/cgroup/cpu",
+            "/sys/fs/cgroup/pids/x",
+            "/sys/fs/cgroup/unified",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        assert_eq!(got, want);
+    }
+}

@@ -1,0 +1,110 @@
+//! The local backend's error: one enum wrapping each part's own error, plus the
+//! backend-level failures (bad requests, a busy root, an agent that never answered,
+//! a cleanup that left something behind).
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::backend::local::cgroup::CgroupError;
+use crate::backend::local::network::NetworkError;
+use crate::backend::local::process::ProcessError;
+use crate::backend::local::rootfs::RootfsError;
+use crate::backend::local::runc::RuncError;
+use crate::backend::local::spec::SpecError;
+use crate::backend::local::state::StateError;
+
+/// Errors of the local backend.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// The backend root could not be prepared.
+    #[error("backend root {path}: {source}")]
+    Root {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// Another backend uses this root.
+    #[error("another backend is using {0} (its lock is held)")]
+    Busy(PathBuf),
+    /// The agent (or harness) could not be injected.
+    #[error("preparing the injected volume: {0}")]
+    Inject(#[from] orchard_injector::InjectError),
+    /// A bad sandbox id.
+    #[error("invalid sandbox id {0:?}: use 1-63 characters of a-z, 0-9, '-', '_', '.', starting with a letter or digit")]
+    InvalidId(String),
+    /// The id is taken.
+    #[error("sandbox {0} already exists")]
+    AlreadyExists(String),
+    /// No such sandbox.
+    #[error("no sandbox {0}")]
+    NotFound(String),
+    /// A bad request (env, labels, limits, hostname).
+    #[error("invalid sandbox request: {0}")]
+    Invalid(String),
+    /// Root filesystem.
+    #[error(transparent)]
+    Rootfs(#[from] RootfsError),
+    /// Runtime config.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// runc.
+    #[error(transparent)]
+    Runc(#[from] RuncError),
+    /// Network.
+    #[error(transparent)]
+    Network(#[from] NetworkError),
+    /// cgroups.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// Host processes.
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    /// State file.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The agent did not answer in time or died.
+    #[error(
+        "the agent of sandbox {id} did not become ready: {reason}\n--- agent/runc log ---\n{log}"
+    )]
+    NotReady {
+        /// The sandbox.
+        id: String,
+        /// Why.
+        reason: String,
+        /// The end of its log.
+        log: String,
+    },
+    /// Deleting left something behind.
+    #[error("removing sandbox {id} left things behind: {}", problems.join("; "))]
+    Cleanup {
+        /// The sandbox.
+        id: String,
+        /// What was left.
+        problems: Vec<String>,
+    },
+    /// Any other I/O error.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What we were doing.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The task running the operation panicked or was cancelled.
+    #[error("internal error: {0}")]
+    Task(String),
+}
+
+pub(crate) fn io_err<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> LocalError + 'a {
+    move |source| LocalError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}

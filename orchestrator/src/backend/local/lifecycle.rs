@@ -1,0 +1,626 @@
+//! A sandbox's life on the host: create (directories, overlay, config, `runc create`,
+//! network, `runc start`, wait for the agent), delete (kill, reap, remove cgroups,
+//! unmount, remove), recovery of what a previous backend process left, and destroy.
+//!
+//! Teardown works from whatever exists, with or without a state file, so the same code
+//! removes a healthy sandbox, a half-created one and the remains of a crash.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orchard_client::{AgentClient, Endpoint};
+
+use crate::backend::local::error::io_err;
+use crate::backend::local::process::ProcRef;
+use crate::backend::local::request::{build_env, valid_hostname, validate_labels};
+use crate::backend::local::spec::ResourceLimits;
+use crate::backend::local::state::{self, Phase, SandboxState};
+use crate::backend::local::{
+    audit, cgroup, network, rootfs, runc, spec, valid_id, Entry, FailPoint, Inner, Limits,
+    LocalError, NetworkMode, Paths, SandboxInfo, SandboxSpec, ANNOTATION_PREFIX,
+};
+use crate::backend::local::{random_hex, RecoverReport};
+
+/// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
+const MAX_SOCKET_PATH: usize = 107;
+/// How long delete waits for a process to die after SIGKILL.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How long recovery gives an agent to answer before calling its sandbox broken.
+const RECOVER_HEALTH_LIMIT: Duration = Duration::from_secs(3);
+
+impl Inner {
+    /// Checks the request, reserves the id, creates; on failure removes what was made.
+    pub(super) async fn create(
+        self: &Arc<Self>,
+        spec: SandboxSpec,
+    ) -> Result<SandboxInfo, LocalError> {
+        let id = match &spec.id {
+            Some(id) => id.clone(),
+            None => format!("sb-{}", random_hex(6)?),
+        };
+        if !valid_id(&id) {
+            return Err(LocalError::InvalidId(id));
+        }
+        let hostname = spec
+            .hostname
+            .clone()
+            .unwrap_or_else(|| id.replace(['_', '.'], "-"));
+        if !valid_hostname(&hostname) {
+            return Err(LocalError::Invalid(format!(
+                "hostname {hostname:?}: use 1-63 letters, digits and '-'"
+            )));
+        }
+        let limits = spec.limits.or(self.config.default_limits);
+        limits.validate()?;
+        validate_labels(&spec.labels)?;
+        let paths = self.paths(&id);
+        if paths.socket.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(LocalError::Invalid(format!(
+                "the agent socket {} would be longer than {MAX_SOCKET_PATH} bytes: use a \
+                 shorter backend root",
+                paths.socket.display()
+            )));
+        }
+        {
+            let mut table = self.lock_table();
+            if table.contains_key(&id) || paths.dir.exists() {
+                return Err(LocalError::AlreadyExists(id));
+            }
+            table.insert(id.clone(), Entry::Creating);
+        }
+        let mut state: Option<SandboxState> = None;
+        match self
+            .create_reserved(&id, &hostname, limits, &spec, &paths, &mut state)
+            .await
+        {
+            Ok(()) => {
+                let Some(state) = state else {
+                    self.lock_table().remove(&id);
+                    return Err(LocalError::Task("create finished without a state".into()));
+                };
+                let info = self.info(&state);
+                self.lock_table()
+                    .insert(id.clone(), Entry::Ready(Box::new(state)));
+                Ok(info)
+            }
+            Err(e) => {
+                let e = match e {
+                    LocalError::NotReady { id, reason, .. } => LocalError::NotReady {
+                        id,
+                        reason,
+                        log: runc::tail(&paths.log, 8192),
+                    },
+                    other => other,
+                };
+                // Whatever was made goes; the error is what the caller needs. Anything
+                // teardown could not remove shows in audit() and goes with recover().
+                let _ = self.teardown(&id, state.as_ref()).await;
+                self.lock_table().remove(&id);
+                Err(e)
+            }
+        }
+    }
+
+    /// The steps of a create, each recorded in the state file before the next.
+    async fn create_reserved(
+        &self,
+        id: &str,
+        hostname: &str,
+        limits: Limits,
+        spec: &SandboxSpec,
+        paths: &Paths,
+        state_slot: &mut Option<SandboxState>,
+    ) -> Result<(), LocalError> {
+        fs::create_dir(&paths.dir).map_err(io_err("creating", &paths.dir))?;
+        fs::set_permissions(&paths.dir, fs::Permissions::from_mode(0o700))
+            .map_err(io_err("setting the mode of", &paths.dir))?;
+        for d in [&paths.rootfs, &paths.upper, &paths.work, &paths.run] {
+            fs::create_dir(d).map_err(io_err("creating", d))?;
+        }
+        let created_unix_ms = state::now_unix_ms();
+        let token = random_hex(16)?;
+        let cgroup_name = self.cgroup_name(id);
+        *state_slot = Some(SandboxState {
+            version: state::STATE_VERSION,
+            id: id.to_string(),
+            phase: Phase::Creating,
+            token: token.clone(),
+            image: spec.image.reference.clone(),
+            image_digest: spec.image.digest.clone(),
+            created_unix_ms,
+            created_at: state::rfc3339(created_unix_ms),
+            limits,
+            network: spec.network,
+            hostname: hostname.to_string(),
+            labels: spec.labels.clone(),
+            user: None,
+            cgroup_dirs: self
+                .cgroup_parents
+                .iter()
+                .map(|p| p.join(&cgroup_name))
+                .collect(),
+            cgroup_name: cgroup_name.clone(),
+            init: None,
+            slirp: None,
+        });
+        let save = |s: &Option<SandboxState>| -> Result<(), LocalError> {
+            match s {
+                Some(s) => Ok(state::save(&paths.state, s)?),
+                None => Ok(()),
+            }
+        };
+        save(state_slot)?;
+
+        let layers = if spec.image.layers.is_empty() {
+            vec![self.empty_layer.clone()]
+        } else {
+            spec.image.layers.clone()
+        };
+        rootfs::mount_overlay(
+            self.mounter.as_ref(),
+            &layers,
+            &paths.upper,
+            &paths.work,
+            &paths.rootfs,
+        )?;
+        let config = &spec.image.config;
+        let user = rootfs::resolve_user(&paths.rootfs, config.user.as_deref())?;
+        let cwd = rootfs::prepare_workdir(&paths.rootfs, config.working_dir.as_deref())?;
+        if matches!(spec.network, NetworkMode::Egress { .. }) {
+            rootfs::write_resolv_conf(&paths.rootfs, network::SLIRP_RESOLV_CONF)?;
+        }
+        // The agent and today its commands run as root (see `spec`): HOME is root's
+        // unless the image sets one.
+        let root_home = rootfs::resolve_user(&paths.rootfs, None)
+            .map(|u| u.home)
+            .unwrap_or_else(|_| "/root".into());
+        let env = build_env(
+            &config.env,
+            &spec.env,
+            &root_home,
+            hostname,
+            self.config.harness.is_some(),
+            &token,
+        )?;
+        let annotations = self.annotations(id, spec, &limits, &user, created_unix_ms);
+        if let Some(s) = state_slot.as_mut() {
+            s.user = Some(user);
+        }
+        let oci = spec::build(&spec::SpecInput {
+            hostname,
+            agent_args: &self.config.agent_args,
+            env,
+            cwd: &cwd,
+            inject_dir: &self.inject_dir,
+            run_dir: &paths.run,
+            cgroups_path: &cgroup_name,
+            limits: ResourceLimits {
+                cpus: limits.cpus,
+                memory_bytes: limits.memory_bytes,
+                swap_accounting: self.swap_accounting,
+                pids: limits.pids,
+                tmp_bytes: limits.tmp_bytes,
+                nofile: self.nofile,
+            },
+            annotations,
+        })?;
+        spec::write(&oci, &paths.config)?;
+        save(state_slot)?;
+
+        self.runc
+            .create(id, &paths.dir, &paths.pid_file, &paths.log)
+            .await?;
+        let pid: i32 = fs::read_to_string(&paths.pid_file)
+            .map_err(io_err("reading", &paths.pid_file))?
+            .trim()
+            .parse()
+            .map_err(|_| LocalError::Task(format!("runc wrote a bad pid file for {id}")))?;
+        let init = ProcRef::of(pid).ok_or_else(|| LocalError::NotReady {
+            id: id.to_string(),
+            reason: format!("its init {pid} vanished right after runc create"),
+            log: String::new(),
+        })?;
+        if let Some(s) = state_slot.as_mut() {
+            s.init = Some(init);
+            // Only the hierarchies runc really used.
+            s.cgroup_dirs.retain(|d| d.is_dir());
+        }
+        save(state_slot)?;
+
+        if let NetworkMode::Egress {
+            allow_host_loopback,
+        } = spec.network
+        {
+            let slirp = network::start_slirp(
+                &self.config.slirp4netns,
+                pid,
+                allow_host_loopback,
+                &paths.slirp_log,
+                &self.marker(id),
+                Duration::from_secs(10),
+            )
+            .await?;
+            if let Some(s) = state_slot.as_mut() {
+                s.slirp = Some(slirp);
+            }
+            save(state_slot)?;
+        }
+        if self.config.fail_point == Some(FailPoint::HangAfterRuncCreate) {
+            let _ = fs::write(paths.dir.join("failpoint"), b"hang-after-runc-create\n");
+            std::future::pending::<()>().await;
+        }
+        self.runc.start(id).await?;
+        self.wait_ready(id, &paths.socket, &token, init).await?;
+        if let Some(s) = state_slot.as_mut() {
+            s.phase = Phase::Running;
+        }
+        save(state_slot)
+    }
+
+    fn annotations(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        limits: &Limits,
+        user: &rootfs::ResolvedUser,
+        created_unix_ms: u64,
+    ) -> HashMap<String, String> {
+        let p = ANNOTATION_PREFIX;
+        let mut a = HashMap::from([
+            (format!("{p}sandbox.id"), id.to_string()),
+            (format!("{p}backend.tag"), self.tag.clone()),
+            (format!("{p}image.reference"), spec.image.reference.clone()),
+            (format!("{p}image.digest"), spec.image.digest.clone()),
+            (format!("{p}created"), state::rfc3339(created_unix_ms)),
+            (format!("{p}network"), spec.network.label().to_string()),
+            (format!("{p}image.user"), user.spec.clone()),
+            (
+                format!("{p}image.user.resolved"),
+                format!(
+                    "{}:{}{}",
+                    user.uid,
+                    user.gid,
+                    user.additional_gids
+                        .iter()
+                        .map(|g| format!(",{g}"))
+                        .collect::<String>()
+                ),
+            ),
+        ]);
+        if let Some(c) = limits.cpus {
+            a.insert(format!("{p}limits.cpus"), c.to_string());
+        }
+        if let Some(m) = limits.memory_bytes {
+            a.insert(format!("{p}limits.memory_bytes"), m.to_string());
+        }
+        if let Some(n) = limits.pids {
+            a.insert(format!("{p}limits.pids"), n.to_string());
+        }
+        if let Some(t) = limits.tmp_bytes {
+            a.insert(format!("{p}limits.tmp_bytes"), t.to_string());
+        }
+        for (k, v) in &spec.labels {
+            a.insert(format!("{p}label.{k}"), v.clone());
+        }
+        a
+    }
+
+    /// Polls the agent's health until it answers, its init dies, or the deadline.
+    async fn wait_ready(
+        &self,
+        id: &str,
+        socket: &Path,
+        token: &str,
+        init: ProcRef,
+    ) -> Result<(), LocalError> {
+        let client = AgentClient::new(Endpoint::Unix(socket.to_path_buf()), token);
+        let limit = self.config.ready_timeout;
+        let deadline = Instant::now() + limit;
+        let mut last = String::from("its socket never appeared");
+        let not_ready = |reason: String| LocalError::NotReady {
+            id: id.to_string(),
+            reason,
+            log: String::new(),
+        };
+        loop {
+            if socket.exists() {
+                match tokio::time::timeout(Duration::from_secs(2), client.health()).await {
+                    Ok(Ok(h)) if h.status == "ok" => return Ok(()),
+                    Ok(Ok(h)) => last = format!("health answered status {:?}", h.status),
+                    Ok(Err(e)) => last = e.to_string(),
+                    Err(_) => last = "health did not answer within 2s".into(),
+                }
+            }
+            if !init.is_running() {
+                return Err(not_ready(format!("the agent (pid {}) exited", init.pid)));
+            }
+            if Instant::now() >= deadline {
+                return Err(not_ready(format!(
+                    "no answer within {limit:?}; last: {last}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Deletes a ready sandbox of the table.
+    pub(super) async fn delete(&self, id: &str) -> Result<(), LocalError> {
+        let state = {
+            let mut table = self.lock_table();
+            match table.get(id) {
+                Some(Entry::Ready(_)) => {}
+                _ => return Err(LocalError::NotFound(id.to_string())),
+            }
+            match table.insert(id.to_string(), Entry::Deleting) {
+                Some(Entry::Ready(s)) => *s,
+                _ => return Err(LocalError::NotFound(id.to_string())),
+            }
+        };
+        let mut deleting = state.clone();
+        deleting.phase = Phase::Deleting;
+        let _ = state::save(&self.paths(id).state, &deleting);
+        let problems = self.teardown(id, Some(&deleting)).await;
+        self.lock_table().remove(id);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(LocalError::Cleanup {
+                id: id.to_string(),
+                problems,
+            })
+        }
+    }
+
+    /// Removes everything of sandbox `id` that exists, with or without its state;
+    /// answers what could not be removed.
+    async fn teardown(&self, id: &str, state: Option<&SandboxState>) -> Vec<String> {
+        let mut problems = Vec::new();
+        let paths = self.paths(id);
+        // slirp4netns first: it holds the sandbox's network namespace.
+        let mut slirps: Vec<ProcRef> = state.and_then(|s| s.slirp).into_iter().collect();
+        for p in audit::marked_processes(&self.marker(id)) {
+            if !slirps.contains(&p) {
+                slirps.push(p);
+            }
+        }
+        for p in slirps {
+            if let Err(e) = p
+                .terminate(Duration::from_millis(500), KILL_WAIT, "slirp4netns")
+                .await
+            {
+                problems.push(e.to_string());
+            }
+        }
+        let mut init = state.and_then(|s| s.init);
+        if init.is_none() {
+            // A crash between `runc create` and the state update: runc knows the init
+            // (and checks its identity before answering).
+            if let Ok(Some(c)) = self.runc.state(id).await {
+                init = (c.pid > 0).then(|| ProcRef::of(c.pid)).flatten();
+            }
+        }
+        // SIGKILL to the init ends the whole pid namespace. Killing and reaping it
+        // ourselves first lets `runc delete` see a stopped container and skip the
+        // 100 ms polls it makes when it has to kill a running one.
+        if let Some(init) = init {
+            init.signal(libc::SIGKILL);
+            if let Err(e) = init.wait_exit(KILL_WAIT, "the container's init").await {
+                problems.push(e.to_string());
+            }
+        }
+        // `--force`: also when something still runs (a crash before the init was
+        // known), which runc then kills.
+        let runc_deleted = match self.runc.delete(id).await {
+            Ok(()) => true,
+            Err(e) => {
+                problems.push(e.to_string());
+                false
+            }
+        };
+        let mut cgroups: Vec<PathBuf> = state.map(|s| s.cgroup_dirs.clone()).unwrap_or_default();
+        for d in cgroup::dirs_named(&self.cgroup_parents, &self.cgroup_name(id)) {
+            if !cgroups.contains(&d) {
+                cgroups.push(d);
+            }
+        }
+        for d in cgroups {
+            if let Err(e) = cgroup::remove(&d, KILL_WAIT).await {
+                problems.push(e.to_string());
+            }
+        }
+        if !runc_deleted {
+            // runc could not delete it (its state is broken); its processes are gone
+            // with the cgroups, so its state directory can go too.
+            let runc_state = self.runc.root().join(id);
+            if runc_state.exists() {
+                if let Err(e) = fs::remove_dir_all(&runc_state) {
+                    problems.push(format!("removing {}: {e}", runc_state.display()));
+                }
+            }
+        }
+        match self.unmount_under(&paths.dir) {
+            Ok(()) => {}
+            Err(e) => problems.push(e),
+        }
+        if paths.dir.exists() {
+            // Never recurse into a mount: a still-mounted rootfs would be emptied.
+            match audit::mounts_under(&paths.dir) {
+                Ok(m) if m.is_empty() => {
+                    if let Err(e) = fs::remove_dir_all(&paths.dir) {
+                        problems.push(format!("removing {}: {e}", paths.dir.display()));
+                    }
+                }
+                Ok(m) => problems.push(format!(
+                    "not removing {}: still mounted: {m:?}",
+                    paths.dir.display()
+                )),
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+        problems
+    }
+
+    /// Unmounts every mount under `dir`, deepest first.
+    fn unmount_under(&self, dir: &Path) -> Result<(), String> {
+        let mut mounts = audit::mounts_under(dir).map_err(|e| e.to_string())?;
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+        let mut problems = Vec::new();
+        for m in mounts {
+            if let Err(e) = rootfs::unmount(self.mounter.as_ref(), &m) {
+                problems.push(e.to_string());
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+
+    /// Every sandbox id with a trace on the host: a directory, a runc container, a
+    /// cgroup, a marked process.
+    async fn ids_on_host(&self) -> (HashSet<String>, Vec<String>) {
+        let mut ids = HashSet::new();
+        let mut problems = Vec::new();
+        if let Ok(entries) = fs::read_dir(&self.sandboxes_dir) {
+            for e in entries.flatten() {
+                if let Some(name) = e.file_name().to_str() {
+                    ids.insert(name.to_string());
+                }
+            }
+        }
+        match self.runc.list().await {
+            Ok(list) => ids.extend(list.into_iter().map(|c| c.id)),
+            Err(e) => problems.push(e.to_string()),
+        }
+        if let Ok(entries) = fs::read_dir(self.runc.root()) {
+            for e in entries.flatten() {
+                if let Some(name) = e.file_name().to_str() {
+                    ids.insert(name.to_string());
+                }
+            }
+        }
+        let prefix = self.cgroup_prefix();
+        for name in cgroup::names_with_prefix(&self.cgroup_parents, &prefix) {
+            if let Some(id) = name.strip_prefix(&prefix) {
+                ids.insert(id.to_string());
+            }
+        }
+        for (_, marker) in audit::all_marked_processes() {
+            if let Some(id) = marker.strip_prefix(&format!("{}/", self.tag)) {
+                ids.insert(id.to_string());
+            }
+        }
+        (ids, problems)
+    }
+
+    /// Adopts or removes every sandbox on the host this backend does not know.
+    pub(super) async fn recover(&self) -> Result<RecoverReport, LocalError> {
+        let (ids, mut problems) = self.ids_on_host().await;
+        let mut report = RecoverReport::default();
+        let mut ids: Vec<String> = ids.into_iter().collect();
+        ids.sort();
+        for id in ids {
+            if self.lock_table().contains_key(&id) {
+                continue;
+            }
+            let paths = self.paths(&id);
+            let state = state::load(&paths.state).ok();
+            let adoptable = match &state {
+                Some(s) => self.adoptable(s).await,
+                None => false,
+            };
+            match (adoptable, state) {
+                (true, Some(s)) => {
+                    let mut table = self.lock_table();
+                    if table.contains_key(&id) {
+                        continue;
+                    }
+                    table.insert(id.clone(), Entry::Ready(Box::new(s)));
+                    report.adopted.push(id);
+                }
+                (_, state) => {
+                    problems.extend(self.teardown(&id, state.as_ref()).await);
+                    report.removed.push(id);
+                }
+            }
+        }
+        report.problems = problems;
+        Ok(report)
+    }
+
+    /// Whether a sandbox left by a previous backend is whole and healthy.
+    async fn adoptable(&self, s: &SandboxState) -> bool {
+        if s.phase != Phase::Running || !valid_id(&s.id) {
+            return false;
+        }
+        let Some(init) = s.init else { return false };
+        if !init.is_running() {
+            return false;
+        }
+        if matches!(s.network, NetworkMode::Egress { .. })
+            && !s.slirp.is_some_and(|p| p.is_running())
+        {
+            return false;
+        }
+        match self.runc.state(&s.id).await {
+            Ok(Some(c)) if c.status == "running" && c.pid == init.pid => {}
+            _ => return false,
+        }
+        let client = AgentClient::new(Endpoint::Unix(self.paths(&s.id).socket), s.token.clone());
+        matches!(
+            tokio::time::timeout(RECOVER_HEALTH_LIMIT, client.health()).await,
+            Ok(Ok(h)) if h.status == "ok"
+        )
+    }
+
+    /// Deletes everything, then the root.
+    pub(super) async fn destroy(&self) -> Result<(), LocalError> {
+        let ids: Vec<String> = self
+            .lock_table()
+            .iter()
+            .filter(|(_, e)| matches!(e, Entry::Ready(_)))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut problems = Vec::new();
+        for id in ids {
+            if let Err(e) = self.delete(&id).await {
+                problems.push(e.to_string());
+            }
+        }
+        // Whatever no live sandbox accounts for: a previous backend's, or our leaks.
+        let (ids, more) = self.ids_on_host().await;
+        problems.extend(more);
+        for id in ids {
+            if self.lock_table().contains_key(&id) {
+                continue;
+            }
+            let state = state::load(&self.paths(&id).state).ok();
+            problems.extend(self.teardown(&id, state.as_ref()).await);
+        }
+        if let Err(e) = self.unmount_under(&self.root) {
+            problems.push(e);
+        }
+        match audit::mounts_under(&self.root) {
+            Ok(m) if m.is_empty() => {
+                if let Err(e) = fs::remove_dir_all(&self.root) {
+                    problems.push(format!("removing {}: {e}", self.root.display()));
+                }
+            }
+            Ok(m) => problems.push(format!("not removing the root: still mounted: {m:?}")),
+            Err(e) => problems.push(e.to_string()),
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(LocalError::Cleanup {
+                id: "(backend)".into(),
+                problems,
+            })
+        }
+    }
+}

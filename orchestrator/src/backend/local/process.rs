@@ -1,0 +1,242 @@
+//! Host processes the backend is responsible for (container inits, slirp4netns), named
+//! by pid *and* start time so a recycled pid is never signalled by mistake, and waited
+//! for whether or not they are our children.
+//!
+//! The backend makes its process a child subreaper: `runc create` exits once the
+//! container is set up, and its init is then re-parented to us instead of to the
+//! machine's PID 1, so we can reap it the moment it dies. A process whose parent we are
+//! not (a sandbox adopted after a restart whose init went to PID 1) is waited for by
+//! watching `/proc` until it is gone or a zombie; reaping it is then its parent's job.
+
+use std::fs;
+use std::io;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// How often a wait looks again.
+const POLL: Duration = Duration::from_millis(5);
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// `prctl(PR_SET_CHILD_SUBREAPER)` failed.
+    #[error("cannot become a child subreaper: {0}")]
+    Subreaper(io::Error),
+    /// The process did not exit in time.
+    #[error("process {pid} ({what}) did not exit within {waited:?}")]
+    StillRunning {
+        /// Its pid.
+        pid: i32,
+        /// What it is.
+        what: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+}
+
+/// Makes this process a child subreaper (see the module doc). Process-wide and
+/// idempotent.
+pub fn become_subreaper() -> Result<(), ProcessError> {
+    // SAFETY: prctl with plain integer arguments.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(ProcessError::Subreaper(io::Error::last_os_error()))
+    }
+}
+
+/// What `/proc/PID/stat` says about a process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// `comm`.
+    pub comm: String,
+    /// State letter (`R`, `S`, `Z`, ...).
+    pub state: char,
+    /// Parent pid.
+    pub ppid: i32,
+    /// Start time in clock ticks after boot.
+    pub start_time: u64,
+}
+
+/// Reads `/proc/PID/stat`; `None` when the process does not exist.
+pub fn stat(pid: i32) -> Option<Stat> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text)
+}
+
+fn parse_stat(text: &str) -> Option<Stat> {
+    // comm may hold spaces and parentheses: it ends at the last ')'.
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_string();
+    let rest: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    // rest[0] is field 3 (state); start time is field 22.
+    Some(Stat {
+        comm,
+        state: rest.first()?.chars().next()?,
+        ppid: rest.get(1)?.parse().ok()?,
+        start_time: rest.get(19)?.parse().ok()?,
+    })
+}
+
+/// A process named by pid and start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcRef {
+    /// Host pid.
+    pub pid: i32,
+    /// Start time (clock ticks after boot), telling it apart from a later process that
+    /// got the same pid.
+    pub start_time: u64,
+}
+
+impl ProcRef {
+    /// The running process `pid`, if there is one.
+    pub fn of(pid: i32) -> Option<ProcRef> {
+        stat(pid).map(|s| ProcRef {
+            pid,
+            start_time: s.start_time,
+        })
+    }
+
+    /// Whether this very process still exists and has not exited (a zombie has).
+    pub fn is_running(&self) -> bool {
+        stat(self.pid).is_some_and(|s| s.start_time == self.start_time && s.state != 'Z')
+    }
+
+    /// Whether this very process still exists, zombie or not.
+    fn exists(&self) -> bool {
+        stat(self.pid).is_some_and(|s| s.start_time == self.start_time)
+    }
+
+    /// Sends `signal` if this is still the same process.
+    pub fn signal(&self, signal: libc::c_int) {
+        if self.exists() {
+            // SAFETY: kill with plain integer arguments.
+            unsafe {
+                libc::kill(self.pid, signal);
+            }
+        }
+    }
+
+    /// Reaps the process if it is our child and has exited; answers whether it is gone
+    /// (reaped, or exited and not ours to reap, or no longer this process).
+    pub fn try_reap(&self) -> bool {
+        if !self.exists() {
+            return true;
+        }
+        let mut status = 0;
+        // SAFETY: waitpid with a valid out pointer.
+        let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+        if rc == self.pid {
+            return true;
+        }
+        if rc < 0 {
+            // ECHILD: not our child; it is gone for us once it stopped running.
+            return !self.is_running();
+        }
+        false
+    }
+
+    /// Waits up to `limit` for the process to exit (reaping it when it is our child).
+    pub async fn wait_exit(&self, limit: Duration, what: &str) -> Result<(), ProcessError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.try_reap() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ProcessError::StillRunning {
+                    pid: self.pid,
+                    what: what.to_string(),
+                    waited: limit,
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`, then waits up to `limit` more.
+    pub async fn terminate(
+        &self,
+        grace: Duration,
+        limit: Duration,
+        what: &str,
+    ) -> Result<(), ProcessError> {
+        self.signal(libc::SIGTERM);
+        if self.wait_exit(grace, what).await.is_ok() {
+            return Ok(());
+        }
+        self.signal(libc::SIGKILL);
+        self.wait_exit(limit, what).await
+    }
+}
+
+/// Pids of every process on the host.
+pub fn all_pids() -> Vec<i32> {
+    fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Host pid of this process.
+pub fn own_pid() -> i32 {
+    std::process::id() as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parsing_handles_odd_comms() {
+        let line = "42 (a) b (c)) S 7 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 123456 1 2";
+        let s = parse_stat(line).unwrap();
+        assert_eq!(s.comm, "a) b (c)");
+        assert_eq!((s.state, s.ppid, s.start_time), ('S', 7, 123456));
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("1 (x) S"), None);
+    }
+
+    #[test]
+    fn our_own_process_is_running_and_a_wrong_start_time_is_not() {
+        let me = ProcRef::of(own_pid()).unwrap();
+        assert!(me.is_running());
+        let other = ProcRef {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert!(!other.is_running());
+        // Signalling a process that is not the recorded one is a no-op.
+        other.signal(libc::SIGKILL);
+        assert!(other.try_reap());
+    }
+
+    #[tokio::test]
+    // The children are waited for through ProcRef, which is what is under test.
+    #[allow(clippy::zombie_processes)]
+    async fn a_child_is_reaped_when_it_exits() {
+        let child = std::process::Command::new("/bin/busybox")
+            .args(["sleep", "0.05"])
+            .spawn()
+            .unwrap();
+        let p = ProcRef::of(child.id() as i32).unwrap();
+        p.wait_exit(Duration::from_secs(10), "sleep").await.unwrap();
+        assert!(!matches!(stat(p.pid), Some(s) if s.start_time == p.start_time));
+        let child = std::process::Command::new("/bin/busybox")
+            .args(["sleep", "100"])
+            .spawn()
+            .unwrap();
+        let p = ProcRef::of(child.id() as i32).unwrap();
+        p.terminate(Duration::from_millis(500), Duration::from_secs(5), "sleep")
+            .await
+            .unwrap();
+        assert!(!p.is_running());
+    }
+}

@@ -1,0 +1,220 @@
+//! The state file of a sandbox, `<root>/sandboxes/<id>/state.json`: everything a later
+//! backend on the same root needs to adopt the sandbox (its token, its processes) or to
+//! clean it up (its cgroups, its phase). Written before anything is created, updated
+//! at every step, replaced atomically (write + rename), readable by root only (it holds
+//! the token).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::local::network::NetworkMode;
+use crate::backend::local::process::ProcRef;
+use crate::backend::local::rootfs::ResolvedUser;
+use crate::backend::local::Limits;
+
+/// Version of the state file format.
+pub const STATE_VERSION: u32 = 1;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The file could not be read or written.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What we were doing.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file is not a state file of this version.
+    #[error("state file {path} is unreadable: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// How far a sandbox got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Being created: a crash now leaves a half-created sandbox, removed on recovery.
+    Creating,
+    /// Its agent answered: adoptable after a restart.
+    Running,
+    /// Being deleted.
+    Deleting,
+}
+
+/// The contents of `state.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxState {
+    /// Format version.
+    pub version: u32,
+    /// Sandbox id.
+    pub id: String,
+    /// How far it got.
+    pub phase: Phase,
+    /// The agent's token.
+    pub token: String,
+    /// Image reference.
+    pub image: String,
+    /// Image manifest digest.
+    pub image_digest: String,
+    /// Creation time, milliseconds since the epoch.
+    pub created_unix_ms: u64,
+    /// Creation time, RFC 3339 (UTC).
+    pub created_at: String,
+    /// Limits in force.
+    pub limits: Limits,
+    /// Network mode.
+    pub network: NetworkMode,
+    /// Hostname.
+    pub hostname: String,
+    /// Caller's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The image's user, resolved (applied to commands by the agent later; today the
+    /// agent and its commands run as root).
+    pub user: Option<ResolvedUser>,
+    /// Name of its cgroups.
+    pub cgroup_name: String,
+    /// Its cgroup directories, as they were at creation.
+    pub cgroup_dirs: Vec<PathBuf>,
+    /// The container's init (the agent), once created.
+    pub init: Option<ProcRef>,
+    /// slirp4netns, when the sandbox has egress.
+    pub slirp: Option<ProcRef>,
+}
+
+/// Writes `state` to `path` atomically, mode 0600.
+pub fn save(path: &Path, state: &SandboxState) -> Result<(), StateError> {
+    let tmp = path.with_extension("json.tmp");
+    let bytes = serde_json::to_vec_pretty(state).map_err(|e| StateError::Corrupt {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(&bytes))
+        .map_err(|source| StateError::Io {
+            op: "writing",
+            path: tmp.clone(),
+            source,
+        })?;
+    std::fs::rename(&tmp, path).map_err(|source| StateError::Io {
+        op: "renaming into place",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads the state file at `path`.
+pub fn load(path: &Path) -> Result<SandboxState, StateError> {
+    let bytes = std::fs::read(path).map_err(|source| StateError::Io {
+        op: "reading",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let state: SandboxState = serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    if state.version != STATE_VERSION {
+        return Err(StateError::Corrupt {
+            path: path.to_path_buf(),
+            reason: format!("version {} (expected {STATE_VERSION})", state.version),
+        });
+    }
+    Ok(state)
+}
+
+/// Now, in milliseconds since the epoch.
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `unix_ms` as RFC 3339 in UTC, millisecond precision.
+pub fn rfc3339(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        unix_ms % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(1_735_689_599_999), "2024-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn state_round_trips_and_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let state = SandboxState {
+            version: STATE_VERSION,
+            id: "sb-1".into(),
+            phase: Phase::Creating,
+            token: "secret".into(),
+            image: "busybox".into(),
+            image_digest: "sha256:00".into(),
+            created_unix_ms: 1,
+            created_at: rfc3339(1),
+            limits: Limits::default(),
+            network: NetworkMode::None,
+            hostname: "sb-1".into(),
+            labels: BTreeMap::from([("k".into(), "v".into())]),
+            user: None,
+            cgroup_name: "orchard-t-sb-1".into(),
+            cgroup_dirs: vec![],
+            init: Some(ProcRef {
+                pid: 7,
+                start_time: 9,
+            }),
+            slirp: None,
+        };
+        save(&path, &state).unwrap();
+        assert_eq!(load(&path).unwrap(), state);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::write(&path, "{").unwrap();
+        assert!(matches!(load(&path), Err(StateError::Corrupt { .. })));
+    }
+}
