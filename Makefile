@@ -35,13 +35,22 @@ test: agent images lint
 images: deps
 	@images/build.sh
 
+## harness: the harness bundle (codex, claude, opencode, pi, hermes) in images/out/harness,
+## from the package registries, pinned and checked by images/harness/manifest.json; cached.
+.PHONY: harness
+harness:
+	@images/harness/build.sh
+
 ## openapi: regenerate the committed OpenAPI documents after an intended API change.
 openapi:
 	UPDATE_OPENAPI=1 cargo test -p orchard-protocol openapi
 
-## bench: exec latency against the fork/exec floor, streaming throughput, RSS, size.
-bench: agent
+## bench: the agent (exec latency against the fork/exec floor, sessions, git diff,
+## streaming, RSS, size) and the local backend (create/delete against `runc run`, a burst).
+bench: agent images
 	cargo run --release -p orchard-bench -- --agent $(AGENT_BIN) --out bench/results
+	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/backend.md \
+	  cargo test --release -p orchard --test integration bench_local_backend -- --ignored --nocapture
 
 ## run: start an agent in a runc sandbox in the background and run a command in it.
 run: agent
