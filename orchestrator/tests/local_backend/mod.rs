@@ -612,6 +612,7 @@ async fn a_second_backend_on_the_same_root_is_refused() {
     tb.finish().await;
 }
 
+/// `make bench` runs it (release build, table in bench/results/backend.md); by hand:
 /// `cargo test -p orchard --test integration bench_local_backend -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run by hand"]
@@ -631,7 +632,12 @@ async fn bench_local_backend() {
     let report = bench::run(&tb.backend, &busybox_image(), &cfg)
         .await
         .expect("the benchmark");
-    println!("{}", report.to_markdown());
+    let markdown = report.to_markdown();
+    println!("{markdown}");
+    // `make bench` keeps the table with the agent's.
+    if let Some(out) = std::env::var_os("ORCHARD_BENCH_OUT") {
+        fs::write(out, &markdown).expect("writing the benchmark table");
+    }
     let _ = Limits::DEFAULT;
     tb.finish().await;
 }

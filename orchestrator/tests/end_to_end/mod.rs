@@ -1,0 +1,103 @@
+//! The image store and the local backend together: every test image pulled from the
+//! real local registry through a docker.io mirror, started as a sandbox, and used.
+
+use orchard::backend::local::SandboxSpec;
+use orchard::image::{ImageStore, Progress, StoreConfig};
+use orchard_protocol::{Command, ExecRequest, ExecResult};
+
+use crate::util::registry::registry;
+use crate::util::sandbox::{unique_id, TestBackend};
+
+async fn pulled(
+    reference: &str,
+    layout: &str,
+    tag: &str,
+    dest: &str,
+) -> (tempfile::TempDir, ImageStore) {
+    registry().push_image(layout, tag, dest);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StoreConfig::default();
+    config
+        .mirrors
+        .insert("docker.io".into(), vec![registry().url()]);
+    let store = ImageStore::open(dir.path().join("store"), config).unwrap();
+    store.pull(reference, |_: Progress| {}).await.unwrap();
+    (dir, store)
+}
+
+async fn run(
+    tb: &TestBackend,
+    store: &ImageStore,
+    reference: &str,
+    command: Command,
+) -> ExecResult {
+    let image = store.get(reference).unwrap().expect("the pulled image");
+    let mut spec = SandboxSpec::new(image);
+    spec.id = Some(unique_id("e2e"));
+    let sb = tb.create(spec).await;
+    let req = ExecRequest {
+        command,
+        timeout_ms: Some(60_000),
+        ..Default::default()
+    };
+    let result = sb.client().exec(&req).await.unwrap();
+    tb.backend.delete(&sb.id).await.unwrap();
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_image_runs_the_quick_start() {
+    let (_dir, store) = pulled(
+        "python:3.11-slim",
+        "python",
+        "3.11-slim",
+        "library/python:3.11-slim",
+    )
+    .await;
+    let tb = TestBackend::new();
+    let r = run(&tb, &store, "python:3.11-slim", Command::Shell("python3 -c 'print(2+2)' && python -c 'import sys; print(sys.version_info[0])' && git --version && pwd".into())).await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let out = r.stdout.text_lossy();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "4");
+    assert_eq!(lines[1], "3");
+    assert!(lines[2].starts_with("git version"), "{out}");
+    tb.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_busybox_and_empty_images_run() {
+    let (_dir, store) = pulled(
+        "busybox:latest",
+        "busybox",
+        "latest",
+        "library/busybox:latest",
+    )
+    .await;
+    registry().push_image("empty", "latest", "library/empty:latest");
+    store.pull("empty:latest", |_: Progress| {}).await.unwrap();
+    let tb = TestBackend::new();
+    let r = run(
+        &tb,
+        &store,
+        "busybox:latest",
+        Command::Shell("echo hi from $(hostname)".into()),
+    )
+    .await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.stdout.text_lossy().starts_with("hi from "));
+    // Nothing in the image: only the injected agent can run, and without a shell.
+    let r = run(
+        &tb,
+        &store,
+        "empty:latest",
+        Command::Argv(vec![
+            "/.orchard/bin/orchard-agent".into(),
+            "--version".into(),
+        ]),
+    )
+    .await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(r.stdout.text_lossy().contains("orchard-agent"));
+    tb.finish().await;
+}
