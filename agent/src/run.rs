@@ -73,8 +73,15 @@ pub async fn run(config: Config) -> Result<(), RunError> {
 
     // Start blocking-pool threads now, while threads can be created: when the pids
     // limit is used up later, tokio queues blocking work on these instead of failing.
+    // A barrier holds each task until all have started, so each got its own thread.
+    let all_started = Arc::new(std::sync::Barrier::new(WARM_BLOCKING_THREADS));
     let warm: Vec<_> = (0..WARM_BLOCKING_THREADS)
-        .map(|_| tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(20))))
+        .map(|_| {
+            let all_started = all_started.clone();
+            tokio::task::spawn_blocking(move || {
+                all_started.wait();
+            })
+        })
         .collect();
     for thread in warm {
         let _ = thread.await;

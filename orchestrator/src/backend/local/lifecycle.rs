@@ -211,9 +211,19 @@ impl Inner {
         spec::write(&oci, &paths.config)?;
         save(state_slot)?;
 
-        self.runc
-            .create(id, &paths.dir, &paths.pid_file, &paths.log)
-            .await?;
+        // slirp4netns must join the network namespace before the agent starts; without
+        // egress, one `runc run --detach` does create and start.
+        let split =
+            matches!(spec.network, NetworkMode::Egress { .. }) || self.config.fail_point.is_some();
+        if split {
+            self.runc
+                .create(id, &paths.dir, &paths.pid_file, &paths.log)
+                .await?;
+        } else {
+            self.runc
+                .run_detached(id, &paths.dir, &paths.pid_file, &paths.log)
+                .await?;
+        }
         let pid: i32 = fs::read_to_string(&paths.pid_file)
             .map_err(io_err("reading", &paths.pid_file))?
             .trim()
@@ -253,7 +263,9 @@ impl Inner {
             let _ = fs::write(paths.dir.join("failpoint"), b"hang-after-runc-create\n");
             std::future::pending::<()>().await;
         }
-        self.runc.start(id).await?;
+        if split {
+            self.runc.start(id).await?;
+        }
         self.wait_ready(id, &paths.socket, &token, init).await?;
         if let Some(s) = state_slot.as_mut() {
             s.phase = Phase::Running;
@@ -343,7 +355,8 @@ impl Inner {
                     "no answer within {limit:?}; last: {last}"
                 )));
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            // The agent binds its socket within a few milliseconds of starting.
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 
