@@ -50,6 +50,10 @@ struct Args {
     /// Milliseconds between keepalive frames of a quiet streamed exec.
     #[arg(long, default_value_t = 15_000)]
     keepalive_ms: u64,
+    /// Run every command as this user: `UID:GID[,GROUP...]` (the image's `User`). The
+    /// agent itself stays root.
+    #[arg(long)]
+    user: Option<orchard_agent::spawn::RunAs>,
     /// Async worker threads.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -82,6 +86,9 @@ fn main() -> anyhow::Result<()> {
     let mut config = Config::new(token(&args)?);
     // Commands must not see the token in their environment.
     std::env::remove_var("ORCHARD_AGENT_TOKEN");
+    if let Some(user) = args.user.clone() {
+        orchard_agent::spawn::set_run_as(user);
+    }
     config.unix = args.unix.clone();
     config.tcp = args.tcp;
     config.kill_grace = Duration::from_millis(args.kill_grace_ms);

@@ -142,6 +142,44 @@ pub struct Spawned {
     pub started: Instant,
 }
 
+/// The user commands run as: uid, gid and supplementary groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl std::str::FromStr for RunAs {
+    type Err = String;
+
+    /// Parses `UID:GID[,GROUP...]`, e.g. `1000:1000,27,100`.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("{text:?} is not UID:GID[,GROUP...]");
+        let (uid, rest) = text.split_once(':').ok_or_else(bad)?;
+        let mut ids = rest.split(',');
+        let gid = ids.next().ok_or_else(bad)?;
+        let num = |v: &str| v.trim().parse::<u32>().map_err(|_| bad());
+        Ok(RunAs {
+            uid: num(uid)?,
+            gid: num(gid)?,
+            groups: ids.map(num).collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// The image's user, when it is not root: set once at start-up from `--user`.
+static RUN_AS: std::sync::OnceLock<RunAs> = std::sync::OnceLock::new();
+
+/// Makes every command (exec, process, session, terminal) run as `user`. The agent
+/// itself stays root: it must bind its socket and serve files anywhere.
+pub fn set_run_as(user: RunAs) {
+    let _ = RUN_AS.set(user);
+}
+
 /// A `Command` for `spec` with its argv, environment and cwd; stdio is the caller's.
 fn command(spec: &SpawnSpec) -> std::process::Command {
     let mut cmd = std::process::Command::new(&spec.argv[0]);
@@ -152,6 +190,25 @@ fn command(spec: &SpawnSpec) -> std::process::Command {
     cmd.envs(&spec.env);
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
+    }
+    if let Some(user) = RUN_AS.get() {
+        let user = user.clone();
+        // SAFETY: runs between fork and exec and only makes the async-signal-safe
+        // setgroups/setgid/setuid calls on data allocated before the fork. Done here
+        // rather than with `CommandExt::uid`, which would clear the supplementary
+        // groups. (Any pre_exec hook means fork instead of posix_spawn: images that run
+        // as root keep the fast path.)
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(user.groups.len(), user.groups.as_ptr()) != 0
+                    || libc::setgid(user.gid) != 0
+                    || libc::setuid(user.uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
     }
     cmd
 }
@@ -433,6 +490,22 @@ mod tests {
             command,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn run_as_parses_uid_gid_and_groups() {
+        let u: RunAs = "1000:100,27,44".parse().unwrap();
+        assert_eq!(
+            u,
+            RunAs {
+                uid: 1000,
+                gid: 100,
+                groups: vec![27, 44]
+            }
+        );
+        assert_eq!("0:0".parse::<RunAs>().unwrap().groups, Vec::<u32>::new());
+        assert!("root".parse::<RunAs>().is_err());
+        assert!("1:x".parse::<RunAs>().is_err());
     }
 
     #[test]

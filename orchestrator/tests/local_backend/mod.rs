@@ -105,7 +105,12 @@ async fn image_env_working_dir_user_and_layers_apply() {
     let sb = tb.create(spec).await;
     assert_eq!(sh_ok(&sb, "pwd").await, "/srv/app\n");
     let env = sh_ok(&sb, "env").await;
-    for want in ["FOO=bar baz", "PATH=/usr/bin:/bin", "EXTRA=1", "HOME=/root"] {
+    for want in [
+        "FOO=bar baz",
+        "PATH=/usr/bin:/bin",
+        "EXTRA=1",
+        "HOME=/home/app",
+    ] {
         assert!(
             env.lines().any(|l| l == want),
             "{want} missing from:\n{env}"
@@ -117,8 +122,19 @@ async fn image_env_working_dir_user_and_layers_apply() {
         sh_ok(&sb, "cat /etc/motd /etc/only-bottom").await,
         "top\nfrom the bottom layer\n"
     );
-    // The image user is recorded for the agent; commands run as root for now.
-    assert_eq!(sh_ok(&sb, "id -u").await, "0\n");
+    // Commands run as the image's user, with its supplementary groups; the agent
+    // itself stays root.
+    assert_eq!(
+        sh_ok(&sb, "id -u; id -g; id -G").await,
+        "1000\n1000\n1000 50\n"
+    );
+    assert_eq!(
+        sh_ok(&sb, "cat /proc/1/status | grep ^Uid")
+            .await
+            .split_whitespace()
+            .nth(1),
+        Some("0")
+    );
     let a = annotations(&sb.bundle);
     assert_eq!(a["org.orchard.image.user"], "app");
     assert_eq!(a["org.orchard.image.user.resolved"], "1000:1000,50");

@@ -173,15 +173,25 @@ impl Inner {
         if matches!(spec.network, NetworkMode::Egress { .. }) {
             rootfs::write_resolv_conf(&paths.rootfs, network::SLIRP_RESOLV_CONF)?;
         }
-        // The agent and today its commands run as root (see `spec`): HOME is root's
-        // unless the image sets one.
-        let root_home = rootfs::resolve_user(&paths.rootfs, None)
-            .map(|u| u.home)
-            .unwrap_or_else(|_| "/root".into());
+        // The agent runs as root; its commands run as the image's user (`--user`), with
+        // that user's HOME unless the image sets one.
+        let mut agent_args = self.config.agent_args.clone();
+        if user.uid != 0 {
+            let mut ids = format!("{}:{}", user.uid, user.gid);
+            for g in &user.additional_gids {
+                ids.push_str(&format!(",{g}"));
+            }
+            agent_args.extend(["--user".to_string(), ids]);
+        }
+        let home = if user.uid == 0 && user.home == "/" {
+            "/root"
+        } else {
+            user.home.as_str()
+        };
         let env = build_env(
             &config.env,
             &spec.env,
-            &root_home,
+            home,
             hostname,
             self.config.harness.is_some(),
             &token,
@@ -192,7 +202,7 @@ impl Inner {
         }
         let oci = spec::build(&spec::SpecInput {
             hostname,
-            agent_args: &self.config.agent_args,
+            agent_args: &agent_args,
             env,
             cwd: &cwd,
             inject_dir: &self.inject_dir,

@@ -25,10 +25,10 @@
 //! The backend's process becomes a child subreaper (see [`process`]): container inits
 //! are re-parented to it and reaped by it.
 //!
-//! The agent runs as root (it binds its socket and will switch commands to the image's
-//! user); the image's `User` is resolved against its `/etc/passwd` and recorded in the
-//! annotations and the state file for that. Until the agent applies it, commands run
-//! as root.
+//! The agent runs as root (it binds its socket and serves files anywhere); the image's
+//! `User` is resolved against its `/etc/passwd` and `/etc/group`, given to the agent as
+//! `--user UID:GID,GROUPS` so every command runs as that user, and recorded in the
+//! annotations and the state file.
 //!
 //! Parts:
 //! - [`sys`]: mount syscalls behind a trait, with a recording implementation for tests.

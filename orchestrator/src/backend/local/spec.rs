@@ -5,10 +5,9 @@
 //!   `/.orchard/run/agent.sock`, a per-sandbox host directory bind-mounted read-write;
 //!   the token comes in `ORCHARD_AGENT_TOKEN` (the agent removes it from its own
 //!   environment, so commands never see it).
-//! - The agent runs as root: it must bind its socket and will later switch commands to
-//!   the image's user, which is recorded in the annotations
-//!   (`org.orchard.image.user`, `org.orchard.image.user.resolved`). Today commands run
-//!   as root.
+//! - The agent runs as root (it must bind its socket and serve files anywhere) and runs
+//!   commands as the image's user (`--user`), which is also recorded in the annotations
+//!   (`org.orchard.image.user`, `org.orchard.image.user.resolved`).
 //! - The image's Env and WorkingDir are the agent's, which its commands inherit.
 //! - A writable root (the overlay) and a tmpfs `/tmp`; `/proc`, `/dev`, `/dev/pts`,
 //!   `/dev/shm`, `/dev/mqueue`, `/sys` (read-only) and the masked and read-only paths of

@@ -82,8 +82,7 @@ pub struct SandboxState {
     pub hostname: String,
     /// Caller's labels.
     pub labels: BTreeMap<String, String>,
-    /// The image's user, resolved (applied to commands by the agent later; today the
-    /// agent and its commands run as root).
+    /// The image's user, resolved; the agent runs commands as this user.
     pub user: Option<ResolvedUser>,
     /// Name of its cgroups.
     pub cgroup_name: String,
