@@ -631,7 +631,7 @@ async fn a_second_backend_on_the_same_root_is_refused() {
 /// `make bench` runs it (release build, table in bench/results/backend.md); by hand:
 /// `cargo test -p orchard --test integration bench_local_backend -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a benchmark: run by hand"]
+#[ignore = "a benchmark: run by make bench"]
 async fn bench_local_backend() {
     use orchard::backend::local::bench;
     let mut config = test_config(&fresh_root());
