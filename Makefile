@@ -26,8 +26,9 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 
 ## test: everything CI checks.
-test: agent images lint
+test: agent images harness lint
 	cargo test --workspace
+	@images/harness/test.sh
 
 ## images: the test base images (busybox, empty, whiteout, python:3.11-slim) as OCI
 ## layouts in images/out/, built without Docker; cached (see images/README.md).

@@ -101,3 +101,100 @@ async fn the_busybox_and_empty_images_run() {
     assert!(r.stdout.text_lossy().contains("orchard-agent"));
     tb.finish().await;
 }
+
+/// The harness bundle from `make harness`.
+fn harness_bundle() -> std::path::PathBuf {
+    let dir = crate::util::registry::images_out().join("harness");
+    assert!(
+        dir.join("bin").is_dir(),
+        "no harness bundle at {}: run `make harness`",
+        dir.display()
+    );
+    dir
+}
+
+async fn sh_in(tb: &TestBackend, image: orchard::image::Image, script: &str) -> ExecResult {
+    let mut spec = SandboxSpec::new(image);
+    spec.id = Some(unique_id("hns"));
+    let sb = tb.create(spec).await;
+    let req = ExecRequest {
+        command: Command::Shell(script.into()),
+        timeout_ms: Some(120_000),
+        ..Default::default()
+    };
+    let result = sb.client().exec(&req).await.unwrap();
+    tb.backend.delete(&sb.id).await.unwrap();
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harness_tools_run_where_they_can_and_say_why_where_they_cannot() {
+    let (_dir, store) = pulled(
+        "python:3.11-slim",
+        "python",
+        "3.11-slim",
+        "library/python:3.11-slim",
+    )
+    .await;
+    registry().push_image("busybox", "latest", "library/busybox:latest");
+    store
+        .pull("busybox:latest", |_: Progress| {})
+        .await
+        .unwrap();
+    let mut config = crate::util::sandbox::test_config(&crate::util::sandbox::fresh_root());
+    config.harness = Some(harness_bundle());
+    let tb = TestBackend::with_config(config);
+    let python = store.get("python:3.11-slim").unwrap().unwrap();
+    let busybox = store.get("busybox:latest").unwrap().unwrap();
+
+    // Debian: all five answer, the image's own python3 is still the image's, and the
+    // bundle cannot be written.
+    let r = sh_in(
+        &tb,
+        python,
+        "set -e; for t in codex claude opencode pi hermes; do $t --version >/dev/null; echo ok-$t; done; \
+         command -v python3; if touch /.orchard/harness/bin/x 2>/dev/null; then echo writable; fi",
+    )
+    .await;
+    let out = r.stdout.text_lossy();
+    assert_eq!(r.exit_code, Some(0), "{out}\n{}", r.stderr.text_lossy());
+    for t in ["codex", "claude", "opencode", "pi", "hermes"] {
+        assert!(
+            out.contains(&format!("ok-{t}\n")),
+            "{t} did not answer --version:\n{out}"
+        );
+    }
+    assert!(
+        out.contains("/usr/bin/python3\n"),
+        "python3 is not the image's:\n{out}"
+    );
+    assert!(!out.contains("writable"), "the bundle is writable:\n{out}");
+
+    // busybox (no C library): the self-contained ones answer, the others explain.
+    let r = sh_in(
+        &tb,
+        busybox,
+        "for t in codex pi hermes; do $t --version >/dev/null 2>&1 && echo ok-$t; done; \
+         for t in claude opencode; do $t --version; echo rc-$t=$?; done",
+    )
+    .await;
+    let out = r.stdout.text_lossy();
+    let err = r.stderr.text_lossy();
+    for t in ["codex", "pi", "hermes"] {
+        assert!(
+            out.contains(&format!("ok-{t}\n")),
+            "{t} did not answer in busybox:\n{out}\n{err}"
+        );
+    }
+    for t in ["claude", "opencode"] {
+        assert!(
+            out.contains(&format!("rc-{t}=127\n")),
+            "{t} in busybox:\n{out}\n{err}"
+        );
+        assert!(
+            err.contains(&format!("{t}: cannot run in this image")),
+            "{err}"
+        );
+    }
+    tb.finish().await;
+}
