@@ -70,6 +70,10 @@ pub struct Reaper {
     waiters: Mutex<HashMap<i32, oneshot::Sender<Exit>>>,
     /// Orphans reaped so far (children nobody registered).
     orphans_reaped: AtomicU64,
+    /// Collect only registered children (`waitpid(pid)` each) instead of every child
+    /// (`waitpid(-1)`): for a process that is not PID 1 and whose other code waits on
+    /// children of its own, such as a test binary running the git CLI.
+    only_registered: bool,
 }
 
 /// Held while spawning; register the child's pid before dropping it.
@@ -136,9 +140,17 @@ impl ExitWaiter {
 }
 
 impl Reaper {
-    /// A reaper with no waiters.
+    /// A reaper with no waiters, collecting every child (PID 1's duty).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A reaper that collects only the children registered with it.
+    pub fn only_registered() -> Self {
+        Self {
+            only_registered: true,
+            ..Self::default()
+        }
     }
 
     /// Makes this process the reaper of its orphaned descendants when it is not PID 1,
@@ -180,6 +192,21 @@ impl Reaper {
     }
 
     fn reap_locked(&self, _write: std::sync::RwLockWriteGuard<'_, ()>) -> usize {
+        if self.only_registered {
+            let pids: Vec<i32> = self.lock_waiters().keys().copied().collect();
+            let mut reaped = 0;
+            for pid in pids {
+                let mut status = 0;
+                // SAFETY: waitpid of one of our own children with a valid out pointer.
+                if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                    reaped += 1;
+                    if let Some(tx) = self.lock_waiters().remove(&pid) {
+                        let _ = tx.send(Exit::from_raw(status));
+                    }
+                }
+            }
+            return reaped;
+        }
         let mut reaped = 0;
         loop {
             let mut status = 0;
@@ -246,12 +273,8 @@ pub(crate) mod tests {
     pub(crate) fn shared() -> std::sync::Arc<Reaper> {
         static SHARED: std::sync::OnceLock<std::sync::Arc<Reaper>> = std::sync::OnceLock::new();
         SHARED
-            .get_or_init(|| {
-                // Orphaned grandchildren then come back to this process, where the shared
-                // reaper collects them instead of the host's init.
-                Reaper::become_subreaper();
-                Default::default()
-            })
+            // Other tests (git) wait on children of their own: never waitpid(-1) here.
+            .get_or_init(|| std::sync::Arc::new(Reaper::only_registered()))
             .clone()
     }
 
