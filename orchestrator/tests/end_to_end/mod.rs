@@ -37,7 +37,8 @@ async fn run(
     let sb = tb.create(spec).await;
     let req = ExecRequest {
         command,
-        timeout_ms: Some(60_000),
+        // Generous: the harness tools start slowly on a loaded machine.
+        timeout_ms: Some(120_000),
         ..Default::default()
     };
     let result = sb.client().exec(&req).await.unwrap();
@@ -113,20 +114,6 @@ fn harness_bundle() -> std::path::PathBuf {
     dir
 }
 
-async fn sh_in(tb: &TestBackend, image: orchard::image::Image, script: &str) -> ExecResult {
-    let mut spec = SandboxSpec::new(image);
-    spec.id = Some(unique_id("hns"));
-    let sb = tb.create(spec).await;
-    let req = ExecRequest {
-        command: Command::Shell(script.into()),
-        timeout_ms: Some(120_000),
-        ..Default::default()
-    };
-    let result = sb.client().exec(&req).await.unwrap();
-    tb.backend.delete(&sb.id).await.unwrap();
-    result
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn harness_tools_run_where_they_can_and_say_why_where_they_cannot() {
     let (_dir, store) = pulled(
@@ -144,16 +131,18 @@ async fn harness_tools_run_where_they_can_and_say_why_where_they_cannot() {
     let mut config = crate::util::sandbox::test_config(&crate::util::sandbox::fresh_root());
     config.harness = Some(harness_bundle());
     let tb = TestBackend::with_config(config);
-    let python = store.get("python:3.11-slim").unwrap().unwrap();
-    let busybox = store.get("busybox:latest").unwrap().unwrap();
 
     // Debian: all five answer, the image's own python3 is still the image's, and the
     // bundle cannot be written.
-    let r = sh_in(
+    let r = run(
         &tb,
-        python,
-        "set -e; for t in codex claude opencode pi hermes; do $t --version >/dev/null; echo ok-$t; done; \
-         command -v python3; if touch /.orchard/harness/bin/x 2>/dev/null; then echo writable; fi",
+        &store,
+        "python:3.11-slim",
+        Command::Shell(
+            "set -e; for t in codex claude opencode pi hermes; do $t --version >/dev/null; echo ok-$t; done; \
+         command -v python3; if touch /.orchard/harness/bin/x 2>/dev/null; then echo writable; fi"
+                .into(),
+        ),
     )
     .await;
     let out = r.stdout.text_lossy();
@@ -171,11 +160,15 @@ async fn harness_tools_run_where_they_can_and_say_why_where_they_cannot() {
     assert!(!out.contains("writable"), "the bundle is writable:\n{out}");
 
     // busybox (no C library): the self-contained ones answer, the others explain.
-    let r = sh_in(
+    let r = run(
         &tb,
-        busybox,
-        "for t in codex pi hermes; do $t --version >/dev/null 2>&1 && echo ok-$t; done; \
-         for t in claude opencode; do $t --version; echo rc-$t=$?; done",
+        &store,
+        "busybox:latest",
+        Command::Shell(
+            "for t in codex pi hermes; do $t --version >/dev/null 2>&1 && echo ok-$t; done; \
+         for t in claude opencode; do $t --version; echo rc-$t=$?; done"
+                .into(),
+        ),
     )
     .await;
     let out = r.stdout.text_lossy();
