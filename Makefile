@@ -45,6 +45,7 @@ harness:
 ## openapi: regenerate the committed OpenAPI documents after an intended API change.
 openapi:
 	UPDATE_OPENAPI=1 cargo test -p orchard-protocol openapi
+	UPDATE_OPENAPI=1 cargo test -p orchard --lib openapi
 
 ## bench: the agent (exec latency against the fork/exec floor, sessions, git diff,
 ## streaming, RSS, size) and the local backend (create/delete against `runc run`, a burst).

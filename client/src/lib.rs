@@ -518,6 +518,14 @@ impl AgentClient {
         )
     }
 
+    /// `POST /v1/git/apply`: a patch, all or nothing.
+    pub async fn git_apply(
+        &self,
+        req: &orchard_protocol::git::GitApplyRequest,
+    ) -> Result<orchard_protocol::git::GitApplyResult> {
+        self.json(Method::POST, "/v1/git/apply", req).await
+    }
+
     /// `GET /v1/files/archive`: `path` as tar.gz.
     pub async fn download_tar(&self, path: &str) -> Result<Bytes> {
         let q = format!("/v1/files/archive?path={}", encode(path));

@@ -3,6 +3,17 @@
 //! - [`image`]: the image store: pulls from OCI/Docker registries and imports archives
 //!   into a content-addressed store of unpacked layers.
 //! - [`backend`]: where sandboxes run; [`backend::local`] drives runc over overlayfs.
+//! - [`service`]: records, lifecycle, jobs, quotas and policies, independent of HTTP.
+//! - [`server`]: the REST API (Orchard-compatible routes and `/v1/`).
+//! - [`config`], [`serve`]: `orchard serve`; [`cli`]: the commands for people.
+//! - [`metrics`], [`log`]: Prometheus metrics and JSON logs.
 
 pub mod backend;
+pub mod cli;
+pub mod config;
 pub mod image;
+pub mod log;
+pub mod metrics;
+pub mod serve;
+pub mod server;
+pub mod service;

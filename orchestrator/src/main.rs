@@ -1,5 +1,62 @@
-//! `orchard` command line (placeholder until the orchestrator issue): prints its version.
+//! `orchard`: the orchestrator (`orchard serve`) and the CLI for people
+//! (`orchard sandbox ...`, `orchard image ...`). A thin layer over the library.
 
-fn main() {
-    println!("orchard {}", env!("CARGO_PKG_VERSION"));
+use clap::{Parser, Subcommand};
+
+use orchard::cli::{self, Connect, ImageCommand, SandboxCommand};
+use orchard::config::{Config, ServeArgs};
+
+/// Orchard Env: sandboxes from any container image, driven turn by turn.
+#[derive(Parser, Debug)]
+#[command(name = "orchard", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the REST API (Orchard-compatible routes and /v1).
+    Serve(ServeArgs),
+    /// Sandboxes on a server: create, ls, exec, rm, shell.
+    Sandbox {
+        #[command(flatten)]
+        connect: Connect,
+        #[command(subcommand)]
+        command: SandboxCommand,
+    },
+    /// Images on a server: pull, import, ls, rm.
+    Image {
+        #[command(flatten)]
+        connect: Connect,
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => {
+                let config = Config::resolve(args)?;
+                orchard::serve::serve(config).await?;
+                Ok::<i32, anyhow::Error>(0)
+            }
+            Command::Sandbox { connect, command } => Ok(cli::sandbox(&connect, command).await?),
+            Command::Image { connect, command } => Ok(cli::image(&connect, command).await?),
+        }
+    });
+    // Sandboxes' streams and terminals may hold tasks open; the answer is final.
+    runtime.shutdown_background();
+    match code {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("orchard: {e}");
+            std::process::exit(1);
+        }
+    }
 }

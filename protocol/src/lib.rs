@@ -16,7 +16,10 @@
 //! - [`git`]: status, diff, apply, commit and reset of a repository.
 //! - [`health`]: liveness and resource usage.
 //! - [`openapi`]: the OpenAPI document of the agent API, generated from these types.
+//! - [`compat`]: the orchestrator's Orchard-compatible REST API; [`sandbox`]: its `/v1/`
+//!   sandbox lifecycle and images.
 
+pub mod compat;
 pub mod error;
 pub mod exec;
 pub mod files;
@@ -26,6 +29,7 @@ pub mod openapi;
 pub mod output;
 pub mod process;
 pub mod pty;
+pub mod sandbox;
 pub mod session;
 pub mod signal;
 

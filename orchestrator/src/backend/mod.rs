@@ -1,3 +1,94 @@
 //! Sandbox backends. [`local`] runs sandboxes on this machine with runc over overlayfs.
+//!
+//! [`Backend`] is what the server needs of one: create, delete, list, adopt what a
+//! previous process left. Futures are boxed so the server can hold any backend as
+//! `Arc<dyn Backend>` (tests wrap the local backend to inject failures).
 
 pub mod local;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use crate::image::Image;
+
+/// A boxed future of a backend call.
+pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send + 'a>>;
+
+/// What went wrong in a backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The sandbox does not exist.
+    #[error("no sandbox {0}")]
+    NotFound(String),
+    /// The request cannot be satisfied (bad id, limits).
+    #[error("{0}")]
+    Invalid(String),
+    /// The id is taken.
+    #[error("sandbox {0} already exists")]
+    Exists(String),
+    /// The backend cannot answer this call now (e.g. it cannot list).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What to create: backend-neutral.
+#[derive(Debug, Clone)]
+pub struct CreateSpec {
+    /// Its id (the server picks it).
+    pub id: String,
+    /// The image.
+    pub image: Image,
+    /// CPUs.
+    pub cpus: Option<f64>,
+    /// Memory in bytes.
+    pub memory_bytes: Option<u64>,
+    /// Allow egress.
+    pub egress: bool,
+    /// `KEY=value` added to the image's environment.
+    pub env: Vec<String>,
+    /// Labels recorded with the sandbox (the server keeps its own metadata here so a
+    /// restarted server can rebuild its records).
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A sandbox as a backend reports it.
+#[derive(Debug, Clone)]
+pub struct BackendSandbox {
+    /// Its id.
+    pub id: String,
+    /// Its image reference.
+    pub image: String,
+    /// Creation time, ISO-8601 UTC.
+    pub created_at: String,
+    /// Unix socket of its agent, if reached by one.
+    pub socket: Option<PathBuf>,
+    /// `http://ip:port` of its agent, if reached over TCP.
+    pub url: Option<String>,
+    /// The agent's token.
+    pub token: String,
+    /// Its init is alive.
+    pub running: bool,
+    /// Labels given at create.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What the server needs of a backend.
+pub trait Backend: Send + Sync + 'static {
+    /// Short name (`local`), reported as the compatible API's `namespace`.
+    fn name(&self) -> &str;
+    /// Creates a sandbox; returns once its agent answers. On failure nothing is left.
+    fn create(&self, spec: CreateSpec) -> BackendFuture<'_, BackendSandbox>;
+    /// Removes a sandbox and everything it holds.
+    fn delete<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()>;
+    /// Every sandbox; `Unavailable` when the backend cannot list now.
+    fn list(&self) -> BackendFuture<'_, Vec<BackendSandbox>>;
+    /// Adopts what a previous server process left; returns the ids adopted.
+    fn recover(&self) -> BackendFuture<'_, Vec<String>>;
+    /// Deletes every sandbox (shutdown).
+    fn shutdown(&self) -> BackendFuture<'_, ()>;
+}

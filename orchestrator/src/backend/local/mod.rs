@@ -392,3 +392,82 @@ impl Inner {
         }
     }
 }
+
+impl From<LocalError> for crate::backend::BackendError {
+    fn from(e: LocalError) -> Self {
+        use crate::backend::BackendError as B;
+        match e {
+            LocalError::NotFound(id) => B::NotFound(id),
+            LocalError::AlreadyExists(id) => B::Exists(id),
+            e @ (LocalError::InvalidId(_) | LocalError::Invalid(_)) => B::Invalid(e.to_string()),
+            e => B::Failed(e.to_string()),
+        }
+    }
+}
+
+fn backend_sandbox(info: SandboxInfo) -> crate::backend::BackendSandbox {
+    crate::backend::BackendSandbox {
+        id: info.id,
+        image: info.image,
+        created_at: info.created_at,
+        socket: Some(info.socket),
+        url: None,
+        token: info.token,
+        running: info.running,
+        labels: info.labels,
+    }
+}
+
+impl crate::backend::Backend for LocalBackend {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    fn create(
+        &self,
+        spec: crate::backend::CreateSpec,
+    ) -> crate::backend::BackendFuture<'_, crate::backend::BackendSandbox> {
+        Box::pin(async move {
+            let mut s = SandboxSpec::new(spec.image);
+            s.id = Some(spec.id);
+            s.limits.cpus = spec.cpus;
+            s.limits.memory_bytes = spec.memory_bytes;
+            s.network = if spec.egress {
+                NetworkMode::Egress {
+                    allow_host_loopback: false,
+                }
+            } else {
+                NetworkMode::None
+            };
+            s.env = spec.env;
+            s.labels = spec.labels;
+            Ok(backend_sandbox(LocalBackend::create(self, s).await?))
+        })
+    }
+
+    fn delete<'a>(&'a self, id: &'a str) -> crate::backend::BackendFuture<'a, ()> {
+        Box::pin(async move { Ok(LocalBackend::delete(self, id).await?) })
+    }
+
+    fn list(&self) -> crate::backend::BackendFuture<'_, Vec<crate::backend::BackendSandbox>> {
+        Box::pin(async move {
+            Ok(LocalBackend::list(self)
+                .into_iter()
+                .map(backend_sandbox)
+                .collect())
+        })
+    }
+
+    fn recover(&self) -> crate::backend::BackendFuture<'_, Vec<String>> {
+        Box::pin(async move { Ok(LocalBackend::recover(self).await?.adopted) })
+    }
+
+    fn shutdown(&self) -> crate::backend::BackendFuture<'_, ()> {
+        Box::pin(async move {
+            for s in LocalBackend::list(self) {
+                LocalBackend::delete(self, &s.id).await?;
+            }
+            Ok(())
+        })
+    }
+}

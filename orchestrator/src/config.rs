@@ -1,0 +1,348 @@
+//! `orchard serve` configuration: a TOML file, environment variables and flags.
+//!
+//! Precedence, highest first: **flags, then environment (`ORCHARD_*`), then the file
+//! (`--config` / `ORCHARD_CONFIG`), then defaults**. Every setting has all three forms:
+//! `--ready-timeout-s 60`, `ORCHARD_READY_TIMEOUT_S=60`, `ready_timeout_s = 60`.
+//! With nothing set, the server listens on 127.0.0.1:8000 with the local backend, keeps
+//! its state under the data directory, and generates an API key (saved there, printed
+//! once) unless auth is explicitly disabled.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::service::{Policy, Quotas};
+
+/// Flags and environment of `orchard serve`. Every value is optional so the file and
+/// the defaults can fill what is unset.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "ORCHARD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8000].
+    #[arg(long, env = "ORCHARD_LISTEN")]
+    pub listen: Option<String>,
+    /// An accepted API key (repeatable); ORCHARD_API_KEYS takes a comma-separated list.
+    #[arg(long = "api-key")]
+    pub api_keys: Vec<String>,
+    /// Accept requests without a key (only when asked for explicitly).
+    #[arg(long, env = "ORCHARD_NO_AUTH")]
+    pub no_auth: Option<bool>,
+    /// Where state lives: sandboxes, images, jobs [default: /var/lib/orchard as root,
+    /// else ~/.local/state/orchard].
+    #[arg(long, env = "ORCHARD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The static agent binary [default: orchard-agent next to this binary, or the
+    /// workspace's musl release build].
+    #[arg(long, env = "ORCHARD_AGENT_BIN")]
+    pub agent: Option<PathBuf>,
+    /// The harness bundle directory, injected at /.orchard/harness.
+    #[arg(long, env = "ORCHARD_HARNESS")]
+    pub harness: Option<PathBuf>,
+    /// Write the base URL here once listening (for scripts and tests).
+    #[arg(long, env = "ORCHARD_READY_FILE")]
+    pub ready_file: Option<PathBuf>,
+    /// Seconds a sandbox may take to become ready [default: 300].
+    #[arg(long, env = "ORCHARD_READY_TIMEOUT_S")]
+    pub ready_timeout_s: Option<u64>,
+    /// Default lifetime of a sandbox in seconds, 0 for none [default: 0].
+    #[arg(long, env = "ORCHARD_TTL_S")]
+    pub ttl_s: Option<u64>,
+    /// Seconds without a heartbeat after which a sandbox that sent one is deleted
+    /// [default: 300].
+    #[arg(long, env = "ORCHARD_HEARTBEAT_TIMEOUT_S")]
+    pub heartbeat_timeout_s: Option<u64>,
+    /// Milliseconds between runs of the policy loop [default: 1000].
+    #[arg(long, env = "ORCHARD_POLICY_INTERVAL_MS")]
+    pub policy_interval_ms: Option<u64>,
+    /// Seconds between reconciliations with the backend [default: 30].
+    #[arg(long, env = "ORCHARD_RECONCILE_INTERVAL_S")]
+    pub reconcile_interval_s: Option<u64>,
+    /// Seconds finished jobs are kept [default: 3600].
+    #[arg(long, env = "ORCHARD_JOB_RETENTION_S")]
+    pub job_retention_s: Option<u64>,
+    /// Time limit in seconds of a compatible job that sets none [default: 3600].
+    #[arg(long, env = "ORCHARD_EXEC_TIMEOUT_S")]
+    pub exec_timeout_s: Option<u64>,
+    /// Sandboxes one key may hold at once, 0 for no limit [default: 0].
+    #[arg(long, env = "ORCHARD_MAX_SANDBOXES_PER_KEY")]
+    pub max_sandboxes_per_key: Option<usize>,
+    /// Creates per minute one key may make, 0 for no limit [default: 0].
+    #[arg(long, env = "ORCHARD_CREATES_PER_MINUTE_PER_KEY")]
+    pub creates_per_minute_per_key: Option<usize>,
+    /// Creates in progress at once before answering 503 [default: 512].
+    #[arg(long, env = "ORCHARD_MAX_PENDING_CREATES")]
+    pub max_pending_creates: Option<usize>,
+    /// Keep sandboxes running when the server stops (a restart adopts them)
+    /// [default: false: delete them].
+    #[arg(long, env = "ORCHARD_KEEP_SANDBOXES_ON_EXIT")]
+    pub keep_sandboxes_on_exit: Option<bool>,
+    /// Registry mirror, `REGISTRY=URL` (repeatable), e.g. `docker.io=http://127.0.0.1:5000`.
+    #[arg(long = "registry-mirror")]
+    pub registry_mirrors: Vec<String>,
+    /// Log level: debug, info, warn, off [default: info].
+    #[arg(long, env = "ORCHARD_LOG")]
+    pub log_level: Option<String>,
+}
+
+/// The file form: the same settings, snake_case.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    listen: Option<String>,
+    api_keys: Option<Vec<String>>,
+    no_auth: Option<bool>,
+    data_dir: Option<PathBuf>,
+    agent: Option<PathBuf>,
+    harness: Option<PathBuf>,
+    ready_file: Option<PathBuf>,
+    ready_timeout_s: Option<u64>,
+    ttl_s: Option<u64>,
+    heartbeat_timeout_s: Option<u64>,
+    policy_interval_ms: Option<u64>,
+    reconcile_interval_s: Option<u64>,
+    job_retention_s: Option<u64>,
+    exec_timeout_s: Option<u64>,
+    max_sandboxes_per_key: Option<usize>,
+    creates_per_minute_per_key: Option<usize>,
+    max_pending_creates: Option<usize>,
+    keep_sandboxes_on_exit: Option<bool>,
+    registry_mirrors: Option<Vec<String>>,
+    log_level: Option<String>,
+}
+
+/// A configuration problem.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// A value is not valid.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Listen address.
+    pub listen: String,
+    /// Accepted keys (empty with `no_auth`, or before a key is generated).
+    pub api_keys: Vec<String>,
+    /// Auth disabled explicitly.
+    pub no_auth: bool,
+    /// State directory.
+    pub data_dir: PathBuf,
+    /// Agent binary.
+    pub agent: PathBuf,
+    /// Harness bundle.
+    pub harness: Option<PathBuf>,
+    /// Ready file.
+    pub ready_file: Option<PathBuf>,
+    /// Policies.
+    pub policy: Policy,
+    /// Quotas.
+    pub quotas: Quotas,
+    /// Creates in progress at once.
+    pub max_pending_creates: usize,
+    /// Keep sandboxes on exit.
+    pub keep_sandboxes_on_exit: bool,
+    /// Registry mirrors: (registry, URL).
+    pub registry_mirrors: Vec<(String, String)>,
+    /// Log level.
+    pub log_level: String,
+}
+
+fn default_data_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/var/lib/orchard");
+    }
+    match std::env::var_os("XDG_STATE_HOME") {
+        Some(d) => PathBuf::from(d).join("orchard"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
+            .join(".local/state/orchard"),
+    }
+}
+
+/// Where the agent binary is when not configured: next to this executable, or the
+/// workspace's musl build when this one runs from `target/{debug,release}`.
+pub fn default_agent() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let beside = dir.join("orchard-agent");
+    if beside.is_file() {
+        return beside;
+    }
+    let mut d = dir.to_path_buf();
+    // target/debug, target/release, target/debug/deps
+    for _ in 0..3 {
+        let musl = d.join("x86_64-unknown-linux-musl/release/orchard-agent");
+        if musl.is_file() {
+            return musl;
+        }
+        if !d.pop() {
+            break;
+        }
+    }
+    beside
+}
+
+impl Config {
+    /// Resolves flags, environment (already in `args` through clap), the file and the
+    /// defaults.
+    pub fn resolve(args: ServeArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                toml::from_str::<FileConfig>(&text).map_err(|e| ConfigError::Parse {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?
+            }
+            None => FileConfig::default(),
+        };
+        let mut api_keys = args.api_keys.clone();
+        if api_keys.is_empty() {
+            if let Ok(env) = std::env::var("ORCHARD_API_KEYS") {
+                api_keys = env
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|k| !k.is_empty())
+                    .map(str::to_string)
+                    .collect();
+            }
+        }
+        if api_keys.is_empty() {
+            api_keys = file.api_keys.unwrap_or_default();
+        }
+        let secs = |flag: Option<u64>, file: Option<u64>, default: u64| {
+            Duration::from_secs(flag.or(file).unwrap_or(default))
+        };
+        let ttl = args.ttl_s.or(file.ttl_s).unwrap_or(0);
+        let policy = Policy {
+            ready_timeout: secs(args.ready_timeout_s, file.ready_timeout_s, 300),
+            default_ttl: (ttl > 0).then(|| Duration::from_secs(ttl)),
+            heartbeat_timeout: secs(args.heartbeat_timeout_s, file.heartbeat_timeout_s, 300),
+            interval: Duration::from_millis(
+                args.policy_interval_ms
+                    .or(file.policy_interval_ms)
+                    .unwrap_or(1000)
+                    .max(10),
+            ),
+            reconcile_interval: secs(args.reconcile_interval_s, file.reconcile_interval_s, 30),
+            job_retention: secs(args.job_retention_s, file.job_retention_s, 3600),
+            exec_timeout: secs(args.exec_timeout_s, file.exec_timeout_s, 3600),
+            ..Policy::default()
+        };
+        if policy.ready_timeout.is_zero() {
+            return Err(ConfigError::Invalid("ready_timeout_s must be at least 1".into()));
+        }
+        let mirrors = if args.registry_mirrors.is_empty() {
+            file.registry_mirrors.unwrap_or_default()
+        } else {
+            args.registry_mirrors.clone()
+        };
+        let registry_mirrors = mirrors
+            .iter()
+            .map(|m| {
+                m.split_once('=')
+                    .map(|(r, u)| (r.to_string(), u.to_string()))
+                    .ok_or_else(|| {
+                        ConfigError::Invalid(format!(
+                            "registry mirror {m:?}: use REGISTRY=URL, e.g. docker.io=http://127.0.0.1:5000"
+                        ))
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Config {
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| "127.0.0.1:8000".into()),
+            api_keys,
+            no_auth: args.no_auth.or(file.no_auth).unwrap_or(false),
+            data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(default_data_dir),
+            agent: args.agent.or(file.agent).unwrap_or_else(default_agent),
+            harness: args.harness.or(file.harness),
+            ready_file: args.ready_file.or(file.ready_file),
+            policy,
+            quotas: Quotas {
+                max_sandboxes: args
+                    .max_sandboxes_per_key
+                    .or(file.max_sandboxes_per_key)
+                    .unwrap_or(0),
+                creates_per_minute: args
+                    .creates_per_minute_per_key
+                    .or(file.creates_per_minute_per_key)
+                    .unwrap_or(0),
+            },
+            max_pending_creates: args
+                .max_pending_creates
+                .or(file.max_pending_creates)
+                .unwrap_or(512),
+            keep_sandboxes_on_exit: args
+                .keep_sandboxes_on_exit
+                .or(file.keep_sandboxes_on_exit)
+                .unwrap_or(false),
+            registry_mirrors,
+            log_level: args
+                .log_level
+                .or(file.log_level)
+                .unwrap_or_else(|| "info".into()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_the_file_and_the_file_beats_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("orchard.toml");
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:9999\"\nttl_s = 60\nready_timeout_s = 10\napi_keys = [\"k1\"]\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(file.clone()),
+            ready_timeout_s: Some(20),
+            ..Default::default()
+        };
+        let c = Config::resolve(args).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9999", "from the file");
+        assert_eq!(c.policy.ready_timeout, Duration::from_secs(20), "flag wins");
+        assert_eq!(c.policy.default_ttl, Some(Duration::from_secs(60)));
+        assert_eq!(c.policy.heartbeat_timeout, Duration::from_secs(300), "default");
+        assert!(!c.no_auth, "auth is on unless disabled explicitly");
+        let unknown = dir.path().join("bad.toml");
+        std::fs::write(&unknown, "lisen = \"x\"\n").unwrap();
+        let e = Config::resolve(ServeArgs {
+            config: Some(unknown),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("lisen"), "{e}");
+    }
+}

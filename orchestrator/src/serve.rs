@@ -1,0 +1,154 @@
+//! `orchard serve`: opens the image store and the local backend under the data
+//! directory, adopts what a previous process left, serves the API until SIGTERM or
+//! SIGINT, then deletes the sandboxes (unless told to keep them for a restart).
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backend::local::{LocalBackend, LocalConfig};
+use crate::backend::Backend;
+use crate::config::Config;
+use crate::image::{ImageStore, StoreConfig};
+use crate::metrics::Metrics;
+use crate::server::{proxy::AgentProxy, router, AppState};
+use crate::service::{Keys, Service, ServiceConfig};
+
+/// Why the server could not start or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Setup failed.
+    #[error("{0}")]
+    Setup(String),
+    /// Serving failed.
+    #[error("serving: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The key file under the data directory: the generated key, kept across restarts.
+fn generated_key(data_dir: &Path) -> Result<String, ServeError> {
+    let path = data_dir.join("api-key");
+    if let Ok(k) = std::fs::read_to_string(&path) {
+        let k = k.trim().to_string();
+        if !k.is_empty() {
+            return Ok(k);
+        }
+    }
+    let key = format!("ork_{}", crate::service::random_hex(24));
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| ServeError::Setup(format!("writing {}: {e}", path.display())))?;
+    writeln!(f, "{key}").map_err(|e| ServeError::Setup(format!("writing {}: {e}", path.display())))?;
+    Ok(key)
+}
+
+/// Builds the service and the router on `backend` (tests pass their own backend).
+pub async fn app(
+    backend: Arc<dyn Backend>,
+    images: ImageStore,
+    config: &Config,
+    keys: Keys,
+) -> Result<(axum::Router, Service), ServeError> {
+    let service = Service::open(
+        backend,
+        images,
+        ServiceConfig {
+            data_dir: config.data_dir.clone(),
+            policy: config.policy.clone(),
+            quotas: config.quotas,
+            max_pending_creates: config.max_pending_creates,
+        },
+        Arc::new(Metrics::default()),
+    )
+    .await
+    .map_err(|e| ServeError::Setup(format!("starting the service: {e}")))?;
+    let state = AppState {
+        service: service.clone(),
+        keys: Arc::new(keys),
+        proxy: AgentProxy::default(),
+    };
+    Ok((router(state), service))
+}
+
+/// Opens the image store of `config`.
+pub fn open_images(config: &Config) -> Result<ImageStore, ServeError> {
+    let mut store_config = StoreConfig::default();
+    for (registry, url) in &config.registry_mirrors {
+        store_config
+            .mirrors
+            .entry(registry.clone())
+            .or_default()
+            .push(url.clone());
+    }
+    ImageStore::open(config.data_dir.join("images"), store_config)
+        .map_err(|e| ServeError::Setup(format!("opening the image store: {e}")))
+}
+
+/// Runs the server until SIGTERM or SIGINT.
+pub async fn serve(config: Config) -> Result<(), ServeError> {
+    crate::log::set_level(&config.log_level);
+    std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+        ServeError::Setup(format!("creating {}: {e}", config.data_dir.display()))
+    })?;
+    let keys = if config.no_auth {
+        crate::log::warn("auth is disabled: every request is accepted", &[]);
+        Keys::disabled()
+    } else if config.api_keys.is_empty() {
+        let key = generated_key(&config.data_dir)?;
+        eprintln!(
+            "orchard: no API key configured; use this one (saved in {}):\n  export SANDBOX_API_KEY={key}",
+            config.data_dir.join("api-key").display()
+        );
+        Keys::new([key])
+    } else {
+        Keys::new(&config.api_keys)
+    };
+    if !config.agent.is_file() {
+        return Err(ServeError::Setup(format!(
+            "the agent binary {} does not exist: build it with `make agent` or pass --agent",
+            config.agent.display()
+        )));
+    }
+    let images = open_images(&config)?;
+    let mut local = LocalConfig::new(config.data_dir.join("backend"), &config.agent);
+    local.harness = config.harness.clone();
+    local.ready_timeout = config.policy.max_ready_timeout;
+    let backend = LocalBackend::open(local)
+        .map_err(|e| ServeError::Setup(format!("opening the local backend: {e}")))?;
+    let (router, service) = app(Arc::new(backend), images, &config, keys).await?;
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| ServeError::Setup(format!("listening on {}: {e}", config.listen)))?;
+    let addr = listener.local_addr()?;
+    let url = format!("http://{addr}");
+    crate::log::info(
+        "listening",
+        &[("url", &url), ("data_dir", &config.data_dir.display().to_string())],
+    );
+    if let Some(f) = &config.ready_file {
+        std::fs::write(f, format!("{url}\n"))
+            .map_err(|e| ServeError::Setup(format!("writing {}: {e}", f.display())))?;
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    if config.keep_sandboxes_on_exit {
+        crate::log::info("stopping; sandboxes are kept for the next start", &[]);
+    } else {
+        crate::log::info("stopping; deleting every sandbox", &[]);
+        service.shutdown().await;
+    }
+    Ok(())
+}

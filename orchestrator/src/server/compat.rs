@@ -1,0 +1,531 @@
+//! The Orchard-compatible routes, exactly as `../shared/COMPAT.md` lists them: field
+//! names, status codes and semantics are what users' existing code relies on.
+
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use orchard_protocol::compat::{
+    ApplyPatch, CreateSandbox, CreatedSandbox, ExecJob, FileContent, FileListing, ListedFile,
+    PatchResult, QueuedJob, SandboxAck, SandboxStatus, UploadFile, Uploaded,
+};
+use orchard_protocol::files::FileKind;
+use orchard_protocol::git::GitApplyRequest;
+use orchard_protocol::output::{b64_decode, b64_encode};
+use orchard_protocol::pty::close_code;
+use serde::Deserialize;
+
+use super::{ApiJson, AppState, Auth, MAX_UPLOAD_JSON};
+use crate::service::{iso, CreateRequest, Error, JobOptions, Phase, Record, Service};
+
+/// Longest server-side wait a request may ask for.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// The compatible routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/", get(banner))
+        .route("/health", get(health))
+        .route("/resources", get(resources))
+        .route("/sandboxes", post(create))
+        .route("/sandboxes/{id}", get(status).delete(delete))
+        .route("/sandboxes/{id}/wait", get(wait))
+        .route("/sandboxes/{id}/heartbeat", post(heartbeat))
+        .route("/sandboxes/{id}/exec", post(exec))
+        .route("/sandboxes/{id}/exec/pty", get(pty))
+        .route("/sandboxes/{id}/apply_patch", post(apply_patch))
+        .route("/sandboxes/{id}/files", post(upload).get(download))
+        .route("/sandboxes/{id}/files/list", get(list_files))
+        .route("/jobs/{id}", get(job))
+        .route("/jobs/{id}/wait", get(job_wait))
+}
+
+/// `?timeout=S` (seconds, fractional allowed), clamped to [`MAX_WAIT`].
+#[derive(Deserialize)]
+pub struct WaitQuery {
+    timeout: Option<String>,
+}
+
+impl WaitQuery {
+    /// The wait, or `default`.
+    pub fn duration(&self, default: Duration) -> Result<Duration, Error> {
+        match &self.timeout {
+            None => Ok(default),
+            Some(t) => {
+                let s: f64 = t.trim().parse().map_err(|_| {
+                    Error::BadRequest(format!("timeout {t:?}: expected seconds, like 30 or 0.5"))
+                })?;
+                if !s.is_finite() || s < 0.0 {
+                    return Err(Error::BadRequest(format!(
+                        "timeout {t:?}: must be zero or more seconds"
+                    )));
+                }
+                Ok(Duration::from_secs_f64(s).min(MAX_WAIT))
+            }
+        }
+    }
+}
+
+/// A query parsed with the API's errors.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestParts<S>
+    for ApiQuery<T>
+{
+    type Rejection = Error;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Error> {
+        Query::<T>::try_from_uri(&parts.uri)
+            .map(|q| ApiQuery(q.0))
+            .map_err(|e| Error::BadRequest(format!("invalid query: {}", e.body_text())))
+    }
+}
+
+async fn banner() -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "name": "orchard",
+        "message": "Orchard Env sandbox orchestrator",
+        "version": env!("CARGO_PKG_VERSION"),
+        "docs": "/openapi.json",
+    }))
+}
+
+async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let counts = state.service.counts();
+    Json(serde_json::json!({
+        "status": "healthy",
+        "version": env!("CARGO_PKG_VERSION"),
+        "backend": state.service.backend().name(),
+        "uptime_s": state.service.uptime().as_secs(),
+        "sandboxes": counts.values().sum::<u64>(),
+    }))
+}
+
+fn mem_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+async fn resources(State(state): State<AppState>, Auth(_): Auth) -> Json<serde_json::Value> {
+    let counts = state.service.counts();
+    let (mut cpu, mut mem) = (0.0, 0u64);
+    for r in state.service.all() {
+        if matches!(r.phase(), Phase::Failed(_)) {
+            continue;
+        }
+        cpu += r
+            .cpu
+            .as_deref()
+            .and_then(|c| crate::service::units::parse_cpu(c).ok())
+            .unwrap_or(0.0);
+        mem += r
+            .memory
+            .as_deref()
+            .and_then(|m| crate::service::units::parse_memory(m).ok())
+            .unwrap_or(0);
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Json(serde_json::json!({
+        "cpu": {"total": cpus, "allocated": cpu},
+        "memory": {"total_bytes": mem_total(), "allocated_bytes": mem},
+        "sandboxes": {
+            "running": counts.get("running").copied().unwrap_or(0),
+            "pending": counts.get("pending").copied().unwrap_or(0),
+            "failed": counts.get("failed").copied().unwrap_or(0),
+            "total": counts.values().sum::<u64>(),
+        },
+    }))
+}
+
+/// The compatible view of a record.
+pub fn sandbox_status(service: &Service, r: &Record) -> SandboxStatus {
+    let phase = r.phase();
+    SandboxStatus {
+        sandbox_id: r.id.clone(),
+        namespace: service.backend().name().to_string(),
+        image: r.image.clone(),
+        pod_name: r.id.clone(),
+        block_network: r.block_network,
+        cpu: r.cpu.clone(),
+        memory: r.memory.clone(),
+        created_at: iso(r.created_ms),
+        ready: matches!(phase, Phase::Running(_)),
+        status: phase.name().to_string(),
+        status_message: match phase {
+            Phase::Failed(m) => Some(m),
+            Phase::Pending => Some("starting".into()),
+            _ => None,
+        },
+    }
+}
+
+async fn create(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    ApiJson(req): ApiJson<CreateSandbox>,
+) -> Result<Json<CreatedSandbox>, Error> {
+    let record = state.service.create(
+        &tenant,
+        CreateRequest {
+            image: req.image.clone(),
+            id: req.sandbox_id,
+            cpu: req.cpu.clone(),
+            memory: req.memory.clone(),
+            block_network: req.block_network,
+            ready_timeout_s: req.timeout,
+            ..Default::default()
+        },
+    )?;
+    Ok(Json(CreatedSandbox {
+        sandbox_id: record.id.clone(),
+        namespace: state.service.backend().name().to_string(),
+        image: req.image,
+        block_network: req.block_network,
+        cpu: req.cpu,
+        memory: req.memory,
+        timeout: record.ready_timeout.as_secs(),
+        status: "pending".into(),
+    }))
+}
+
+async fn status(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxStatus>, Error> {
+    let r = state.service.get(&tenant, &id)?;
+    Ok(Json(sandbox_status(&state.service, &r)))
+}
+
+async fn wait(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+) -> Result<Json<SandboxStatus>, Error> {
+    let timeout = q.duration(Duration::from_secs(300))?;
+    let r = state.service.wait_ready(&tenant, &id, timeout).await?;
+    Ok(Json(sandbox_status(&state.service, &r)))
+}
+
+async fn delete(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxAck>, Error> {
+    state.service.delete(&tenant, &id).await?;
+    Ok(Json(SandboxAck {
+        status: "deleted".into(),
+        sandbox_id: id,
+    }))
+}
+
+async fn heartbeat(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxAck>, Error> {
+    state.service.heartbeat(&tenant, &id)?;
+    Ok(Json(SandboxAck {
+        status: "ok".into(),
+        sandbox_id: id,
+    }))
+}
+
+async fn exec(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ExecJob>,
+) -> Result<Response, Error> {
+    let timeout = match req.timeout_seconds {
+        None => None,
+        Some(t) if t.is_finite() && t > 0.0 => Some(Duration::from_secs_f64(t.min(86_400.0))),
+        Some(t) => {
+            return Err(Error::BadRequest(format!(
+                "timeout_seconds {t}: must be more than zero"
+            )))
+        }
+    };
+    if let orchard_protocol::compat::CompatCommand::Shell(s) = &req.command {
+        if s.trim().is_empty() {
+            return Err(Error::BadRequest("command must not be empty".into()));
+        }
+    }
+    let entry = state.service.submit(
+        &tenant,
+        &id,
+        req.command,
+        JobOptions {
+            timeout,
+            cwd: req.cwd,
+            env: req.env.unwrap_or_default(),
+            login_shell: req.login_shell,
+        },
+    )?;
+    if req.wait {
+        Ok(Json(entry.wait(None).await).into_response())
+    } else {
+        Ok(Json(QueuedJob {
+            job_id: entry.id(),
+            status: "queued".into(),
+        })
+        .into_response())
+    }
+}
+
+async fn job(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+) -> Result<Response, Error> {
+    Ok(Json(state.service.job(&tenant, &id)?).into_response())
+}
+
+async fn job_wait(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+) -> Result<Response, Error> {
+    let timeout = q.duration(Duration::from_secs(30))?;
+    let entry = state.service.jobs().get(&tenant, &id)?;
+    Ok(Json(entry.wait(Some(timeout)).await).into_response())
+}
+
+async fn apply_patch(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ApplyPatch, MAX_UPLOAD_JSON>,
+) -> Result<Json<PatchResult>, Error> {
+    let live = state.service.ready(&tenant, &id)?;
+    let apply = GitApplyRequest {
+        repo: Service::default_dir(&live).to_string(),
+        patch: req.patch,
+        check_only: false,
+        fuzzy: false,
+    };
+    let limit = Duration::from_secs(req.timeout_seconds.clamp(1, 3600));
+    let failed = |error: String| PatchResult {
+        success: false,
+        stdout: String::new(),
+        stderr: error.clone(),
+        exit_code: 1,
+        error: Some(error),
+    };
+    let result = match tokio::time::timeout(limit, live.agent.git_apply(&apply)).await {
+        Err(_) => failed(format!("applying the patch took longer than {} s", limit.as_secs())),
+        Ok(Err(orchard_client::ClientError::Api { body, .. })) => failed(body.message),
+        Ok(Err(e)) => return Err(e.into()),
+        Ok(Ok(r)) if r.applied => PatchResult {
+            success: true,
+            stdout: r
+                .files
+                .iter()
+                .map(|f| format!("Applied patch to '{f}' cleanly.\n"))
+                .collect(),
+            stderr: String::new(),
+            exit_code: 0,
+            error: None,
+        },
+        Ok(Ok(r)) => PatchResult {
+            success: false,
+            stdout: String::new(),
+            stderr: r
+                .conflicts
+                .iter()
+                .map(|c| match &c.header {
+                    Some(h) => format!("error: patch failed: {} {h}: {}\n", c.path, c.reason),
+                    None => format!("error: {}: {}\n", c.path, c.reason),
+                })
+                .collect(),
+            exit_code: 1,
+            error: None,
+        },
+    };
+    Ok(Json(result))
+}
+
+async fn upload(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<UploadFile, MAX_UPLOAD_JSON>,
+) -> Result<Json<Uploaded>, Error> {
+    let live = state.service.ready(&tenant, &id)?;
+    let bytes = b64_decode(&req.content)
+        .map_err(|e| Error::BadRequest(format!("content is not valid base64: {e}")))?;
+    if req.path.is_empty() {
+        return Err(Error::BadRequest("path must not be empty".into()));
+    }
+    let path = Service::resolve(&live, &req.path);
+    let size = bytes.len() as u64;
+    live.agent.write_file(&path, bytes, None).await?;
+    Ok(Json(Uploaded {
+        success: true,
+        path,
+        size,
+    }))
+}
+
+#[derive(Deserialize)]
+struct PathQuery {
+    path: String,
+}
+
+async fn download(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> Result<Json<FileContent>, Error> {
+    let live = state.service.ready(&tenant, &id)?;
+    let path = Service::resolve(&live, &q.path);
+    let bytes = live.agent.read_file(&path).await?;
+    Ok(Json(FileContent {
+        path,
+        size: bytes.len() as u64,
+        content: b64_encode(&bytes),
+    }))
+}
+
+async fn list_files(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> Result<Json<FileListing>, Error> {
+    let live = state.service.ready(&tenant, &id)?;
+    let path = Service::resolve(&live, &q.path);
+    let list = live.agent.list_dir(&path, 1).await?;
+    let mut files: Vec<ListedFile> = list
+        .entries
+        .into_iter()
+        .map(|e| ListedFile {
+            name: e.name,
+            kind: if e.kind == FileKind::Directory {
+                "directory"
+            } else {
+                "file"
+            }
+            .into(),
+            size: e.size,
+            modified: iso(e.modified_ms.max(0) as u64),
+        })
+        .collect();
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Json(FileListing { path, files }))
+}
+
+/// The API key of a WebSocket upgrade: header, `?api_key=`, or subprotocol
+/// `api_key.<key>` (answered back as the chosen subprotocol).
+fn ws_key(headers: &HeaderMap, query: Option<&str>) -> (Option<String>, Option<String>) {
+    if let Some(k) = super::presented_key(headers) {
+        return (Some(k.to_string()), None);
+    }
+    if let Some(q) = query {
+        for (k, v) in url_pairs(q) {
+            if k == "api_key" {
+                return (Some(v), None);
+            }
+        }
+    }
+    let protocols = headers
+        .get("sec-websocket-protocol")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    for p in protocols.split(',').map(str::trim) {
+        if let Some(k) = p.strip_prefix("api_key.") {
+            return (Some(k.to_string()), Some(p.to_string()));
+        }
+    }
+    (None, None)
+}
+
+/// `a=b&c=d` decoded.
+pub fn url_pairs(q: &str) -> Vec<(String, String)> {
+    q.split('&')
+        .filter_map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            Some((percent_decode(k)?, percent_decode(v)?))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let h = std::str::from_utf8(&b[i + 1..i + 3]).ok()?;
+                out.push(u8::from_str_radix(h, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+async fn pty(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let (key, protocol) = ws_key(&headers, uri.query());
+    let ws = match protocol {
+        Some(p) => ws.protocols([p]),
+        None => ws,
+    };
+    let verdict = match state.keys.authenticate(key.as_deref()) {
+        None => Err((close_code::UNAUTHORIZED, "invalid or missing API key".to_string())),
+        Some(tenant) => match state.service.get(&tenant, &id) {
+            Err(_) => Err((close_code::NOT_FOUND, format!("sandbox {id} not found"))),
+            Ok(r) => match r.phase() {
+                Phase::Running(live) => Ok(live),
+                _ => Err((close_code::NOT_READY, format!("sandbox {id} is not ready"))),
+            },
+        },
+    };
+    ws.on_upgrade(move |socket| async move {
+        match verdict {
+            Err((code, reason)) => close(socket, code, reason).await,
+            Ok(live) => super::proxy::bridge(socket, &live, "/v1/pty/compat").await,
+        }
+    })
+}
+
+async fn close(mut socket: WebSocket, code: u16, reason: String) {
+    let _ = socket
+        .send(Message::Close(Some(CloseFrame {
+            code,
+            reason: reason.into(),
+        })))
+        .await;
+}

@@ -1,0 +1,240 @@
+//! The REST API: the Orchard-compatible routes ([`compat`]), our `/v1/` routes
+//! ([`v1`]: lifecycle, [`proxy`]: every agent route of a sandbox, [`images`]), and the
+//! operations routes (`/metrics`, `/openapi.json`).
+//!
+//! Requests are parsed into typed values by the extractors here ([`ApiJson`], [`Auth`])
+//! and every failure is a [`crate::service::Error`], turned into a response in one
+//! place ([`IntoResponse`] below). A middleware gives each request an id
+//! (`x-request-id`, echoed), logs it as one JSON line and counts it.
+
+pub mod compat;
+pub mod images;
+pub mod openapi;
+pub mod proxy;
+pub mod v1;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use orchard_protocol::compat::Detail;
+use serde::de::DeserializeOwned;
+
+use crate::service::{Error, Keys, Service, Tenant};
+
+/// Largest JSON body of most routes.
+pub const MAX_JSON: usize = 16 << 20;
+/// Largest body of the compatible file upload (base64 inflates by a third).
+pub const MAX_UPLOAD_JSON: usize = 512 << 20;
+
+/// What every handler gets.
+#[derive(Clone)]
+pub struct AppState {
+    /// The service.
+    pub service: Service,
+    /// The accepted API keys.
+    pub keys: Arc<Keys>,
+    /// The pooled client proxying to agents.
+    pub proxy: proxy::AgentProxy,
+}
+
+/// The error code of an error answer, for the logging middleware.
+#[derive(Clone, Copy)]
+struct ErrorCodeExt(&'static str);
+
+/// The internal detail of a 5xx, for the log only.
+#[derive(Clone)]
+struct InternalDetail(String);
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = Detail {
+            detail: self.public_message(),
+            code: Some(self.code().to_string()),
+        };
+        let mut resp = (status, axum::Json(body)).into_response();
+        resp.extensions_mut().insert(ErrorCodeExt(self.code()));
+        if let Error::Internal { detail, .. } = &self {
+            resp.extensions_mut().insert(InternalDetail(detail.clone()));
+        }
+        resp
+    }
+}
+
+/// A JSON body of type `T`: malformed JSON is 400, the wrong shape 422, a body over
+/// [`MAX_JSON`] 413, all with a `detail` saying what is wrong.
+pub struct ApiJson<T, const LIMIT: usize = MAX_JSON>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned, const LIMIT: usize> FromRequest<S> for ApiJson<T, LIMIT> {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, _: &S) -> Result<Self, Error> {
+        let bytes = axum::body::to_bytes(req.into_body(), LIMIT)
+            .await
+            .map_err(|e| {
+                if std::error::Error::source(&e)
+                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                    || e.to_string().contains("length limit")
+                {
+                    Error::TooLarge(format!("the body is larger than {LIMIT} bytes"))
+                } else {
+                    Error::BadRequest(format!("reading the body: {e}"))
+                }
+            })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses a JSON body with the API's error classes.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(Error::BadRequest("expected a JSON body".into()));
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Data => Error::Unprocessable(format!("invalid request: {e}")),
+            _ => Error::BadRequest(format!("malformed JSON: {e}")),
+        }
+    })
+}
+
+/// The API key of a request: `X-API-Key`, or `Authorization: Bearer`.
+pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(k) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(k);
+    }
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
+/// The caller, authenticated.
+pub struct Auth(pub Tenant);
+
+impl FromRequestParts<AppState> for Auth {
+    type Rejection = Error;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, Error> {
+        let key = presented_key(&parts.headers);
+        match state.keys.authenticate(key) {
+            Some(t) => Ok(Auth(t)),
+            None if key.is_none() => Err(Error::Unauthorized(
+                "missing API key: send the X-API-Key header".into(),
+            )),
+            None => Err(Error::Unauthorized("invalid API key".into())),
+        }
+    }
+}
+
+async fn observe(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map_or_else(|| crate::service::random_hex(8), str::to_string);
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        req.headers_mut().insert("x-request-id", v);
+    }
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let mut resp = next.run(req).await;
+    let status = resp.status().as_u16();
+    let metrics = state.service.metrics();
+    metrics.request(status);
+    let code = resp.extensions().get::<ErrorCodeExt>().map(|c| c.0);
+    if let Some(code) = code {
+        metrics.error(code);
+    }
+    let ms = format!("{:.3}", started.elapsed().as_secs_f64() * 1e3);
+    let status_s = status.to_string();
+    let mut fields = vec![
+        ("request_id", request_id.as_str()),
+        ("method", method.as_str()),
+        ("path", path.as_str()),
+        ("status", status_s.as_str()),
+        ("duration_ms", ms.as_str()),
+    ];
+    if let Some(c) = code {
+        fields.push(("error", c));
+    }
+    let internal = resp.extensions().get::<InternalDetail>().map(|d| d.0.clone());
+    if let Some(d) = &internal {
+        fields.push(("internal", d.as_str()));
+    }
+    if status >= 500 {
+        crate::log::warn("request", &fields);
+    } else {
+        crate::log::info("request", &fields);
+    }
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+async fn no_route(req: Request) -> Error {
+    Error::NotFound(format!("no route {} {}", req.method(), req.uri().path()))
+}
+
+async fn bad_method(req: Request) -> Response {
+    let e = Error::BadRequest(format!(
+        "method {} is not allowed on {}",
+        req.method(),
+        req.uri().path()
+    ));
+    let mut resp = e.into_response();
+    *resp.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    resp
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let body = state.service.metrics().render(&state.service.counts());
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        body,
+    )
+        .into_response()
+}
+
+async fn openapi_doc() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        openapi::document_json(),
+    )
+        .into_response()
+}
+
+/// The whole API.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_doc))
+        .merge(compat::routes())
+        .merge(v1::routes())
+        .merge(images::routes())
+        .merge(proxy::routes())
+        .fallback(no_route)
+        .method_not_allowed_fallback(bad_method)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// A body from a JSON value.
+pub fn json_body(v: &impl serde::Serialize) -> Body {
+    Body::from(serde_json::to_vec(v).unwrap_or_default())
+}

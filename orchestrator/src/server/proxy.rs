@@ -1,0 +1,287 @@
+//! Every agent route of a sandbox at `/v1/sandboxes/{id}/<rest>`: the request is
+//! forwarded to the agent's `/v1/<rest>` with the sandbox token instead of the API key,
+//! bodies streamed both ways (uploads and downloads of any size, NDJSON exec streams),
+//! over pooled keep-alive connections to the agent's socket. WebSocket upgrades
+//! (terminal attach) are bridged frame by frame, close codes included.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::{header, HeaderName, HeaderValue, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+use futures_util::{SinkExt, StreamExt};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use orchard_client::Endpoint;
+use orchard_protocol::TOKEN_HEADER;
+use sha2::{Digest, Sha256};
+use tokio_tungstenite::tungstenite;
+
+use super::{AppState, Auth};
+use crate::service::{Error, Live};
+
+/// Connects to an agent by the host name the proxy gave its endpoint.
+#[derive(Clone, Default)]
+pub struct Connector {
+    endpoints: Arc<Mutex<HashMap<String, Endpoint>>>,
+}
+
+type ConnectFuture =
+    Pin<Box<dyn Future<Output = Result<TokioIo<tokio::net::UnixStream>, std::io::Error>> + Send>>;
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = TokioIo<tokio::net::UnixStream>;
+    type Error = std::io::Error;
+    type Future = ConnectFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let endpoint = uri.host().and_then(|h| {
+            self.endpoints
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(h)
+                .cloned()
+        });
+        Box::pin(async move {
+            match endpoint {
+                Some(Endpoint::Unix(path)) => {
+                    Ok(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+                }
+                Some(Endpoint::Tcp(addr)) => Err(std::io::Error::other(format!(
+                    "agents over TCP ({addr}) are not proxied by this server"
+                ))),
+                None => Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "unknown agent endpoint",
+                )),
+            }
+        })
+    }
+}
+
+/// The pooled client of every agent.
+#[derive(Clone)]
+pub struct AgentProxy {
+    connector: Connector,
+    client: Client<Connector, Body>,
+}
+
+impl Default for AgentProxy {
+    fn default() -> Self {
+        let connector = Connector::default();
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(60))
+            .build(connector.clone());
+        AgentProxy { connector, client }
+    }
+}
+
+impl AgentProxy {
+    /// The host name that routes to `endpoint` (a digest, so it is a valid host).
+    fn host(&self, endpoint: &Endpoint) -> String {
+        let key = match endpoint {
+            Endpoint::Unix(p) => p.display().to_string(),
+            Endpoint::Tcp(a) => a.to_string(),
+        };
+        let host = format!("a{}", hex::encode(&Sha256::digest(key.as_bytes())[..8]));
+        self.connector
+            .endpoints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(host.clone())
+            .or_insert_with(|| endpoint.clone());
+        host
+    }
+}
+
+/// The proxy route.
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/v1/sandboxes/{id}/{*rest}", any(forward))
+}
+
+/// Request headers that belong to one hop (and the caller's credentials).
+const HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "host",
+    "x-api-key",
+    "authorization",
+];
+
+async fn forward(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path((id, rest)): Path<(String, String)>,
+    req: Request,
+) -> Result<Response, Error> {
+    let live = state.service.ready(&tenant, &id)?;
+    let agent_path = format!("/v1/{rest}");
+    let (mut parts, body) = req.into_parts();
+    let is_upgrade = parts
+        .headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if is_upgrade {
+        let ws = WebSocketUpgrade::from_request_parts(&mut parts, &state)
+            .await
+            .map_err(|e| Error::BadRequest(format!("bad WebSocket upgrade: {}", e.body_text())))?;
+        let path = match parts.uri.query() {
+            Some(q) => format!("{agent_path}?{q}"),
+            None => agent_path,
+        };
+        return Ok(ws.on_upgrade(move |socket| async move { bridge(socket, &live, &path).await }));
+    }
+    let endpoint = live.agent.endpoint().clone();
+    let host = state.proxy.host(&endpoint);
+    let uri = match parts.uri.query() {
+        Some(q) => format!("http://{host}{agent_path}?{q}"),
+        None => format!("http://{host}{agent_path}"),
+    };
+    let mut out = Request::builder()
+        .method(parts.method.clone())
+        .uri(uri)
+        .body(body)
+        .map_err(|e| Error::BadRequest(format!("cannot forward this request: {e}")))?;
+    for (name, value) in &parts.headers {
+        if !HOP.contains(&name.as_str()) {
+            out.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    if let Ok(token) = HeaderValue::from_str(live.agent.token()) {
+        out.headers_mut()
+            .insert(HeaderName::from_static(TOKEN_HEADER), token);
+    }
+    let started = Instant::now();
+    let resp = state.proxy.client.request(out).await.map_err(|e| {
+        Error::Sandbox(format!("the sandbox's agent could not be reached: {e}"))
+    })?;
+    if rest == "exec" {
+        state
+            .service
+            .metrics()
+            .exec_v1_seconds
+            .observe(started.elapsed().as_secs_f64());
+    }
+    let (parts, body) = resp.into_parts();
+    Ok(Response::from_parts(parts, Body::new(body)).into_response())
+}
+
+fn to_agent(m: Message) -> Option<tungstenite::Message> {
+    Some(match m {
+        Message::Text(t) => tungstenite::Message::Text(t.as_str().into()),
+        Message::Binary(b) => tungstenite::Message::Binary(b),
+        Message::Ping(b) => tungstenite::Message::Ping(b),
+        Message::Pong(b) => tungstenite::Message::Pong(b),
+        Message::Close(c) => tungstenite::Message::Close(c.map(|c| {
+            tungstenite::protocol::CloseFrame {
+                code: c.code.into(),
+                reason: c.reason.as_str().into(),
+            }
+        })),
+    })
+}
+
+fn from_agent(m: tungstenite::Message) -> Option<Message> {
+    Some(match m {
+        tungstenite::Message::Text(t) => Message::Text(t.as_str().into()),
+        tungstenite::Message::Binary(b) => Message::Binary(b),
+        tungstenite::Message::Ping(b) => Message::Ping(b),
+        tungstenite::Message::Pong(b) => Message::Pong(b),
+        tungstenite::Message::Close(c) => Message::Close(c.map(|c| CloseFrame {
+            code: c.code.into(),
+            reason: c.reason.as_str().into(),
+        })),
+        tungstenite::Message::Frame(_) => return None,
+    })
+}
+
+/// Bridges a client WebSocket to the agent's WebSocket at `path`.
+pub async fn bridge(mut client: WebSocket, live: &Live, path: &str) {
+    let agent = match connect_agent(live, path).await {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = client
+                .send(Message::Close(Some(CloseFrame {
+                    code: 1011,
+                    reason: format!("the sandbox's agent could not be reached: {e}").into(),
+                })))
+                .await;
+            return;
+        }
+    };
+    let (mut agent_tx, mut agent_rx) = agent.split();
+    let (mut client_tx, mut client_rx) = client.split();
+    let up = async {
+        while let Some(Ok(m)) = client_rx.next().await {
+            let closing = matches!(m, Message::Close(_));
+            if let Some(m) = to_agent(m) {
+                if agent_tx.send(m).await.is_err() {
+                    break;
+                }
+            }
+            if closing {
+                break;
+            }
+        }
+        let _ = agent_tx.close().await;
+    };
+    let down = async {
+        while let Some(Ok(m)) = agent_rx.next().await {
+            let closing = matches!(m, tungstenite::Message::Close(_));
+            if let Some(m) = from_agent(m) {
+                if client_tx.send(m).await.is_err() {
+                    break;
+                }
+            }
+            if closing {
+                break;
+            }
+        }
+        let _ = client_tx.close().await;
+    };
+    // Either side ending ends the bridge.
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+type AgentSocket = tokio_tungstenite::WebSocketStream<tokio::net::UnixStream>;
+
+async fn connect_agent(live: &Live, path: &str) -> Result<AgentSocket, String> {
+    let Endpoint::Unix(socket) = live.agent.endpoint() else {
+        return Err("agents over TCP are not bridged by this server".into());
+    };
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut req = tungstenite::client::IntoClientRequest::into_client_request(format!(
+        "ws://agent{path}"
+    ))
+    .map_err(|e| e.to_string())?;
+    let token = HeaderValue::from_str(live.agent.token()).map_err(|e| e.to_string())?;
+    req.headers_mut()
+        .insert(HeaderName::from_static(TOKEN_HEADER), token);
+    let (ws, _) = tokio_tungstenite::client_async(req, stream)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(ws)
+}

@@ -1,0 +1,143 @@
+//! `/v1/` sandbox lifecycle: create (waiting for readiness by default), list, get, wait,
+//! delete, heartbeat. A ready sandbox's answer carries its agent's endpoint and token,
+//! for clients that talk to the agent directly.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use orchard_protocol::sandbox::{Sandbox, SandboxCreate, SandboxDone, SandboxList};
+
+use super::compat::{ApiQuery, WaitQuery};
+use super::{ApiJson, AppState, Auth};
+use crate::service::{iso, CreateRequest, Error, Phase, Record, Service};
+
+/// The lifecycle routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/sandboxes", post(create).get(list))
+        .route("/v1/sandboxes/{id}", get(one).delete(delete))
+        .route("/v1/sandboxes/{id}/wait", get(wait))
+        .route("/v1/sandboxes/{id}/heartbeat", post(heartbeat))
+}
+
+/// The `/v1` view of a record.
+pub fn sandbox(service: &Service, r: &Record) -> Sandbox {
+    let phase = r.phase();
+    let (ready_at, agent) = match &phase {
+        Phase::Running(l) => (Some(iso(l.ready_ms)), Some(l.endpoint.clone())),
+        _ => (None, None),
+    };
+    Sandbox {
+        id: r.id.clone(),
+        image: r.image.clone(),
+        status: phase.name().to_string(),
+        ready: matches!(phase, Phase::Running(_)),
+        status_message: match phase {
+            Phase::Failed(m) => Some(m),
+            _ => None,
+        },
+        created_at: iso(r.created_ms),
+        ready_at,
+        expires_at: r.expires_ms(service.policy()).map(iso),
+        block_network: r.block_network,
+        cpu: r.cpu.clone(),
+        memory: r.memory.clone(),
+        labels: r.labels.clone(),
+        agent,
+    }
+}
+
+async fn create(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    ApiJson(req): ApiJson<SandboxCreate>,
+) -> Result<Response, Error> {
+    let record = state.service.create(
+        &tenant,
+        CreateRequest {
+            image: req.image,
+            id: req.id,
+            cpu: req.cpu,
+            memory: req.memory,
+            block_network: req.block_network,
+            ready_timeout_s: req.ready_timeout_s,
+            ttl_s: req.ttl_s,
+            env: req.env,
+            labels: req.labels,
+        },
+    )?;
+    if req.wait {
+        // The create's own deadline ends this wait; the extra second covers the
+        // hand-over from the create task.
+        let limit = record.ready_timeout + Duration::from_secs(1);
+        if let Err(e) = state.service.wait_ready(&tenant, &record.id, limit).await {
+            // A sandbox that could not start is not left behind for the caller.
+            if let Error::Sandbox(_) | Error::Timeout(_) = e {
+                let _ = state.service.delete(&tenant, &record.id).await;
+            }
+            return Err(e);
+        }
+    }
+    Ok((StatusCode::CREATED, Json(sandbox(&state.service, &record))).into_response())
+}
+
+async fn list(State(state): State<AppState>, Auth(tenant): Auth) -> Json<SandboxList> {
+    Json(SandboxList {
+        sandboxes: state
+            .service
+            .list(&tenant)
+            .iter()
+            .map(|r| sandbox(&state.service, r))
+            .collect(),
+    })
+}
+
+async fn one(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Sandbox>, Error> {
+    let r = state.service.get(&tenant, &id)?;
+    Ok(Json(sandbox(&state.service, &r)))
+}
+
+async fn wait(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+) -> Result<Json<Sandbox>, Error> {
+    let timeout = q.duration(Duration::from_secs(300))?;
+    let r = state.service.wait_ready(&tenant, &id, timeout).await?;
+    Ok(Json(sandbox(&state.service, &r)))
+}
+
+async fn delete(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxDone>, Error> {
+    state.service.delete(&tenant, &id).await?;
+    Ok(Json(SandboxDone {
+        id,
+        status: "deleted".into(),
+        expires_at: None,
+    }))
+}
+
+async fn heartbeat(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxDone>, Error> {
+    let r = state.service.heartbeat(&tenant, &id)?;
+    Ok(Json(SandboxDone {
+        id,
+        status: "ok".into(),
+        expires_at: r.expires_ms(state.service.policy()).map(iso),
+    }))
+}

@@ -1,0 +1,188 @@
+//! How a compatible job runs: one worker task per sandbox takes jobs from its queue in
+//! submission order and runs each through the agent as `bash -c` (`-lc` for a login
+//! shell; `sh` when the image has no bash), in `/workspace` when it exists, else `/`.
+//! A list command is quoted element by element.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use orchard_protocol::compat::CompatCommand;
+use orchard_protocol::{Command, ErrorCode, ExecRequest};
+use tokio::sync::mpsc;
+
+use super::jobs::JobEntry;
+use super::{Live, Phase, Record, Service};
+
+/// Options of a compatible job.
+#[derive(Debug, Clone, Default)]
+pub struct JobOptions {
+    /// Time limit.
+    pub timeout: Option<Duration>,
+    /// Working directory.
+    pub cwd: Option<String>,
+    /// Extra environment.
+    pub env: BTreeMap<String, String>,
+    /// `-lc` instead of `-c`.
+    pub login_shell: bool,
+}
+
+/// A queued job with its options.
+pub type Queued = (Arc<JobEntry>, JobOptions);
+
+/// `s` quoted for a POSIX shell.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:@%+,".contains(&b))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// The script a command runs as.
+pub fn script(command: &CompatCommand) -> String {
+    match command {
+        CompatCommand::Shell(s) => s.clone(),
+        CompatCommand::Argv(v) => v
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// Starts the worker of one sandbox. It ends when the record is dropped.
+pub(super) fn spawn_worker(
+    service: Service,
+    record: Weak<Record>,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
+) {
+    tokio::spawn(async move {
+        while let Some((entry, opts)) = rx.recv().await {
+            let phase = match record.upgrade() {
+                Some(rec) => {
+                    let mut rx = rec.phase.subscribe();
+                    drop(rec);
+                    let phase = rx
+                        .wait_for(|p| !matches!(p, Phase::Pending))
+                        .await
+                        .map(|p| p.clone());
+                    phase.unwrap_or(Phase::Deleted)
+                }
+                None => Phase::Deleted,
+            };
+            match phase {
+                Phase::Running(live) => run(&service, &live, &entry, opts, &record).await,
+                Phase::Failed(m) => fail(&service, &entry, format!("the sandbox failed to start: {m}")),
+                Phase::Deleted | Phase::Pending => fail(&service, &entry, "the sandbox was deleted".into()),
+            }
+        }
+    });
+}
+
+fn fail(service: &Service, entry: &JobEntry, error: String) {
+    service
+        .jobs()
+        .finish(entry, None, String::new(), String::new(), Some(error));
+}
+
+async fn run(
+    service: &Service,
+    live: &Live,
+    entry: &JobEntry,
+    opts: JobOptions,
+    record: &Weak<Record>,
+) {
+    let started = Instant::now();
+    service.jobs().start(entry);
+    let job = entry.snapshot();
+    let flag = if opts.login_shell { "-lc" } else { "-c" };
+    let timeout = opts.timeout.unwrap_or(service.policy().exec_timeout);
+    let default_cwd = opts.cwd.is_none();
+    if default_cwd && !live.workspace.load(Ordering::Relaxed) {
+        // /workspace may have been made since the last look; a stat costs microseconds.
+        if live
+            .agent
+            .stat("/workspace")
+            .await
+            .is_ok_and(|s| s.kind == orchard_protocol::files::FileKind::Directory)
+        {
+            live.workspace.store(true, Ordering::Relaxed);
+        }
+    }
+    let mut req = ExecRequest {
+        command: Command::Argv(vec![live.shell.clone(), flag.into(), script(&job.command)]),
+        cwd: Some(match &opts.cwd {
+            Some(c) => Service::resolve(live, c),
+            None => Service::default_dir(live).to_string(),
+        }),
+        env: opts.env,
+        timeout_ms: Some(timeout.as_millis().max(1) as u64),
+        ..Default::default()
+    };
+    let mut result = live.agent.exec(&req).await;
+    if default_cwd
+        && matches!(&result, Err(e) if e.code() == Some(ErrorCode::CwdNotFound))
+    {
+        live.workspace.store(false, Ordering::Relaxed);
+        req.cwd = Some("/".into());
+        result = live.agent.exec(&req).await;
+    }
+    service
+        .metrics()
+        .exec_compat_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match result {
+        Ok(r) => {
+            let exit_code = r.exit_code.or(r.signal.map(|s| 128 + s));
+            let error = r
+                .timed_out
+                .then(|| format!("the command timed out after {} s", timeout.as_secs_f64()));
+            service.jobs().finish(
+                entry,
+                exit_code,
+                r.stdout.text_lossy(),
+                r.stderr.text_lossy(),
+                error,
+            );
+        }
+        Err(e) => {
+            let deleted = record
+                .upgrade()
+                .is_none_or(|r| matches!(r.phase(), Phase::Deleted));
+            let message = if deleted {
+                "the sandbox was deleted while the job ran".to_string()
+            } else {
+                match &e {
+                    orchard_client::ClientError::Api { body, .. } => {
+                        format!("the command could not be run: {}", body.message)
+                    }
+                    e => format!("the sandbox's agent could not be reached: {e}"),
+                }
+            };
+            fail(service, entry, message);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_commands_are_quoted_element_by_element() {
+        let c = CompatCommand::Argv(vec![
+            "echo".into(),
+            "a b".into(),
+            "it's".into(),
+            "$HOME".into(),
+            "".into(),
+            "plain-arg=1".into(),
+        ]);
+        assert_eq!(script(&c), r#"echo 'a b' 'it'\''s' '$HOME' '' plain-arg=1"#);
+        assert_eq!(script(&CompatCommand::Shell("echo $HOME".into())), "echo $HOME");
+    }
+}

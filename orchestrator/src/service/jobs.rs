@@ -1,0 +1,305 @@
+//! The job store of the compatible exec route.
+//!
+//! A job is written to `<dir>/<job_id>.json` when it is submitted and again when it
+//! finishes, so a server killed mid-job and restarted reports the job `failed` with an
+//! error instead of forgetting it or leaving it `running` forever. Waiters block on a
+//! watch channel woken when the job finishes: no polling. Finished jobs are kept for the
+//! retention period, then removed by [`JobStore::purge`].
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use orchard_protocol::compat::{CompatCommand, Job, JobStatus};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::auth::Tenant;
+use super::{now_iso, random_hex, Error};
+
+/// Error of a job that was queued or running when the server stopped.
+pub const RESTART_ERROR: &str =
+    "the orchestrator restarted before this job finished; the command may have run in part";
+
+/// One job and its waiters.
+pub struct JobEntry {
+    /// Who submitted it.
+    pub tenant: Tenant,
+    job: Mutex<Job>,
+    status: watch::Sender<JobStatus>,
+    finished_at: Mutex<Option<Instant>>,
+}
+
+impl JobEntry {
+    /// A copy of the job as it is now.
+    pub fn snapshot(&self) -> Job {
+        self.job.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Its id.
+    pub fn id(&self) -> String {
+        self.job.lock().unwrap_or_else(|p| p.into_inner()).job_id.clone()
+    }
+
+    /// Waits until the job finishes or `timeout` passes, then answers the job as it is
+    /// (still `running` if it has not finished).
+    pub async fn wait(&self, timeout: Option<Duration>) -> Job {
+        let mut rx = self.status.subscribe();
+        let finished = rx.wait_for(|s| s.is_finished());
+        match timeout {
+            Some(t) => {
+                let _ = tokio::time::timeout(t, finished).await;
+            }
+            None => {
+                let _ = finished.await;
+            }
+        }
+        self.snapshot()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct JobFile {
+    tenant: String,
+    job: Job,
+}
+
+/// Every job of this server.
+pub struct JobStore {
+    jobs: Mutex<HashMap<String, Arc<JobEntry>>>,
+    dir: PathBuf,
+    retention: Duration,
+}
+
+impl JobStore {
+    /// Opens the store in `dir`, loading the jobs a previous process left: those that
+    /// had not finished become `failed` with [`RESTART_ERROR`].
+    pub fn open(dir: PathBuf, retention: Duration) -> Result<JobStore, Error> {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::internal("cannot open the job store", format!("{}: {e}", dir.display())))?;
+        let store = JobStore {
+            jobs: Mutex::new(HashMap::new()),
+            dir,
+            retention,
+        };
+        let entries = std::fs::read_dir(&store.dir)
+            .map_err(|e| Error::internal("cannot open the job store", e))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(file) = std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<JobFile>(&b).ok())
+            else {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            };
+            let mut job = file.job;
+            if !job.status.is_finished() {
+                job.status = JobStatus::Failed;
+                job.error = Some(RESTART_ERROR.into());
+                job.completed_at = Some(now_iso());
+            }
+            let entry = Arc::new(JobEntry {
+                tenant: Tenant(file.tenant),
+                status: watch::Sender::new(job.status),
+                job: Mutex::new(job),
+                finished_at: Mutex::new(Some(Instant::now())),
+            });
+            store.persist(&entry);
+            store.lock().insert(entry.id(), entry);
+        }
+        Ok(store)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<JobEntry>>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn persist(&self, entry: &JobEntry) {
+        let file = JobFile {
+            tenant: entry.tenant.0.clone(),
+            job: entry.snapshot(),
+        };
+        let path = self.dir.join(format!("{}.json", file.job.job_id));
+        // A job whose file cannot be written still runs; only its restart report is lost.
+        if let Ok(bytes) = serde_json::to_vec(&file) {
+            let _ = std::fs::write(path, bytes);
+        }
+    }
+
+    /// A new queued job.
+    pub fn submit(
+        &self,
+        tenant: &Tenant,
+        sandbox_id: &str,
+        command: CompatCommand,
+    ) -> Arc<JobEntry> {
+        let job = Job {
+            job_id: format!("job-{}", random_hex(8)),
+            sandbox_id: sandbox_id.to_string(),
+            command,
+            status: JobStatus::Queued,
+            stdout: String::new(),
+            stderr: String::new(),
+            exit_code: None,
+            created_at: now_iso(),
+            started_at: None,
+            completed_at: None,
+            error: None,
+        };
+        let entry = Arc::new(JobEntry {
+            tenant: tenant.clone(),
+            status: watch::Sender::new(JobStatus::Queued),
+            job: Mutex::new(job),
+            finished_at: Mutex::new(None),
+        });
+        self.persist(&entry);
+        self.lock().insert(entry.id(), entry.clone());
+        entry
+    }
+
+    /// The job `id` of `tenant`.
+    pub fn get(&self, tenant: &Tenant, id: &str) -> Result<Arc<JobEntry>, Error> {
+        match self.lock().get(id) {
+            Some(e) if &e.tenant == tenant => Ok(e.clone()),
+            _ => Err(Error::no_job(id)),
+        }
+    }
+
+    /// Marks a job running.
+    pub fn start(&self, entry: &JobEntry) {
+        {
+            let mut job = entry.job.lock().unwrap_or_else(|p| p.into_inner());
+            job.status = JobStatus::Running;
+            job.started_at = Some(now_iso());
+        }
+        entry.status.send_replace(JobStatus::Running);
+    }
+
+    /// Finishes a job: `exit_code` and output when it ran, `error` when it could not run
+    /// or timed out. Idempotent: a finished job stays as it is.
+    pub fn finish(
+        &self,
+        entry: &JobEntry,
+        exit_code: Option<i32>,
+        stdout: String,
+        stderr: String,
+        error: Option<String>,
+    ) {
+        {
+            let mut job = entry.job.lock().unwrap_or_else(|p| p.into_inner());
+            if job.status.is_finished() {
+                return;
+            }
+            job.status = if exit_code == Some(0) && error.is_none() {
+                JobStatus::Succeeded
+            } else {
+                JobStatus::Failed
+            };
+            job.exit_code = exit_code;
+            job.stdout = stdout;
+            job.stderr = stderr;
+            job.error = error;
+            job.completed_at = Some(now_iso());
+            if job.started_at.is_none() {
+                job.started_at = job.completed_at.clone();
+            }
+        }
+        *entry.finished_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.persist(entry);
+        entry.status.send_replace(entry.snapshot().status);
+    }
+
+    /// Removes finished jobs older than the retention period; returns how many.
+    pub fn purge(&self) -> usize {
+        let now = Instant::now();
+        let expired: Vec<String> = self
+            .lock()
+            .iter()
+            .filter(|(_, e)| {
+                e.finished_at
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_some_and(|t| now.duration_since(t) >= self.retention)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut jobs = self.lock();
+        for id in &expired {
+            jobs.remove(id);
+            let _ = std::fs::remove_file(self.dir.join(format!("{id}.json")));
+        }
+        expired.len()
+    }
+
+    /// Jobs held.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no job is held.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant() -> Tenant {
+        Tenant("t1".into())
+    }
+
+    #[tokio::test]
+    async fn a_wait_is_woken_by_the_finish_and_a_short_wait_answers_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(JobStore::open(dir.path().into(), Duration::from_secs(60)).unwrap());
+        let e = store.submit(&tenant(), "sb-1", CompatCommand::Shell("true".into()));
+        store.start(&e);
+        let running = e.wait(Some(Duration::from_millis(1))).await;
+        assert_eq!(running.status, JobStatus::Running, "never reported as finished");
+        let waiter = {
+            let e = e.clone();
+            tokio::spawn(async move { e.wait(None).await })
+        };
+        store.finish(&e, Some(0), "out".into(), String::new(), None);
+        let done = waiter.await.unwrap();
+        assert_eq!(done.status, JobStatus::Succeeded);
+        assert_eq!(done.stdout, "out");
+        assert!(done.completed_at.is_some());
+        assert!(store.get(&Tenant("other".into()), &done.job_id).is_err());
+    }
+
+    #[test]
+    fn unfinished_jobs_of_a_previous_process_are_failed_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (queued, done) = {
+            let store = JobStore::open(dir.path().into(), Duration::from_secs(60)).unwrap();
+            let q = store.submit(&tenant(), "sb-1", CompatCommand::Shell("sleep 9".into()));
+            let d = store.submit(&tenant(), "sb-1", CompatCommand::Shell("false".into()));
+            store.finish(&d, Some(1), String::new(), String::new(), None);
+            (q.id(), d.id())
+        };
+        let store = JobStore::open(dir.path().into(), Duration::from_secs(60)).unwrap();
+        let q = store.get(&tenant(), &queued).unwrap().snapshot();
+        assert_eq!(q.status, JobStatus::Failed);
+        assert_eq!(q.error.as_deref(), Some(RESTART_ERROR));
+        let d = store.get(&tenant(), &done).unwrap().snapshot();
+        assert_eq!((d.status, d.exit_code, d.error), (JobStatus::Failed, Some(1), None));
+    }
+
+    #[test]
+    fn finished_jobs_are_purged_after_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = JobStore::open(dir.path().into(), Duration::ZERO).unwrap();
+        let running = store.submit(&tenant(), "sb-1", CompatCommand::Shell("x".into()));
+        let done = store.submit(&tenant(), "sb-1", CompatCommand::Shell("y".into()));
+        store.finish(&done, Some(0), String::new(), String::new(), None);
+        assert_eq!(store.purge(), 1);
+        assert!(store.get(&tenant(), &running.id()).is_ok());
+        assert!(store.get(&tenant(), &done.id()).is_err());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

@@ -1,0 +1,822 @@
+//! The orchestrator's core, independent of HTTP: sandbox records, create / wait /
+//! delete, heartbeats, per-key quotas, the compatible jobs, and the policy loop.
+//!
+//! A record lives in memory; its phase is a watch channel, so every wait (`/wait`
+//! routes, `wait=true`) is woken by the change itself, never by polling. What a restarted
+//! server needs is kept where it survives a SIGKILL: sandbox metadata in the backend's
+//! labels (`orchard.*`), jobs in the job store's files. On start, [`Service::open`]
+//! adopts the backend's sandboxes and rebuilds their records from those labels.
+//!
+//! Parts: [`auth`] (hashed keys), [`jobs`] (the job store), [`units`] (CPU and memory
+//! quantities), [`error`] (the one error enum), `policy` (TTL, heartbeats, readiness,
+//! reconciliation on one loop), `exec` (how a compatible job runs).
+
+pub mod auth;
+mod error;
+mod exec;
+pub mod jobs;
+mod policy;
+pub mod units;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use orchard_client::{AgentClient, Endpoint};
+use orchard_protocol::compat::{CompatCommand, Job};
+use orchard_protocol::sandbox::AgentEndpoint;
+use tokio::sync::{mpsc, watch};
+
+pub use auth::{Keys, Tenant};
+pub use error::Error;
+pub use jobs::JobStore;
+
+use crate::backend::{Backend, BackendSandbox, CreateSpec};
+use crate::image::ImageStore;
+use crate::metrics::Metrics;
+
+/// Label prefix of the server's own metadata on a backend sandbox.
+const META: &str = "orchard.";
+
+/// Lifecycle policies, run by one background loop.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Default time allowed for a sandbox to become ready.
+    pub ready_timeout: Duration,
+    /// Longest readiness time a request may ask for.
+    pub max_ready_timeout: Duration,
+    /// Default lifetime of a sandbox; `None`: until deleted.
+    pub default_ttl: Option<Duration>,
+    /// A sandbox that has sent one heartbeat is deleted when none came for this long.
+    pub heartbeat_timeout: Duration,
+    /// How often the loop runs.
+    pub interval: Duration,
+    /// How often records are reconciled with the backend's list.
+    pub reconcile_interval: Duration,
+    /// How long finished jobs are kept.
+    pub job_retention: Duration,
+    /// Time limit of a compatible job that sets none.
+    pub exec_timeout: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            ready_timeout: Duration::from_secs(300),
+            max_ready_timeout: Duration::from_secs(3600),
+            default_ttl: None,
+            heartbeat_timeout: Duration::from_secs(300),
+            interval: Duration::from_secs(1),
+            reconcile_interval: Duration::from_secs(30),
+            job_retention: Duration::from_secs(3600),
+            exec_timeout: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Per-key quotas; 0 is unlimited.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quotas {
+    /// Sandboxes (pending or running) one key may hold at once.
+    pub max_sandboxes: usize,
+    /// Creates one key may make per minute.
+    pub creates_per_minute: usize,
+}
+
+/// How the service is set up.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Where the job store lives (`<data_dir>/jobs`).
+    pub data_dir: PathBuf,
+    /// Policies.
+    pub policy: Policy,
+    /// Quotas.
+    pub quotas: Quotas,
+    /// Creates in progress at once across all keys before answering 503.
+    pub max_pending_creates: usize,
+}
+
+/// Where a sandbox is.
+#[derive(Clone)]
+pub enum Phase {
+    /// Being created.
+    Pending,
+    /// Ready: commands run.
+    Running(Arc<Live>),
+    /// Could not start, or stopped on its own.
+    Failed(String),
+    /// Deleted.
+    Deleted,
+}
+
+impl Phase {
+    /// `pending`, `running`, `failed` or `deleted`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Phase::Pending => "pending",
+            Phase::Running(_) => "running",
+            Phase::Failed(_) => "failed",
+            Phase::Deleted => "deleted",
+        }
+    }
+}
+
+/// A ready sandbox's agent.
+pub struct Live {
+    /// A pooled client of its agent.
+    pub agent: AgentClient,
+    /// How to reach it directly.
+    pub endpoint: AgentEndpoint,
+    /// When it became ready (ms since the epoch).
+    pub ready_ms: u64,
+    /// `bash` when the image has it, else `sh`.
+    pub shell: String,
+    /// Whether `/workspace` existed when last checked.
+    pub workspace: AtomicBool,
+}
+
+/// One sandbox record.
+pub struct Record {
+    /// Its id.
+    pub id: String,
+    /// Who made it.
+    pub tenant: Tenant,
+    /// The image as asked for.
+    pub image: String,
+    /// CPU as asked for.
+    pub cpu: Option<String>,
+    /// Memory as asked for.
+    pub memory: Option<String>,
+    /// Egress denied.
+    pub block_network: bool,
+    /// Readiness limit.
+    pub ready_timeout: Duration,
+    /// Lifetime, if limited.
+    pub ttl: Option<Duration>,
+    /// User labels.
+    pub labels: BTreeMap<String, String>,
+    /// Creation time, ms since the epoch.
+    pub created_ms: u64,
+    /// Last heartbeat, ms since the epoch; 0 before the first.
+    heartbeat_ms: AtomicU64,
+    phase: watch::Sender<Phase>,
+    /// The compatible jobs' queue: one worker per sandbox runs them in order.
+    queue: mpsc::UnboundedSender<exec::Queued>,
+}
+
+impl Record {
+    /// The phase now.
+    pub fn phase(&self) -> Phase {
+        self.phase.borrow().clone()
+    }
+
+    /// Last heartbeat (ms since the epoch), if any.
+    pub fn heartbeat_ms(&self) -> Option<u64> {
+        match self.heartbeat_ms.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(t),
+        }
+    }
+
+    /// When the TTL or the heartbeat period ends this sandbox (ms since the epoch).
+    pub fn expires_ms(&self, policy: &Policy) -> Option<u64> {
+        let ttl = self.ttl.map(|t| self.created_ms + t.as_millis() as u64);
+        let hb = self
+            .heartbeat_ms()
+            .map(|t| t + policy.heartbeat_timeout.as_millis() as u64);
+        match (ttl, hb) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// What a create asks for, from either API.
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    /// Image reference.
+    pub image: String,
+    /// Id, or generated.
+    pub id: Option<String>,
+    /// CPU quantity.
+    pub cpu: Option<String>,
+    /// Memory quantity.
+    pub memory: Option<String>,
+    /// Egress denied.
+    pub block_network: bool,
+    /// Readiness limit, seconds.
+    pub ready_timeout_s: Option<u64>,
+    /// Lifetime, seconds; `Some(0)`: until deleted.
+    pub ttl_s: Option<u64>,
+    /// Environment.
+    pub env: BTreeMap<String, String>,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+struct Inner {
+    backend: Arc<dyn Backend>,
+    images: ImageStore,
+    config: ServiceConfig,
+    records: Mutex<HashMap<String, Arc<Record>>>,
+    jobs: JobStore,
+    metrics: Arc<Metrics>,
+    creates: Mutex<HashMap<Tenant, VecDeque<Instant>>>,
+    pending: AtomicU64,
+    started: Instant,
+}
+
+/// The service. Cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Now, ISO-8601 UTC.
+pub fn now_iso() -> String {
+    iso(now_ms())
+}
+
+/// `ms` since the epoch, ISO-8601 UTC.
+pub fn iso(ms: u64) -> String {
+    crate::backend::local::state::rfc3339(ms)
+}
+
+/// `n` random bytes as hex.
+pub fn random_hex(n: usize) -> String {
+    let mut bytes = vec![0u8; n];
+    // getrandom(2) never fails for small sizes once the pool is ready.
+    // SAFETY: writes at most `n` bytes into a buffer of `n` bytes.
+    unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), n, 0) };
+    hex::encode(bytes)
+}
+
+impl Service {
+    /// Starts the service on `backend`: adopts what a previous process left, rebuilds
+    /// the records, loads the job store and starts the policy loop.
+    pub async fn open(
+        backend: Arc<dyn Backend>,
+        images: ImageStore,
+        config: ServiceConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Service, Error> {
+        let jobs = JobStore::open(config.data_dir.join("jobs"), config.policy.job_retention)?;
+        let service = Service {
+            inner: Arc::new(Inner {
+                backend,
+                images,
+                config,
+                records: Mutex::new(HashMap::new()),
+                jobs,
+                metrics,
+                creates: Mutex::new(HashMap::new()),
+                pending: AtomicU64::new(0),
+                started: Instant::now(),
+            }),
+        };
+        service.adopt().await?;
+        policy::spawn(&service);
+        Ok(service)
+    }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Record>>> {
+        self.inner
+            .records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// The image store.
+    pub fn images(&self) -> &ImageStore {
+        &self.inner.images
+    }
+
+    /// The policies.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.config.policy
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// The job store.
+    pub fn jobs(&self) -> &JobStore {
+        &self.inner.jobs
+    }
+
+    /// Seconds since start.
+    pub fn uptime(&self) -> Duration {
+        self.inner.started.elapsed()
+    }
+
+    async fn adopt(&self) -> Result<(), Error> {
+        self.inner
+            .backend
+            .recover()
+            .await
+            .map_err(|e| Error::internal("cannot recover sandboxes", e))?;
+        let list = match self.inner.backend.list().await {
+            Ok(l) => l,
+            Err(e) => {
+                crate::log::warn("cannot list sandboxes to adopt", &[("error", &e.to_string())]);
+                return Ok(());
+            }
+        };
+        for sb in list {
+            let Some(tenant) = sb.labels.get("orchard.tenant").cloned() else {
+                // Not made by a server: leave it to whoever made it.
+                continue;
+            };
+            let meta = |k: &str| sb.labels.get(&format!("{META}{k}")).cloned();
+            let labels = sb
+                .labels
+                .iter()
+                .filter(|(k, _)| !k.starts_with(META))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let record = self.new_record(
+                sb.id.clone(),
+                Tenant(tenant),
+                CreateRequest {
+                    image: meta("image").unwrap_or_else(|| sb.image.clone()),
+                    cpu: meta("cpu"),
+                    memory: meta("memory"),
+                    block_network: meta("block_network").as_deref() != Some("false"),
+                    ..Default::default()
+                },
+                Duration::from_secs(0),
+                meta("ttl_s")
+                    .and_then(|t| t.parse().ok())
+                    .map(Duration::from_secs),
+                labels,
+                meta("created_ms")
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or_else(now_ms),
+            );
+            self.records().insert(sb.id.clone(), record.clone());
+            let live = self.live(&sb).await;
+            record.phase.send_replace(Phase::Running(live));
+            crate::log::info("adopted sandbox", &[("sandbox_id", &sb.id)]);
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn new_record(
+        &self,
+        id: String,
+        tenant: Tenant,
+        req: CreateRequest,
+        ready_timeout: Duration,
+        ttl: Option<Duration>,
+        labels: BTreeMap<String, String>,
+        created_ms: u64,
+    ) -> Arc<Record> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let record = Arc::new(Record {
+            id,
+            tenant,
+            image: req.image,
+            cpu: req.cpu,
+            memory: req.memory,
+            block_network: req.block_network,
+            ready_timeout,
+            ttl,
+            labels,
+            created_ms,
+            heartbeat_ms: AtomicU64::new(0),
+            phase: watch::Sender::new(Phase::Pending),
+            queue: tx,
+        });
+        exec::spawn_worker(self.clone(), Arc::downgrade(&record), rx);
+        record
+    }
+
+    /// Builds the live view of a ready sandbox: its client, and what the compatible
+    /// exec needs to know about the image (bash or sh, `/workspace`).
+    async fn live(&self, sb: &BackendSandbox) -> Arc<Live> {
+        let endpoint = match (&sb.socket, &sb.url) {
+            (Some(s), _) => Endpoint::Unix(s.clone()),
+            (None, Some(u)) => Endpoint::Tcp(
+                u.trim_start_matches("http://")
+                    .parse()
+                    .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            ),
+            (None, None) => Endpoint::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+        };
+        let agent = AgentClient::new(endpoint, sb.token.clone());
+        let bash = agent.stat("/bin/bash").await.is_ok() || agent.stat("/usr/bin/bash").await.is_ok();
+        let workspace = agent
+            .stat("/workspace")
+            .await
+            .is_ok_and(|s| s.kind == orchard_protocol::files::FileKind::Directory);
+        Arc::new(Live {
+            agent,
+            endpoint: AgentEndpoint {
+                socket: sb.socket.as_ref().map(|p| p.display().to_string()),
+                url: sb.url.clone(),
+                token: sb.token.clone(),
+            },
+            ready_ms: now_ms(),
+            shell: if bash { "bash" } else { "sh" }.into(),
+            workspace: AtomicBool::new(workspace),
+        })
+    }
+
+    fn check_quota(&self, tenant: &Tenant) -> Result<(), Error> {
+        let q = self.inner.config.quotas;
+        if q.max_sandboxes > 0 {
+            let held = self
+                .records()
+                .values()
+                .filter(|r| &r.tenant == tenant)
+                .count();
+            if held >= q.max_sandboxes {
+                return Err(Error::Quota(format!(
+                    "this API key holds {held} sandboxes, its limit is {}; delete one first",
+                    q.max_sandboxes
+                )));
+            }
+        }
+        if q.creates_per_minute > 0 {
+            let mut creates = self.inner.creates.lock().unwrap_or_else(|p| p.into_inner());
+            let window = creates.entry(tenant.clone()).or_default();
+            let now = Instant::now();
+            while window
+                .front()
+                .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(60))
+            {
+                window.pop_front();
+            }
+            if window.len() >= q.creates_per_minute {
+                return Err(Error::Quota(format!(
+                    "this API key may create {} sandboxes per minute; try again in a minute",
+                    q.creates_per_minute
+                )));
+            }
+            window.push_back(now);
+        }
+        Ok(())
+    }
+
+    /// Starts creating a sandbox and returns its record at once (phase `pending`).
+    pub fn create(&self, tenant: &Tenant, req: CreateRequest) -> Result<Arc<Record>, Error> {
+        if req.image.trim().is_empty() {
+            return Err(Error::BadRequest("image must not be empty".into()));
+        }
+        let cpus = req.cpu.as_deref().map(units::parse_cpu).transpose()?;
+        let memory = req.memory.as_deref().map(units::parse_memory).transpose()?;
+        let policy = &self.inner.config.policy;
+        let ready_timeout = match req.ready_timeout_s {
+            None | Some(0) => policy.ready_timeout,
+            Some(s) => Duration::from_secs(s).min(policy.max_ready_timeout),
+        };
+        let ttl = match req.ttl_s {
+            Some(0) => None,
+            Some(s) => Some(Duration::from_secs(s)),
+            None => policy.default_ttl,
+        };
+        for k in req.labels.keys() {
+            if k.starts_with(META) {
+                return Err(Error::BadRequest(format!(
+                    "label {k:?}: keys starting with {META:?} are reserved"
+                )));
+            }
+        }
+        let id = match &req.id {
+            Some(id) => {
+                if !crate::backend::local::valid_id(id) {
+                    return Err(Error::BadRequest(format!(
+                        "invalid sandbox id {id:?}: use 1-63 characters of a-z, 0-9, '-', '_', '.', starting with a letter or digit"
+                    )));
+                }
+                id.clone()
+            }
+            None => format!("sb-{}", random_hex(6)),
+        };
+        let max_pending = self.inner.config.max_pending_creates as u64;
+        if max_pending > 0 && self.inner.pending.load(Ordering::Relaxed) >= max_pending {
+            return Err(Error::Unavailable(format!(
+                "{max_pending} sandboxes are being created; retry shortly"
+            )));
+        }
+        let created_ms = now_ms();
+        let record = {
+            let mut records = self.records();
+            if records.contains_key(&id) {
+                return Err(Error::Conflict(format!("sandbox {id} already exists")));
+            }
+            drop(records);
+            self.check_quota(tenant)?;
+            let record = self.new_record(
+                id.clone(),
+                tenant.clone(),
+                req.clone(),
+                ready_timeout,
+                ttl,
+                req.labels.clone(),
+                created_ms,
+            );
+            records = self.records();
+            if records.contains_key(&id) {
+                return Err(Error::Conflict(format!("sandbox {id} already exists")));
+            }
+            records.insert(id.clone(), record.clone());
+            record
+        };
+        let mut labels = req.labels.clone();
+        labels.insert(format!("{META}tenant"), tenant.0.clone());
+        labels.insert(format!("{META}image"), req.image.clone());
+        labels.insert(format!("{META}created_ms"), created_ms.to_string());
+        labels.insert(format!("{META}block_network"), req.block_network.to_string());
+        if let Some(c) = &req.cpu {
+            labels.insert(format!("{META}cpu"), c.clone());
+        }
+        if let Some(m) = &req.memory {
+            labels.insert(format!("{META}memory"), m.clone());
+        }
+        if let Some(t) = ttl {
+            labels.insert(format!("{META}ttl_s"), t.as_secs().to_string());
+        }
+        let env = req.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        self.inner.pending.fetch_add(1, Ordering::Relaxed);
+        let service = self.clone();
+        let rec = record.clone();
+        let image = req.image.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let mut attempt = {
+                let (service, rec) = (service.clone(), rec.clone());
+                tokio::spawn(async move {
+                    service.start(&rec, image, cpus, memory, env, labels).await
+                })
+            };
+            let outcome = match tokio::time::timeout(rec.ready_timeout, &mut attempt).await {
+                Ok(joined) => joined.unwrap_or_else(|e| Err(format!("internal error: {e}"))),
+                Err(_) => {
+                    // The backend create goes on in its own task; what it makes is
+                    // removed once it is done.
+                    let svc = service.clone();
+                    let id = rec.id.clone();
+                    tokio::spawn(async move {
+                        if let Ok(Ok(_)) = attempt.await {
+                            let _ = svc.inner.backend.delete(&id).await;
+                        }
+                    });
+                    Err(format!(
+                        "the sandbox was not ready within {} s",
+                        rec.ready_timeout.as_secs()
+                    ))
+                }
+            };
+            service.inner.pending.fetch_sub(1, Ordering::Relaxed);
+            match outcome {
+                Ok(live) => {
+                    service
+                        .inner
+                        .metrics
+                        .create_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    let deleted = matches!(*rec.phase.borrow(), Phase::Deleted);
+                    if deleted {
+                        let _ = service.inner.backend.delete(&rec.id).await;
+                    } else {
+                        rec.phase.send_replace(Phase::Running(live));
+                        crate::log::info("sandbox ready", &[("sandbox_id", &rec.id)]);
+                    }
+                }
+                Err(message) => {
+                    crate::log::warn(
+                        "sandbox failed to start",
+                        &[("sandbox_id", &rec.id), ("error", &message)],
+                    );
+                    if !matches!(*rec.phase.borrow(), Phase::Deleted) {
+                        rec.phase.send_replace(Phase::Failed(message));
+                    }
+                }
+            }
+        });
+        Ok(record)
+    }
+
+    async fn start(
+        &self,
+        rec: &Record,
+        image: String,
+        cpus: Option<f64>,
+        memory_bytes: Option<u64>,
+        env: Vec<String>,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Arc<Live>, String> {
+        let store = self.inner.images.clone();
+        let found = match store.get(&image) {
+            Ok(Some(i)) => i,
+            Ok(None) => store
+                .ensure(&image, |_| {})
+                .await
+                .map_err(|e| format!("image {image}: {e}"))?,
+            Err(e) => return Err(format!("image {image}: {e}")),
+        };
+        let spec = CreateSpec {
+            id: rec.id.clone(),
+            image: found,
+            cpus,
+            memory_bytes,
+            egress: !rec.block_network,
+            env,
+            labels,
+        };
+        let sb = self
+            .inner
+            .backend
+            .create(spec)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(self.live(&sb).await)
+    }
+
+    /// The record `id` of `tenant`.
+    pub fn get(&self, tenant: &Tenant, id: &str) -> Result<Arc<Record>, Error> {
+        match self.records().get(id) {
+            Some(r) if &r.tenant == tenant => Ok(r.clone()),
+            _ => Err(Error::no_sandbox(id)),
+        }
+    }
+
+    /// The records of `tenant`, oldest first.
+    pub fn list(&self, tenant: &Tenant) -> Vec<Arc<Record>> {
+        let mut list: Vec<_> = self
+            .records()
+            .values()
+            .filter(|r| &r.tenant == tenant)
+            .cloned()
+            .collect();
+        list.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+        list
+    }
+
+    /// Every record, of every tenant.
+    pub fn all(&self) -> Vec<Arc<Record>> {
+        self.records().values().cloned().collect()
+    }
+
+    /// Counts of every record by phase name.
+    pub fn counts(&self) -> BTreeMap<&'static str, u64> {
+        let mut counts = BTreeMap::from([("pending", 0), ("running", 0), ("failed", 0)]);
+        for r in self.records().values() {
+            *counts.entry(r.phase().name()).or_default() += 1;
+        }
+        counts
+    }
+
+    /// The live agent of a ready sandbox; 409 while pending, 502 when failed.
+    pub fn ready(&self, tenant: &Tenant, id: &str) -> Result<Arc<Live>, Error> {
+        match self.get(tenant, id)?.phase() {
+            Phase::Running(l) => Ok(l),
+            Phase::Pending => Err(Error::Conflict(format!("sandbox {id} is not ready yet"))),
+            Phase::Failed(m) => Err(Error::Sandbox(format!("sandbox {id} failed: {m}"))),
+            Phase::Deleted => Err(Error::no_sandbox(id)),
+        }
+    }
+
+    /// Waits until the sandbox is ready (`Ok`), failed (502) or `timeout` passes (408).
+    pub async fn wait_ready(&self, tenant: &Tenant, id: &str, timeout: Duration) -> Result<Arc<Record>, Error> {
+        let record = self.get(tenant, id)?;
+        let mut rx = record.phase.subscribe();
+        let outcome = tokio::time::timeout(timeout, rx.wait_for(|p| !matches!(p, Phase::Pending)))
+            .await
+            .map(|r| r.map(|p| p.clone()));
+        match outcome {
+            Err(_) => Err(Error::Timeout(format!(
+                "sandbox {id} was not ready within {} s",
+                timeout.as_secs_f64()
+            ))),
+            Ok(Err(_)) => Err(Error::no_sandbox(id)),
+            Ok(Ok(p)) => match p {
+                Phase::Running(_) => Ok(record.clone()),
+                Phase::Failed(m) => Err(Error::Sandbox(format!("sandbox {id} failed to start: {m}"))),
+                Phase::Deleted => Err(Error::no_sandbox(id)),
+                Phase::Pending => Err(Error::internal("wait ended early", "pending after wait_for")),
+            },
+        }
+    }
+
+    /// Deletes a sandbox: its record at once (waiters are woken, queued jobs fail), then
+    /// everything it holds in the backend before answering.
+    pub async fn delete(&self, tenant: &Tenant, id: &str) -> Result<(), Error> {
+        let record = self.get(tenant, id)?;
+        self.remove(&record, "the sandbox was deleted").await;
+        Ok(())
+    }
+
+    /// Removes a record and its backend sandbox; `why` fails its unfinished jobs.
+    async fn remove(&self, record: &Arc<Record>, why: &str) {
+        let was = record.phase();
+        {
+            let mut records = self.records();
+            if records.get(&record.id).is_some_and(|r| Arc::ptr_eq(r, record)) {
+                records.remove(&record.id);
+            }
+        }
+        record.phase.send_replace(Phase::Deleted);
+        match was {
+            // The create task removes what it made once it sees `Deleted`.
+            Phase::Pending | Phase::Deleted => {}
+            Phase::Running(_) | Phase::Failed(_) => {
+                let _ = self.inner.backend.delete(&record.id).await;
+            }
+        }
+        crate::log::info("sandbox removed", &[("sandbox_id", &record.id), ("reason", why)]);
+    }
+
+    /// Records a heartbeat; from now on the sandbox is reaped when they stop.
+    pub fn heartbeat(&self, tenant: &Tenant, id: &str) -> Result<Arc<Record>, Error> {
+        let record = self.get(tenant, id)?;
+        record.heartbeat_ms.store(now_ms(), Ordering::Relaxed);
+        Ok(record)
+    }
+
+    /// Queues a compatible job; jobs of one sandbox run one at a time in this order.
+    pub fn submit(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        command: CompatCommand,
+        opts: exec::JobOptions,
+    ) -> Result<Arc<jobs::JobEntry>, Error> {
+        let record = self.get(tenant, id)?;
+        if let Phase::Failed(m) = record.phase() {
+            return Err(Error::Sandbox(format!("sandbox {id} failed: {m}")));
+        }
+        if let CompatCommand::Argv(v) = &command {
+            if v.is_empty() {
+                return Err(Error::BadRequest("command must not be empty".into()));
+            }
+        }
+        let entry = self.inner.jobs.submit(tenant, id, command);
+        if record.queue.send((entry.clone(), opts)).is_err() {
+            self.inner.jobs.finish(&entry, None, String::new(), String::new(), Some("the sandbox was deleted".into()));
+        }
+        Ok(entry)
+    }
+
+    /// The job `id` of `tenant`.
+    pub fn job(&self, tenant: &Tenant, id: &str) -> Result<Job, Error> {
+        Ok(self.inner.jobs.get(tenant, id)?.snapshot())
+    }
+
+    /// Deletes every sandbox (graceful shutdown).
+    pub async fn shutdown(&self) {
+        let all: Vec<_> = self.records().values().cloned().collect();
+        let mut tasks = Vec::new();
+        for r in all {
+            let s = self.clone();
+            tasks.push(tokio::spawn(async move {
+                s.remove(&r, "the orchestrator shut down").await
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        let _ = self.inner.backend.shutdown().await;
+    }
+
+    /// Default working directory of compatible commands and paths.
+    pub fn default_dir(live: &Live) -> &'static str {
+        if live.workspace.load(Ordering::Relaxed) {
+            "/workspace"
+        } else {
+            "/"
+        }
+    }
+
+    /// `path` made absolute against the default working directory.
+    pub fn resolve(live: &Live, path: &str) -> String {
+        if path.starts_with('/') {
+            path.to_string()
+        } else {
+            Path::new(Self::default_dir(live))
+                .join(path)
+                .display()
+                .to_string()
+        }
+    }
+}
+
+pub use exec::JobOptions;

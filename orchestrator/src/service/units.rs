@@ -1,0 +1,80 @@
+//! Kubernetes-style quantities as the compatible API takes them: CPU like `"4"`,
+//! `"0.5"` or `"2000m"`, memory like `"16Gi"`, `"512Mi"`, `"1G"` or plain bytes.
+
+use super::Error;
+
+/// CPU cores from `"4"`, `"0.5"` or `"2000m"`.
+pub fn parse_cpu(s: &str) -> Result<f64, Error> {
+    let bad = || Error::BadRequest(format!("cpu {s:?}: use cores like \"2\" or \"0.5\", or millicores like \"500m\""));
+    let t = s.trim();
+    let v = match t.strip_suffix('m') {
+        Some(milli) => milli.parse::<f64>().map_err(|_| bad())? / 1000.0,
+        None => t.parse::<f64>().map_err(|_| bad())?,
+    };
+    if !v.is_finite() || !(0.01..=1024.0).contains(&v) {
+        return Err(Error::BadRequest(format!(
+            "cpu {s:?}: must be between 0.01 and 1024 cores"
+        )));
+    }
+    Ok(v)
+}
+
+/// Bytes from `"16Gi"`, `"512Mi"`, `"1G"`, `"100k"` or `"1048576"`.
+pub fn parse_memory(s: &str) -> Result<u64, Error> {
+    let bad = || {
+        Error::BadRequest(format!(
+            "memory {s:?}: use bytes or a quantity like \"512Mi\", \"16Gi\" or \"1G\""
+        ))
+    };
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    let mult: f64 = match unit {
+        "" => 1.0,
+        "k" | "K" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(bad()),
+    };
+    let bytes = n * mult;
+    if !bytes.is_finite() || bytes < (4 << 20) as f64 || bytes > (1u64 << 50) as f64 {
+        return Err(Error::BadRequest(format!(
+            "memory {s:?}: must be between 4Mi and 1Pi"
+        )));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_quantities() {
+        assert_eq!(parse_cpu("4").unwrap(), 4.0);
+        assert_eq!(parse_cpu("2000m").unwrap(), 2.0);
+        assert_eq!(parse_cpu("0.5").unwrap(), 0.5);
+        assert!(parse_cpu("lots").is_err());
+        assert!(parse_cpu("0").is_err());
+        assert!(parse_cpu("-1").is_err());
+    }
+
+    #[test]
+    fn memory_quantities() {
+        assert_eq!(parse_memory("16Gi").unwrap(), 16 << 30);
+        assert_eq!(parse_memory("512Mi").unwrap(), 512 << 20);
+        assert_eq!(parse_memory("1G").unwrap(), 1_000_000_000);
+        assert_eq!(parse_memory("8388608").unwrap(), 8 << 20);
+        assert!(parse_memory("12 parsecs").is_err());
+        assert!(parse_memory("1Ki").is_err(), "too small to run anything");
+        assert!(parse_memory("").is_err());
+    }
+}
