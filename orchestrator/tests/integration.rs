@@ -4,4 +4,5 @@
 mod end_to_end;
 mod image_store;
 mod local_backend;
+mod server;
 mod util;

@@ -1,0 +1,376 @@
+//! A real `orchard serve` for tests: in-process ([`TestServer::start`], the router on a
+//! loopback port, over a real local backend and image store on a temporary root), or the
+//! real binary ([`ServerProcess`]) for tests that kill it. The busybox test image is
+//! imported into every server's store as `busybox:latest`.
+//!
+//! Dropping a [`TestServer`] deletes its sandboxes and destroys its backend (also when
+//! the test failed); [`TestServer::finish`] does so and asserts the leak audit is empty.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orchard::backend::local::LocalBackend;
+use orchard::backend::{Backend, BackendError, BackendFuture, BackendSandbox, CreateSpec};
+use orchard::config::{Config, ServeArgs};
+use orchard::image::{ImageStore, StoreConfig};
+use orchard::service::{Keys, Policy, Service};
+use serde_json::Value;
+
+use super::sandbox::{agent_binary, assert_clean, fresh_root, test_config, TestBackend};
+
+/// The key every test server accepts, and a second tenant's.
+pub const KEY: &str = "test-key-1";
+/// Another tenant.
+pub const OTHER_KEY: &str = "test-key-2";
+
+/// The OCI layout of a test image built by `make images`.
+pub fn image_layout(name: &str) -> PathBuf {
+    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../images/out")).join(name);
+    assert!(
+        p.join("index.json").is_file(),
+        "{} is missing: run `make images`",
+        p.display()
+    );
+    p
+}
+
+/// The local backend with a switch that makes `list` fail (reconciliation tests).
+pub struct SwitchableBackend {
+    /// The real backend.
+    pub inner: LocalBackend,
+    /// When set, `list` answers `Unavailable`.
+    pub list_fails: AtomicBool,
+}
+
+impl Backend for SwitchableBackend {
+    fn name(&self) -> &str {
+        "local"
+    }
+    fn create(&self, spec: CreateSpec) -> BackendFuture<'_, BackendSandbox> {
+        Backend::create(&self.inner, spec)
+    }
+    fn delete<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {
+        Backend::delete(&self.inner, id)
+    }
+    fn list(&self) -> BackendFuture<'_, Vec<BackendSandbox>> {
+        if self.list_fails.load(Ordering::Relaxed) {
+            return Box::pin(async {
+                Err(BackendError::Unavailable("listing is switched off".into()))
+            });
+        }
+        Backend::list(&self.inner)
+    }
+    fn recover(&self) -> BackendFuture<'_, Vec<String>> {
+        Backend::recover(&self.inner)
+    }
+    fn shutdown(&self) -> BackendFuture<'_, ()> {
+        Backend::shutdown(&self.inner)
+    }
+}
+
+/// Options of a test server.
+#[derive(Clone)]
+pub struct Options {
+    /// Policies (fast loop by default).
+    pub policy: Policy,
+    /// Sandboxes per key.
+    pub max_sandboxes: usize,
+    /// Creates per minute per key.
+    pub creates_per_minute: usize,
+    /// Auth off.
+    pub no_auth: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            policy: Policy {
+                interval: Duration::from_millis(50),
+                reconcile_interval: Duration::from_secs(3600),
+                ready_timeout: Duration::from_secs(120),
+                ..Policy::default()
+            },
+            max_sandboxes: 0,
+            creates_per_minute: 0,
+            no_auth: false,
+        }
+    }
+}
+
+/// An in-process server.
+pub struct TestServer {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// The service behind it.
+    pub service: Service,
+    /// The backend (with its failure switch).
+    pub backend: Arc<SwitchableBackend>,
+    /// HTTP client.
+    pub http: reqwest::Client,
+    /// The local backend fixture (destroys on drop).
+    tb: Option<TestBackend>,
+    data: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Imports a test image layout into `store` as `name`.
+pub fn import(store: &ImageStore, layout: &str, name: &str) {
+    store
+        .import(&image_layout(layout), Some(name))
+        .unwrap_or_else(|e| panic!("importing {layout} as {name}: {e}"));
+}
+
+impl TestServer {
+    /// A server with default options.
+    pub async fn start() -> TestServer {
+        Self::with(Options::default()).await
+    }
+
+    /// A server with `opts`.
+    pub async fn with(opts: Options) -> TestServer {
+        // Request lines of in-process servers would drown the test output; the log
+        // format is checked on the server process's log.
+        orchard::log::set_level("warn");
+        let data = tempfile::Builder::new()
+            .prefix("orchard-srv-")
+            .tempdir()
+            .unwrap();
+        let store = ImageStore::open(data.path().join("images"), StoreConfig::default()).unwrap();
+        import(&store, "busybox", "busybox:latest");
+        let tb = TestBackend::with_config(test_config(&fresh_root()));
+        let backend = Arc::new(SwitchableBackend {
+            inner: tb.backend.clone(),
+            list_fails: AtomicBool::new(false),
+        });
+        let mut config = Config::resolve(ServeArgs {
+            data_dir: Some(data.path().to_path_buf()),
+            agent: Some(agent_binary()),
+            ..Default::default()
+        })
+        .unwrap();
+        config.policy = opts.policy.clone();
+        config.quotas.max_sandboxes = opts.max_sandboxes;
+        config.quotas.creates_per_minute = opts.creates_per_minute;
+        let keys = if opts.no_auth {
+            Keys::disabled()
+        } else {
+            Keys::new([KEY, OTHER_KEY])
+        };
+        let (router, service) = orchard::serve::app(backend.clone(), store, &config, keys)
+            .await
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        TestServer {
+            url,
+            service,
+            backend,
+            http: reqwest::Client::new(),
+            tb: Some(tb),
+            data,
+            task,
+        }
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        self.data.path()
+    }
+
+    /// A request with the test key.
+    pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.url))
+            .header("X-API-Key", KEY)
+    }
+
+    /// GET with the key; answers status and JSON body.
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        send(self.req(reqwest::Method::GET, path)).await
+    }
+
+    /// POST JSON with the key.
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        send(self.req(reqwest::Method::POST, path).json(&body)).await
+    }
+
+    /// DELETE with the key.
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        send(self.req(reqwest::Method::DELETE, path)).await
+    }
+
+    /// A ready busybox sandbox made through `/v1`; answers its id.
+    pub async fn sandbox(&self) -> String {
+        let (s, v) = self
+            .post(
+                "/v1/sandboxes",
+                serde_json::json!({"image": "busybox:latest"}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    }
+
+    /// Deletes every sandbox through the API, then asserts nothing is left on the host.
+    pub async fn finish(mut self) {
+        self.service.shutdown().await;
+        let tb = self.tb.take().unwrap();
+        assert_clean(&tb.backend).await;
+        self.task.abort();
+        tb.finish().await;
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Sends a request; answers status and the JSON body (`Null` when not JSON).
+pub async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let resp = tokio::time::timeout(Duration::from_secs(120), req.send())
+        .await
+        .expect("request did not finish in 120 s")
+        .expect("request failed");
+    let status = resp.status().as_u16();
+    let bytes = resp.bytes().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// The real `orchard serve` binary on a data directory, for tests that kill it.
+pub struct ServerProcess {
+    /// The process.
+    pub child: Child,
+    /// Its base URL.
+    pub url: String,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+}
+
+impl ServerProcess {
+    /// Starts `orchard serve` on `data_dir` (kept across restarts by the caller) and
+    /// waits for its ready file.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> ServerProcess {
+        let ready = data_dir.join("ready-url");
+        let _ = std::fs::remove_file(&ready);
+        std::fs::create_dir_all(data_dir).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(data_dir.join("server.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_orchard"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--api-key",
+                KEY,
+                "--api-key",
+                OTHER_KEY,
+            ])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--agent")
+            .arg(agent_binary())
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting orchard serve");
+        let mut proc = ServerProcess {
+            child,
+            url: String::new(),
+            data_dir: data_dir.to_path_buf(),
+        };
+        // The ready file appears once the server listens; nothing to subscribe to.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(u) = std::fs::read_to_string(&ready) {
+                if u.ends_with('\n') {
+                    proc.url = u.trim().to_string();
+                    break;
+                }
+            }
+            if let Ok(Some(status)) = proc.child.try_wait() {
+                panic!(
+                    "orchard serve exited with {status}:\n{}",
+                    std::fs::read_to_string(data_dir.join("server.log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "orchard serve did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        proc
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().expect("waiting for orchard serve")
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.stop();
+        }
+    }
+}
+
+/// Reaps zombie agents re-parented to this test process. A server killed with SIGKILL
+/// leaves its sandboxes' inits orphaned; since other tests made this process a child
+/// subreaper, they become its children, and the restarted server that deletes them
+/// cannot reap them. Only those pids are waited for: a `waitpid(-1)` would steal other
+/// tests' children.
+pub fn reap_orphaned_agents() {
+    let me = std::process::id().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let comm = &stat[stat.find('(').map_or(0, |i| i + 1)..close];
+        let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        if comm == "orchard-agent"
+            && rest.first() == Some(&"Z")
+            && rest.get(1) == Some(&me.as_str())
+        {
+            // SAFETY: waiting for one specific zombie child.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+        }
+    }
+}
