@@ -53,9 +53,12 @@ bench: agent images
 	cargo run --release -p orchard-bench -- --agent $(AGENT_BIN) --out bench/results
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/backend.md \
 	  cargo test --release -p orchard --test integration bench_local_backend -- --ignored --nocapture
+	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/server.md cargo test --release -p orchard --test integration bench_server -- --ignored --nocapture
 
-## run: start an agent in a runc sandbox in the background and run a command in it.
-run: agent
+## run: start `orchard serve` in the background, create a python:3.11-slim sandbox, run
+## a command in it, print the SANDBOX_BASE_URL / SANDBOX_API_KEY lines.
+run: agent images
+	cargo build --release -p orchard
 	@scripts/run.sh
 
 ## stop: stop what `make run` started and remove everything it made.

@@ -1,82 +1,66 @@
 #!/usr/bin/env bash
-# `make run` until the orchestrator exists: starts orchard-agent as PID 1 of a runc
-# sandbox (busybox rootfs, read-only root, writable /tmp, loopback-only network) in the
-# background, runs a first command in it through the agent's Unix socket, and prints
-# how to reach it. `make stop` (scripts/stop.sh) removes everything.
+# `make run`: starts `orchard serve` (local backend, in-process state) in the background,
+# imports the python:3.11-slim test image, creates a sandbox from it, runs
+# `python3 -c 'print(2+2)'` in it, and prints the two lines that point the SDK and the
+# CLI at the service. `make stop` (scripts/stop.sh) stops it and removes what it made.
+#
+# Environment: ORCHARD_PORT (default 8000), ORCHARD_HARNESS (default images/out/harness
+# when it was built with `make harness`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
 state=$top/.orchard-run
-id=orchard-run
-agent=${ORCHARD_AGENT_BIN:-$top/target/x86_64-unknown-linux-musl/release/orchard-agent}
-runc_root=$state/runc
+orchard=$top/target/release/orchard
+port=${ORCHARD_PORT:-8000}
 
-if [ -e "$state/bundle/config.json" ] && runc --root "$runc_root" state $id >/dev/null 2>&1; then
-  echo "run: a sandbox is already running; \`make stop\` first" >&2
+if [ -f "$state/server.pid" ] && kill -0 "$(cat "$state/server.pid")" 2>/dev/null; then
+  echo "run: orchard serve is already running (pid $(cat "$state/server.pid")); \`make stop\` first" >&2
   exit 1
 fi
 scripts/stop.sh >/dev/null 2>&1 || true
+mkdir -p "$state"
+# Sandbox sockets live under the data directory and a socket path must stay under 108
+# bytes, so the data directory is short and outside the checkout.
+data=/var/tmp/orchard-run-$(printf %s "$top" | sha256sum | cut -c1-8)
+echo "$data" > "$state/data-dir"
+harness=${ORCHARD_HARNESS:-$top/images/out/harness}
+harness_args=()
+[ -d "$harness/bin" ] && harness_args=(--harness "$harness")
 
-bundle=$state/bundle
-mkdir -p "$bundle/rootfs/bin" "$bundle/rootfs/etc" "$bundle/rootfs/workspace" "$state/bin" "$state/sock" "$runc_root"
-cp /bin/busybox "$bundle/rootfs/bin/busybox"
-for applet in $(/bin/busybox --list); do [ "$applet" = busybox ] || ln -sf busybox "$bundle/rootfs/bin/$applet"; done
-echo 'root:x:0:0:root:/root:/bin/sh' > "$bundle/rootfs/etc/passwd"
-cp "$agent" "$state/bin/orchard-agent"
-token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-echo "$token" > "$state/token"
-chmod 600 "$state/token"
-
-rm -f "$bundle/config.json"
-runc spec --bundle "$bundle"
-python3 - "$bundle/config.json" "$state" "$token" <<'PY'
-import json, sys
-path, state, token = sys.argv[1:]
-c = json.load(open(path))
-c["process"]["terminal"] = False
-c["process"]["args"] = ["/.orchard/bin/orchard-agent", "--unix", "/.orchard/run/agent.sock"]
-c["process"]["env"] = ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root",
-                       "ORCHARD_AGENT_TOKEN=" + token]
-c["process"]["cwd"] = "/workspace"
-c["root"] = {"path": "rootfs", "readonly": True}
-c["hostname"] = "orchard-run"
-c["mounts"] += [
-    {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-     "options": ["nosuid", "nodev", "mode=1777"]},
-    {"destination": "/workspace", "type": "tmpfs", "source": "tmpfs",
-     "options": ["nosuid", "nodev", "mode=755"]},
-    {"destination": "/.orchard/bin", "type": "bind", "source": state + "/bin",
-     "options": ["rbind", "ro"]},
-    {"destination": "/.orchard/run", "type": "bind", "source": state + "/sock",
-     "options": ["rbind", "rw"]},
-]
-c["linux"].setdefault("resources", {})["pids"] = {"limit": 512}
-json.dump(c, open(path, "w"), indent=2)
-PY
-
-runc --root "$runc_root" run --detach --bundle "$bundle" --pid-file "$state/pid" $id \
-  </dev/null >"$state/agent.log" 2>&1
-sock=$state/sock/agent.sock
-for _ in $(seq 1 200); do
-  curl -sf --unix-socket "$sock" http://agent/livez >/dev/null 2>&1 && break
-  sleep 0.05
+rm -f "$state/url"
+setsid "$orchard" serve --listen "127.0.0.1:$port" --data-dir "$data" \
+  --ready-file "$state/url" "${harness_args[@]}" \
+  </dev/null >"$state/server.log" 2>&1 &
+echo $! > "$state/server.pid"
+for _ in $(seq 1 300); do
+  [ -s "$state/url" ] && break
+  kill -0 "$(cat "$state/server.pid")" 2>/dev/null || break
+  sleep 0.1
 done
-if ! curl -sf --unix-socket "$sock" http://agent/livez >/dev/null 2>&1; then
-  echo "run: the agent did not come up; its log:" >&2
-  cat "$state/agent.log" >&2
+if [ ! -s "$state/url" ]; then
+  echo "run: orchard serve did not start; its log:" >&2
+  cat "$state/server.log" >&2
   exit 1
 fi
+export SANDBOX_BASE_URL=$(cat "$state/url")
+export SANDBOX_API_KEY=$(cat "$data/api-key")
+echo "run: orchard serve is up at $SANDBOX_BASE_URL (log: $state/server.log)"
 
-echo "run: sandbox $id is up (agent pid 1, socket $sock)"
-echo "run: \$ uname -a; echo \$((2+2))"
-curl -s --unix-socket "$sock" -H "x-orchard-token: $token" http://agent/v1/exec \
-  -d '{"command":"uname -a; echo $((2+2))"}' |
-  python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["stdout"]["data"], end=""); print("exit", r["exit_code"], "in", round(r["duration_ms"],2), "ms")'
+echo "run: importing python:3.11-slim"
+"$orchard" image import "$top/images/out/python" --name python:3.11-slim
+echo "run: creating a sandbox from python:3.11-slim"
+id=$("$orchard" sandbox create python:3.11-slim)
+echo "run: sandbox $id is ready"
+echo "run: \$ python3 -c 'print(2+2)'"
+"$orchard" sandbox exec "$id" -- python3 -c 'print(2+2)'
+
 cat <<MSG
 
-The agent keeps running in the background. Talk to it with:
-  export ORCHARD_AGENT_SOCKET=$sock
-  export ORCHARD_AGENT_TOKEN=$token
-  curl -s --unix-socket \$ORCHARD_AGENT_SOCKET -H "x-orchard-token: \$ORCHARD_AGENT_TOKEN" http://agent/v1/exec -d '{"command":"ls /"}'
-Stop it with: make stop
+The service keeps running in the background (\`make stop\` ends it). Point the SDK and
+the CLI at it with:
+
+export SANDBOX_BASE_URL=$SANDBOX_BASE_URL
+export SANDBOX_API_KEY=$SANDBOX_API_KEY
+
+then, e.g.: target/release/orchard sandbox ls    target/release/orchard sandbox shell $id
 MSG
