@@ -166,6 +166,65 @@ async fn reconciliation_fails_lost_sandboxes_removes_orphans_and_skips_when_list
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_not_ready_in_time_fails_and_a_v1_create_leaves_nothing() {
+    let srv = TestServer::with(Options {
+        fail_point: Some(orchard::backend::local::FailPoint::HangAfterRuncCreate),
+        ..Options::default()
+    })
+    .await;
+    let (s, created) = srv
+        .post(
+            "/sandboxes",
+            json!({"image": "busybox:latest", "timeout": 1}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let id = created["sandbox_id"].as_str().unwrap();
+    let (s, e) = srv.get(&format!("/sandboxes/{id}/wait?timeout=30")).await;
+    assert_eq!(s, 502, "{e}");
+    assert!(
+        e["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not ready within 1 s"),
+        "{e}"
+    );
+    let (_, st) = srv.get(&format!("/sandboxes/{id}")).await;
+    assert_eq!(
+        (st["status"].as_str(), st["ready"].as_bool()),
+        (Some("failed"), Some(false))
+    );
+    // A short wait on a pending sandbox is a 408.
+    let (_, other) = srv
+        .post(
+            "/sandboxes",
+            json!({"image": "busybox:latest", "timeout": 60}),
+        )
+        .await;
+    let other = other["sandbox_id"].as_str().unwrap();
+    let (s, _) = srv
+        .get(&format!("/sandboxes/{other}/wait?timeout=0.2"))
+        .await;
+    assert_eq!(s, 408);
+    let (s, e) = srv
+        .post(
+            "/v1/sandboxes",
+            json!({"image": "busybox:latest", "ready_timeout_s": 1}),
+        )
+        .await;
+    assert_eq!(s, 502, "{e}");
+    let (_, list) = srv.get("/v1/sandboxes").await;
+    let ids: Vec<&str> = list["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 2, "the failed /v1 create was removed: {list}");
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_concurrent_creates_all_become_ready() {
     let srv = TestServer::start().await;
     let started = Instant::now();

@@ -82,6 +82,8 @@ pub struct Options {
     pub creates_per_minute: usize,
     /// Auth off.
     pub no_auth: bool,
+    /// Where the backend's creates stop (readiness time-out tests).
+    pub fail_point: Option<orchard::backend::local::FailPoint>,
 }
 
 impl Default for Options {
@@ -96,6 +98,7 @@ impl Default for Options {
             max_sandboxes: 0,
             creates_per_minute: 0,
             no_auth: false,
+            fail_point: None,
         }
     }
 }
@@ -140,7 +143,9 @@ impl TestServer {
             .unwrap();
         let store = ImageStore::open(data.path().join("images"), StoreConfig::default()).unwrap();
         import(&store, "busybox", "busybox:latest");
-        let tb = TestBackend::with_config(test_config(&fresh_root()));
+        let mut local = test_config(&fresh_root());
+        local.fail_point = opts.fail_point;
+        let tb = TestBackend::with_config(local);
         let backend = Arc::new(SwitchableBackend {
             inner: tb.backend.clone(),
             list_fails: AtomicBool::new(false),
