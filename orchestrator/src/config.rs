@@ -28,7 +28,7 @@ pub struct ServeArgs {
     #[arg(long = "api-key")]
     pub api_keys: Vec<String>,
     /// Accept requests without a key (only when asked for explicitly).
-    #[arg(long, env = "ORCHARD_NO_AUTH")]
+    #[arg(long, env = "ORCHARD_NO_AUTH", num_args = 0..=1, default_missing_value = "true")]
     pub no_auth: Option<bool>,
     /// Where state lives: sandboxes, images, jobs [default: /var/lib/orchard as root,
     /// else ~/.local/state/orchard].
@@ -77,7 +77,12 @@ pub struct ServeArgs {
     pub max_pending_creates: Option<usize>,
     /// Keep sandboxes running when the server stops (a restart adopts them)
     /// [default: false: delete them].
-    #[arg(long, env = "ORCHARD_KEEP_SANDBOXES_ON_EXIT")]
+    #[arg(
+        long,
+        env = "ORCHARD_KEEP_SANDBOXES_ON_EXIT",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
     pub keep_sandboxes_on_exit: Option<bool>,
     /// Registry mirror, `REGISTRY=URL` (repeatable), e.g. `docker.io=http://127.0.0.1:5000`.
     #[arg(long = "registry-mirror")]
@@ -254,7 +259,9 @@ impl Config {
             ..Policy::default()
         };
         if policy.ready_timeout.is_zero() {
-            return Err(ConfigError::Invalid("ready_timeout_s must be at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "ready_timeout_s must be at least 1".into(),
+            ));
         }
         let mirrors = if args.registry_mirrors.is_empty() {
             file.registry_mirrors.unwrap_or_default()
@@ -280,7 +287,10 @@ impl Config {
                 .unwrap_or_else(|| "127.0.0.1:8000".into()),
             api_keys,
             no_auth: args.no_auth.or(file.no_auth).unwrap_or(false),
-            data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(default_data_dir),
+            data_dir: args
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(default_data_dir),
             agent: args.agent.or(file.agent).unwrap_or_else(default_agent),
             harness: args.harness.or(file.harness),
             ready_file: args.ready_file.or(file.ready_file),
@@ -334,7 +344,11 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:9999", "from the file");
         assert_eq!(c.policy.ready_timeout, Duration::from_secs(20), "flag wins");
         assert_eq!(c.policy.default_ttl, Some(Duration::from_secs(60)));
-        assert_eq!(c.policy.heartbeat_timeout, Duration::from_secs(300), "default");
+        assert_eq!(
+            c.policy.heartbeat_timeout,
+            Duration::from_secs(300),
+            "default"
+        );
         assert!(!c.no_auth, "auth is on unless disabled explicitly");
         let unknown = dir.path().join("bad.toml");
         std::fs::write(&unknown, "lisen = \"x\"\n").unwrap();

@@ -266,6 +266,11 @@ impl ServerProcess {
     /// Starts `orchard serve` on `data_dir` (kept across restarts by the caller) and
     /// waits for its ready file.
     pub fn start(data_dir: &Path, extra: &[&str]) -> ServerProcess {
+        Self::start_with_keys(data_dir, &[KEY, OTHER_KEY], extra)
+    }
+
+    /// [`ServerProcess::start`] accepting `keys` (none: the server generates one).
+    pub fn start_with_keys(data_dir: &Path, keys: &[&str], extra: &[&str]) -> ServerProcess {
         let ready = data_dir.join("ready-url");
         let _ = std::fs::remove_file(&ready);
         std::fs::create_dir_all(data_dir).unwrap();
@@ -279,11 +284,9 @@ impl ServerProcess {
                 "serve",
                 "--listen",
                 "127.0.0.1:0",
-                "--api-key",
-                KEY,
-                "--api-key",
-                OTHER_KEY,
             ])
+            .args(keys.iter().flat_map(|k| ["--api-key", k]))
+            .env_remove("ORCHARD_API_KEYS")
             .arg("--data-dir")
             .arg(data_dir)
             .arg("--agent")
