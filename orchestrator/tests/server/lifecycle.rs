@@ -426,7 +426,10 @@ fn a_server_killed_with_sigkill_restarts_adopting_sandboxes_and_failing_jobs_in_
 
 #[test]
 fn a_server_without_keys_generates_one_prints_it_and_keeps_it_across_restarts() {
-    let data = tempfile::Builder::new().prefix("orchard-key-").tempdir().unwrap();
+    let data = tempfile::Builder::new()
+        .prefix("orchard-key-")
+        .tempdir()
+        .unwrap();
     let mut first = ServerProcess::start_with_keys(data.path(), &[], &[]);
     let log = std::fs::read_to_string(data.path().join("server.log")).unwrap();
     let key = log
@@ -435,7 +438,10 @@ fn a_server_without_keys_generates_one_prints_it_and_keeps_it_across_restarts() 
         .unwrap_or_else(|| panic!("no generated key printed:\n{log}"))
         .to_string();
     let get = |url: &str, key: Option<&str>| {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let mut req = reqwest::Client::new().get(format!("{url}/v1/sandboxes"));
             if let Some(k) = key {
@@ -448,8 +454,16 @@ fn a_server_without_keys_generates_one_prints_it_and_keeps_it_across_restarts() 
     assert_eq!(get(&first.url, None), 401, "auth is on by default");
     assert!(first.stop().success());
     let second = ServerProcess::start_with_keys(data.path(), &[], &[]);
-    assert_eq!(get(&second.url, Some(&key)), 200, "the same key after a restart");
+    assert_eq!(
+        get(&second.url, Some(&key)),
+        200,
+        "the same key after a restart"
+    );
     drop(second);
     let third = ServerProcess::start_with_keys(data.path(), &[], &["--no-auth"]);
-    assert_eq!(get(&third.url, None), 200, "--no-auth accepts requests without a key");
+    assert_eq!(
+        get(&third.url, None),
+        200,
+        "--no-auth accepts requests without a key"
+    );
 }

@@ -280,11 +280,7 @@ impl ServerProcess {
             .open(data_dir.join("server.log"))
             .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_orchard"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-            ])
+            .args(["serve", "--listen", "127.0.0.1:0"])
             .args(keys.iter().flat_map(|k| ["--api-key", k]))
             .env_remove("ORCHARD_API_KEYS")
             .arg("--data-dir")
