@@ -26,9 +26,23 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 
 ## test: everything CI checks.
-test: agent images harness lint
+test: agent images harness lint sdk-deps
 	cargo test --workspace
 	@images/harness/test.sh
+	$(SDK_PYTEST)
+
+## sdk-deps: the Python SDK, editable, with its test and lint tools.
+.PHONY: sdk-deps sdk-test
+sdk-deps:
+	python3 -m pip install -q --disable-pip-version-check -e "sdk/python[dev]"
+	cd sdk/python && ruff check . && ruff format --check src tests bench && mypy
+
+SDK_PYTEST = ORCHARD_BIN=$(CURDIR)/target/debug/orchard python3 -m pytest sdk/python/tests
+
+## sdk-test: only the Python SDK's tests, against a real `orchard serve`.
+sdk-test: agent images sdk-deps
+	cargo build -p orchard
+	$(SDK_PYTEST)
 
 ## images: the test base images (busybox, empty, whiteout, python:3.11-slim) as OCI
 ## layouts in images/out/, built without Docker; cached (see images/README.md).

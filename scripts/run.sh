@@ -4,8 +4,9 @@
 # `python3 -c 'print(2+2)'` in it, and prints the two lines that point the SDK and the
 # CLI at the service. `make stop` (scripts/stop.sh) stops it and removes what it made.
 #
-# Environment: ORCHARD_PORT (default 8000), ORCHARD_HARNESS (default images/out/harness
-# when it was built with `make harness`).
+# Environment: ORCHARD_PORT (default 8000); ORCHARD_HARNESS=images/out/harness (after
+# `make harness`) injects the harness CLIs into every sandbox: off by default, since the
+# injector copies and verifies the whole 2 GiB bundle when the server starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
@@ -23,9 +24,10 @@ mkdir -p "$state"
 # bytes, so the data directory is short and outside the checkout.
 data=/var/tmp/orchard-run-$(printf %s "$top" | sha256sum | cut -c1-8)
 echo "$data" > "$state/data-dir"
-harness=${ORCHARD_HARNESS:-$top/images/out/harness}
 harness_args=()
-[ -d "$harness/bin" ] && harness_args=(--harness "$harness")
+if [ -n "${ORCHARD_HARNESS:-}" ]; then
+  harness_args=(--harness "$(realpath "$ORCHARD_HARNESS")")
+fi
 
 rm -f "$state/url"
 setsid "$orchard" serve --listen "127.0.0.1:$port" --data-dir "$data" \

@@ -1,0 +1,1081 @@
+"""The asyncio client: :class:`AsyncSandboxClient` and :class:`AsyncSandboxInstance`.
+
+The same methods as the sync client, awaitable; requests and answers go through the
+same operations (``_ops``), only the I/O differs.
+
+>>> async def main():
+...     async with AsyncSandboxClient() as client:
+...         async with client.create_sandbox("busybox:latest") as sandbox:
+...             return (await sandbox.exec("echo async")).stdout
+>>> asyncio.run(main())
+'async\\n'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from types import TracebackType
+from typing import IO, Any, Literal, overload
+
+import httpx
+
+from . import _ops
+from ._base import ClientState, agent_key, agent_target, describe
+from ._config import new_sandbox_id, resolve_config
+from ._http import AsyncDriver, Op, Request, Route, make_agent_http, make_http, transport_error
+from ._retry import RetryPolicy
+from ._streams import (
+    NdjsonDecoder,
+    archive_root,
+    async_body,
+    body_from,
+    exec_event,
+    extract_tar,
+    path_chunks,
+    pull_event,
+    tar_directory,
+)
+from .errors import OrchardError
+from .models import (
+    AgentEndpoint,
+    ExecEvent,
+    ExecExit,
+    ExecResult,
+    ExtractResult,
+    FileEntry,
+    FileStat,
+    GitApplyResult,
+    GitCommitResult,
+    GitDiff,
+    GitResetResult,
+    GitStatus,
+    ImageInfo,
+    JobResult,
+    PatchResult,
+    ProcessInfo,
+    ProcessOutput,
+    PtyInfo,
+    SandboxInfo,
+    SessionInfo,
+    SessionResult,
+)
+from .pty import AsyncContainerProcess, WsTarget
+
+__all__ = [
+    "AsyncSandboxClient",
+    "AsyncSandboxInstance",
+    "AsyncExecStream",
+    "AsyncProcess",
+    "AsyncSession",
+    "AsyncTerminal",
+]
+
+Command = str | Sequence[str]
+
+
+class SandboxCreation(Awaitable["AsyncSandboxInstance"]):
+    """What :meth:`AsyncSandboxClient.create_sandbox` returns: await it for the sandbox,
+    or use it directly in ``async with`` (the sandbox is deleted when the block ends)."""
+
+    def __init__(self, coro: Awaitable[AsyncSandboxInstance]) -> None:
+        self._coro = coro
+        self._sandbox: AsyncSandboxInstance | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncSandboxInstance]:
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> AsyncSandboxInstance:
+        self._sandbox = await self._coro
+        return self._sandbox
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._sandbox is not None:
+            await self._sandbox.delete()
+
+
+class AsyncSandboxClient:
+    """Async :class:`~orchard_env.SandboxClient`: same arguments, same environment
+    variables, same cleanup; every method is awaitable.
+
+    >>> async def main():
+    ...     async with AsyncSandboxClient() as client:
+    ...         return (await client.health())["status"]
+    >>> asyncio.run(main())
+    'healthy'
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        timeout: float = 1200,
+        auto_cleanup: bool = True,
+        api_key: str | None = None,
+        prefix: str | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        direct: bool = False,
+    ) -> None:
+        config = resolve_config(base_url, api_key, prefix, timeout, retry, direct)
+        self._state = ClientState(config, auto_cleanup)
+        http = make_http(config, asynchronous=True)
+        assert isinstance(http, httpx.AsyncClient)
+        self._http = http
+        self._driver = AsyncDriver(http, config.retry)
+        #: Connection pools to agents of direct sandboxes, by (socket, url).
+        self._agents: dict[tuple[str | None, str | None], httpx.AsyncClient] = {}
+        self._closed = False
+
+    @property
+    def base_url(self) -> str:
+        """The server's URL."""
+        return self._state.config.base_url
+
+    @property
+    def prefix(self) -> str:
+        """Start of the ids of the sandboxes this client creates."""
+        return self._state.config.prefix
+
+    @property
+    def owned_sandboxes(self) -> list[str]:
+        """Ids of the sandboxes this client created and has not deleted."""
+        return list(self._state.owned)
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /health``."""
+        return await self._driver.run(_ops.health())
+
+    async def resources(self) -> dict[str, Any]:
+        """``GET /resources``."""
+        return await self._driver.run(_ops.resources())
+
+    def create_sandbox(
+        self,
+        image: str,
+        block_network: bool = True,
+        sandbox_id: str | None = None,
+        cpu: str | float | None = None,
+        memory: str | None = None,
+        timeout: float = 3600,
+        wait_ready: bool = True,
+        poll_interval: float = 1.0,
+        *,
+        env: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        ttl: float | None = None,
+        direct: bool | None = None,
+    ) -> SandboxCreation:
+        """Creates a sandbox (see :meth:`SandboxClient.create_sandbox`).
+
+        ``sb = await client.create_sandbox(...)``, or
+        ``async with client.create_sandbox(...) as sb:``.
+        """
+        del poll_interval  # waits block server-side
+        return SandboxCreation(
+            self._create(
+                image,
+                block_network=block_network,
+                sandbox_id=sandbox_id,
+                cpu=cpu,
+                memory=memory,
+                timeout=timeout,
+                wait_ready=wait_ready,
+                env=env,
+                labels=labels,
+                ttl=ttl,
+                direct=direct,
+            )
+        )
+
+    async def _create(
+        self,
+        image: str,
+        *,
+        block_network: bool,
+        sandbox_id: str | None,
+        cpu: str | float | None,
+        memory: str | None,
+        timeout: float,
+        wait_ready: bool,
+        env: Mapping[str, str] | None,
+        labels: Mapping[str, str] | None,
+        ttl: float | None,
+        direct: bool | None,
+    ) -> AsyncSandboxInstance:
+        sid = sandbox_id or new_sandbox_id(self.prefix)
+        self._state.own(sid)
+        try:
+            info = await self._driver.run(
+                _ops.create_sandbox(
+                    image,
+                    prefix=self.prefix,
+                    block_network=block_network,
+                    sandbox_id=sid,
+                    chosen=sandbox_id is not None,
+                    cpu=cpu,
+                    memory=memory,
+                    timeout=timeout,
+                    env=env,
+                    labels=labels,
+                    ttl=ttl,
+                )
+            )
+        except OrchardError as err:
+            if not (err.status is None or err.status >= 500):
+                self._state.disown(sid)
+            raise
+        sandbox = AsyncSandboxInstance(self, info, direct=self._direct(direct))
+        if wait_ready:
+            try:
+                await sandbox.wait_ready(timeout)
+            except BaseException:
+                await self._delete_quietly(sid)
+                raise
+        return sandbox
+
+    async def get_sandbox(
+        self, sandbox_id: str, *, direct: bool | None = None
+    ) -> AsyncSandboxInstance:
+        """An existing sandbox by id (not owned by this client)."""
+        info = await self._driver.run(_ops.get_sandbox(sandbox_id))
+        return AsyncSandboxInstance(self, info, direct=self._direct(direct))
+
+    async def delete_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        """Deletes a sandbox."""
+        try:
+            await self._driver.run(_ops.delete_sandbox(sandbox_id))
+        finally:
+            self._state.disown(sandbox_id)
+        return {"status": "deleted", "sandbox_id": sandbox_id}
+
+    async def cleanup_all(self) -> list[str]:
+        """Deletes (concurrently) every sandbox this client created; returns their ids."""
+        ids = list(self._state.owned)
+        await asyncio.gather(*(self._delete_quietly(sid) for sid in ids))
+        return ids
+
+    async def list_sandboxes(self) -> list[SandboxInfo]:
+        """The caller's sandboxes (``GET /v1/sandboxes``)."""
+        return await self._driver.run(_ops.list_sandboxes())
+
+    async def list_images(self) -> list[ImageInfo]:
+        """Images in the server's store."""
+        return await self._driver.run(_ops.list_images())
+
+    async def import_image(
+        self, source: str | os.PathLike[str] | bytes | IO[bytes], name: str
+    ) -> list[ImageInfo]:
+        """Imports an image archive (see :meth:`SandboxClient.import_image`)."""
+        if isinstance(source, (str, os.PathLike)):
+            chunks = tar_directory(source) if os.path.isdir(source) else path_chunks(source)
+            content, replayable = chunks, False
+        else:
+            content, replayable = body_from(source)
+        op = _ops.import_image(name, async_body(content), replayable=replayable)
+        return await self._driver.run(op)
+
+    async def pull_image(
+        self, reference: str, on_progress: Callable[[dict[str, Any]], None] | None = None
+    ) -> ImageInfo:
+        """Pulls ``reference`` into the server's store."""
+        decoder = NdjsonDecoder()
+        async with self._driver.stream(_ops.pull_image_request(reference)) as response:
+            async for chunk in response.aiter_bytes():
+                for frame in decoder.feed(chunk):
+                    event = pull_event(frame)
+                    if event.get("type") == "done":
+                        return ImageInfo.from_json(event.get("image") or {})
+                    if on_progress is not None:
+                        on_progress(event)
+        raise OrchardError(f"pull of {reference} ended without a result")
+
+    async def delete_image(self, reference: str) -> dict[str, Any]:
+        """Removes an image from the server's store."""
+        return await self._driver.run(_ops.delete_image(reference))
+
+    async def close(self) -> None:
+        """Deletes the owned sandboxes (with ``auto_cleanup``) and closes the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._state.auto_cleanup:
+                await self.cleanup_all()
+        finally:
+            for agent in self._agents.values():
+                await agent.aclose()
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncSandboxClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncSandboxClient(base_url={self.base_url!r})"
+
+    def _direct(self, direct: bool | None) -> bool:
+        return self._state.config.direct if direct is None else direct
+
+    async def _delete_quietly(self, sandbox_id: str) -> None:
+        try:
+            await self._driver.run(_ops.delete_sandbox(sandbox_id, missing_ok=True))
+        except OrchardError:
+            pass
+        finally:
+            self._state.disown(sandbox_id)
+
+    def _agent_http(self, socket: str | None, url: str | None) -> httpx.AsyncClient:
+        key = (socket, url)
+        http = self._agents.get(key)
+        if http is None:
+            made = make_agent_http(socket, url, self._state.config.timeout, asynchronous=True)
+            assert isinstance(made, httpx.AsyncClient)
+            http = self._agents[key] = made
+        return http
+
+
+class AsyncSandboxInstance:
+    """Async :class:`~orchard_env.SandboxInstance`; ``async with`` deletes it on exit."""
+
+    def __init__(
+        self, client: AsyncSandboxClient, info: SandboxInfo, *, direct: bool = False
+    ) -> None:
+        self._client = client
+        self._driver = client._driver
+        self.info = info
+        self.direct = direct
+        #: Waits and refreshes use /v1 answers (agent endpoint, labels) when it was
+        #: created through /v1 or talks to its agent directly.
+        self._v1 = direct or "id" in info.raw
+        self._route_cache: Route | None = None
+
+    @property
+    def sandbox_id(self) -> str:
+        """The sandbox's id."""
+        return self.info.sandbox_id
+
+    @property
+    def id(self) -> str:
+        """Alias of :attr:`sandbox_id`."""
+        return self.info.sandbox_id
+
+    @property
+    def image(self) -> str | None:
+        """The image it runs."""
+        return self.info.image
+
+    def __repr__(self) -> str:
+        return describe(self.info, self.sandbox_id, self.direct)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def refresh(self) -> SandboxInfo:
+        """Reloads :attr:`info` from the server."""
+        self.info = await self._driver.run(_ops.get_sandbox(self.sandbox_id, v1=self._v1))
+        return self.info
+
+    async def wait_ready(self, timeout: float | None = 300) -> SandboxInfo:
+        """Waits until the sandbox is ready (server-side wait)."""
+        self.info = await self._driver.run(_ops.wait_sandbox(self.sandbox_id, timeout, v1=self._v1))
+        return self.info
+
+    async def heartbeat(self) -> dict[str, Any]:
+        """Keeps the sandbox alive."""
+        return await self._driver.run(_ops.heartbeat(self.sandbox_id))
+
+    async def delete(self) -> None:
+        """Deletes the sandbox (quietly when it is already gone)."""
+        await self._client._delete_quietly(self.sandbox_id)
+
+    def detach(self) -> AsyncSandboxInstance:
+        """Stops the client from deleting this sandbox at exit; returns it."""
+        self._client._state.disown(self.sandbox_id)
+        return self
+
+    async def __aenter__(self) -> AsyncSandboxInstance:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.delete()
+
+    # --- compatible API --------------------------------------------------------------------
+
+    @overload
+    async def exec(
+        self,
+        command: Command,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        pty: Literal[False] = False,
+    ) -> JobResult: ...
+
+    @overload
+    async def exec(
+        self,
+        command: Command,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        *,
+        pty: Literal[True],
+    ) -> AsyncContainerProcess: ...
+
+    async def exec(
+        self,
+        command: Command,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        pty: bool = False,
+    ) -> JobResult | AsyncContainerProcess:
+        """Runs ``command`` through the jobs API (see :meth:`SandboxInstance.exec`)."""
+        if pty:
+            init = _ops.pty_init_frame(
+                command, cwd=cwd, env=env, rows=24, cols=80, login_shell=login_shell
+            )
+            if self.direct:
+                target = agent_target(await self._endpoint(), "/v1/pty/compat")
+            else:
+                target = self._client._state.compat_pty_target(self.sandbox_id)
+            return await AsyncContainerProcess.open(target, init=init)
+        return await self._driver.run(
+            _ops.exec_job(
+                self.sandbox_id,
+                command,
+                timeout=timeout,
+                wait_limit=self._client._state.job_wait_limit(timeout),
+                cwd=cwd,
+                env=env,
+                login_shell=login_shell,
+            )
+        )
+
+    async def get_job(self, job_id: str) -> JobResult:
+        """A job by id, as it is now."""
+        return await self._driver.run(_ops.get_job(job_id))
+
+    async def wait_job(self, job_id: str, timeout: float | None = None) -> JobResult:
+        """Waits for a job to finish (at most ``timeout`` seconds) and returns it."""
+        return await self._driver.run(_ops.wait_job(job_id, timeout))
+
+    async def apply_patch(self, patch: str, timeout: float = 30) -> PatchResult:
+        """Applies a unified diff in the working directory."""
+        return await self._driver.run(_ops.apply_patch(self.sandbox_id, patch, timeout))
+
+    async def upload_content(self, content: bytes | str, remote: str) -> dict[str, Any]:
+        """Writes ``content`` to the file ``remote`` (compatible route)."""
+        data = content.encode() if isinstance(content, str) else bytes(content)
+        return await self._driver.run(_ops.upload_content(self.sandbox_id, data, remote))
+
+    async def upload_file(self, local: str | os.PathLike[str], remote: str) -> dict[str, Any]:
+        """Uploads the local file ``local`` to ``remote`` (compatible route)."""
+        with open(local, "rb") as f:
+            data = f.read()
+        return await self._driver.run(_ops.upload_content(self.sandbox_id, data, remote))
+
+    async def download_content(self, remote: str) -> bytes:
+        """The bytes of the file ``remote`` (compatible route)."""
+        return await self._driver.run(_ops.download_content(self.sandbox_id, remote))
+
+    async def download_file(self, remote: str, local: str | os.PathLike[str]) -> str:
+        """Saves the file ``remote`` as ``local``; returns the local path."""
+        data = await self._driver.run(_ops.download_content(self.sandbox_id, remote))
+        with open(local, "wb") as f:
+            f.write(data)
+        return os.fspath(local)
+
+    async def list_files(self, path: str = "/workspace") -> list[FileEntry]:
+        """Entries of a directory (compatible route)."""
+        return await self._driver.run(_ops.list_files(self.sandbox_id, path))
+
+    # --- /v1 ----------------------------------------------------------------------------
+
+    async def _endpoint(self) -> AgentEndpoint:
+        info = self.info
+        if info.agent is None:
+            info = await self._driver.run(_ops.get_sandbox(self.sandbox_id, v1=True))
+            if info.agent is None:
+                raise OrchardError(f"sandbox {self.sandbox_id} has no agent endpoint (not ready?)")
+            self.info = info
+        return info.agent
+
+    async def _route(self) -> Route:
+        if self._route_cache is None:
+            if self.direct:
+                endpoint = await self._endpoint()
+                socket, url = agent_key(endpoint)
+                http = self._client._agent_http(socket, url)
+                self._route_cache = Route(http, "/v1", {"x-orchard-token": endpoint.token})
+            else:
+                self._route_cache = Route(
+                    self._client._http, f"/v1/sandboxes/{_ops._seg(self.sandbox_id)}"
+                )
+        return self._route_cache
+
+    async def _run(self, op: Op[Any]) -> Any:
+        return await self._driver.run(op, await self._route())
+
+    async def run(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+        max_output_bytes: int | None = None,
+        shell: str | None = None,
+    ) -> ExecResult:
+        """Runs ``command`` through ``/v1`` (see :meth:`SandboxInstance.run`)."""
+        body = _ops.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
+            max_output_bytes=max_output_bytes,
+            shell=shell,
+        )
+        result: ExecResult = await self._run(_ops.run(body, timeout))
+        return result
+
+    def exec_stream(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+        shell: str | None = None,
+        kill_on_disconnect: bool = False,
+    ) -> AsyncExecStream:
+        """The events of ``command`` as an async iterator (``async for``; ``async with``
+        closes it when left early). See :meth:`SandboxInstance.exec_stream`."""
+        body = _ops.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
+            shell=shell,
+            kill_on_disconnect=kill_on_disconnect,
+        )
+        return AsyncExecStream(self, _ops.exec_stream_request(body))
+
+    async def agent_health(self) -> dict[str, Any]:
+        """The agent's health."""
+        result: dict[str, Any] = await self._run(_ops.agent_health())
+        return result
+
+    async def start_process(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+        shell: str | None = None,
+    ) -> AsyncProcess:
+        """Starts ``command`` in the background."""
+        body = _ops.exec_body(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout, shell=shell)
+        return AsyncProcess(self, await self._run(_ops.start_process(body)))
+
+    async def list_processes(self) -> list[ProcessInfo]:
+        """Running background processes, and exited ones still kept."""
+        result: list[ProcessInfo] = await self._run(_ops.list_processes())
+        return result
+
+    async def get_process(self, process_id: str) -> AsyncProcess:
+        """A handle on an existing background process."""
+        return AsyncProcess(self, await self._run(_ops.get_process(process_id)))
+
+    async def create_session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        shell: str | None = None,
+    ) -> AsyncSession:
+        """Starts a persistent shell."""
+        return AsyncSession(self, await self._run(_ops.create_session(cwd, env, shell)))
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        """Every session of the sandbox."""
+        result: list[SessionInfo] = await self._run(_ops.list_sessions())
+        return result
+
+    async def get_session(self, session_id: str) -> AsyncSession:
+        """A handle on an existing session."""
+        return AsyncSession(self, await self._run(_ops.get_session(session_id)))
+
+    async def create_pty(
+        self,
+        command: Command | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        rows: int | None = None,
+        cols: int | None = None,
+        login_shell: bool = False,
+        idle_timeout: float | None = None,
+    ) -> AsyncTerminal:
+        """Starts a re-attachable terminal (see :meth:`SandboxInstance.create_pty`)."""
+        info = await self._run(
+            _ops.create_pty(
+                command,
+                cwd=cwd,
+                env=env,
+                rows=rows,
+                cols=cols,
+                login_shell=login_shell,
+                idle_timeout=idle_timeout,
+            )
+        )
+        return AsyncTerminal(self, info)
+
+    async def list_ptys(self) -> list[PtyInfo]:
+        """Every terminal of the sandbox."""
+        result: list[PtyInfo] = await self._run(_ops.list_ptys())
+        return result
+
+    async def get_pty(self, pty_id: str) -> AsyncTerminal:
+        """A handle on an existing terminal (to re-attach)."""
+        return AsyncTerminal(self, await self._run(_ops.get_pty(pty_id)))
+
+    async def _attach_target(self, pty_id: str) -> WsTarget:
+        if self.direct:
+            return agent_target(await self._endpoint(), f"/v1/pty/{_ops._seg(pty_id)}/attach")
+        return self._client._state.v1_attach_target(self.sandbox_id, pty_id)
+
+    async def write_file(
+        self,
+        path: str,
+        data: bytes | str | IO[bytes] | Iterable[bytes] | AsyncIterable[bytes],
+        *,
+        mode: int | str | None = None,
+        parents: bool = True,
+    ) -> int:
+        """Writes ``data`` to ``path``, streamed and atomically; returns the size."""
+        content, replayable = body_from(data)
+        result: int = await self._run(
+            _ops.write_file(
+                path, async_body(content), replayable=replayable, mode=mode, parents=parents
+            )
+        )
+        return result
+
+    async def read_file(
+        self, path: str, *, offset: int | None = None, length: int | None = None
+    ) -> bytes:
+        """The bytes of ``path`` (or ``length`` bytes from ``offset``)."""
+        result: bytes = await self._run(_ops.read_file(path, offset, length))
+        return result
+
+    async def iter_file(self, path: str, *, chunk_size: int = 256 * 1024) -> AsyncIterator[bytes]:
+        """The bytes of ``path`` as an async stream of chunks."""
+        route = await self._route()
+        async with self._driver.stream(_ops.read_file_request(path), route) as response:
+            async for chunk in response.aiter_bytes(chunk_size):
+                yield chunk
+
+    async def upload_path(
+        self, local: str | os.PathLike[str], remote: str, *, mode: int | None = None
+    ) -> int:
+        """Streams the local file ``local`` to ``remote``; returns the size."""
+        op = _ops.write_file(
+            remote, async_body(path_chunks(local)), replayable=False, mode=mode, parents=True
+        )
+        result: int = await self._run(op)
+        return result
+
+    async def download_path(self, remote: str, local: str | os.PathLike[str]) -> int:
+        """Streams the file ``remote`` into ``local``; returns the size."""
+        size = 0
+        with open(local, "wb") as f:
+            async for chunk in self.iter_file(remote):
+                f.write(chunk)
+                size += len(chunk)
+        return size
+
+    async def stat(self, path: str) -> FileStat:
+        """Metadata of ``path``."""
+        result: FileStat = await self._run(_ops.stat(path))
+        return result
+
+    async def list_dir(self, path: str, *, depth: int = 1) -> list[FileStat]:
+        """Entries of a directory, ``depth`` levels deep."""
+        result: list[FileStat] = await self._run(_ops.list_dir(path, depth))
+        return result
+
+    async def mkdir(self, path: str, *, mode: int | None = None) -> None:
+        """Creates a directory and its missing parents."""
+        await self._run(_ops.mkdir(path, mode))
+
+    async def move(self, src: str, dst: str, *, overwrite: bool = False) -> None:
+        """Moves or renames ``src`` to ``dst``."""
+        await self._run(_ops.move(src, dst, overwrite))
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file, link, or (with ``recursive``) a directory tree."""
+        await self._run(_ops.remove(path, recursive))
+
+    async def upload_tar(
+        self,
+        archive: bytes
+        | str
+        | os.PathLike[str]
+        | IO[bytes]
+        | Iterable[bytes]
+        | AsyncIterable[bytes],
+        remote_dir: str,
+    ) -> ExtractResult:
+        """Extracts a tar or tar.gz into ``remote_dir``, all or nothing."""
+        if isinstance(archive, (str, os.PathLike)):
+            content, replayable = path_chunks(archive), False
+        else:
+            content, replayable = body_from(archive)
+        op = _ops.upload_tar(remote_dir, async_body(content), replayable=replayable)
+        result: ExtractResult = await self._run(op)
+        return result
+
+    async def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str) -> ExtractResult:
+        """Copies the contents of the local directory into ``remote_dir``."""
+        op = _ops.upload_tar(remote_dir, async_body(tar_directory(local_dir)), replayable=False)
+        result: ExtractResult = await self._run(op)
+        return result
+
+    async def download_tar(self, remote_path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        """Saves ``remote_path`` as a tar.gz into ``dest``; returns the archive's size."""
+        size = 0
+        route = await self._route()
+        async with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
+            if isinstance(dest, (str, os.PathLike)):
+                with open(dest, "wb") as f:
+                    async for chunk in response.aiter_bytes():
+                        f.write(chunk)
+                        size += len(chunk)
+            else:
+                async for chunk in response.aiter_bytes():
+                    dest.write(chunk)
+                    size += len(chunk)
+        return size
+
+    async def download_dir(self, remote_path: str, local_dir: str | os.PathLike[str]) -> list[str]:
+        """Copies the contents of ``remote_path`` into ``local_dir`` (see
+        :meth:`SandboxInstance.download_dir`)."""
+        with tempfile.TemporaryFile() as spool:
+            await self.download_tar(remote_path, spool)
+            spool.seek(0)
+            return extract_tar(spool, local_dir, archive_root(remote_path))
+
+    async def git_status(self, repo: str) -> GitStatus:
+        """Branch, HEAD and changed paths of the repository at ``repo``."""
+        result: GitStatus = await self._run(_ops.git_status(repo))
+        return result
+
+    async def git_diff(
+        self,
+        repo: str,
+        *,
+        base: str | None = None,
+        include_untracked: bool = True,
+        binary: bool = True,
+    ) -> GitDiff:
+        """The work tree against ``base`` as a patch."""
+        result: GitDiff = await self._run(_ops.git_diff(repo, base, include_untracked, binary))
+        return result
+
+    async def git_apply(
+        self, repo: str, patch: str, *, check_only: bool = False, fuzzy: bool = False
+    ) -> GitApplyResult:
+        """Applies ``patch`` all or nothing."""
+        result: GitApplyResult = await self._run(_ops.git_apply(repo, patch, check_only, fuzzy))
+        return result
+
+    async def git_commit(
+        self,
+        repo: str,
+        message: str,
+        *,
+        author_name: str | None = None,
+        author_email: str | None = None,
+        allow_empty: bool = False,
+    ) -> GitCommitResult:
+        """Stages everything and commits it on HEAD."""
+        result: GitCommitResult = await self._run(
+            _ops.git_commit(repo, message, author_name, author_email, allow_empty)
+        )
+        return result
+
+    async def git_reset(
+        self,
+        repo: str,
+        target: str | None = None,
+        *,
+        clean_untracked: bool = True,
+        keep_ignored: bool = True,
+    ) -> GitResetResult:
+        """Hard reset to ``target`` (default HEAD)."""
+        result: GitResetResult = await self._run(
+            _ops.git_reset(repo, target, clean_untracked, keep_ignored)
+        )
+        return result
+
+
+class AsyncExecStream:
+    """Async :class:`~orchard_env.ExecStream`: ``async for`` over the events."""
+
+    def __init__(self, sandbox: AsyncSandboxInstance, request: Request) -> None:
+        self._sandbox = sandbox
+        self._request = request
+        self._cm: Any = None
+        self._chunks: AsyncIterator[bytes] | None = None
+        self._pending: list[Any] = []
+        self._decoder = NdjsonDecoder()
+        self._done = False
+        #: How the command ended, once the stream is over.
+        self.exit: ExecExit | None = None
+
+    async def _start(self) -> AsyncIterator[bytes]:
+        if self._chunks is None:
+            route = await self._sandbox._route()
+            self._cm = self._sandbox._driver.stream(self._request, route)
+            response = await self._cm.__aenter__()
+            self._chunks = response.aiter_bytes()
+        return self._chunks
+
+    def __aiter__(self) -> AsyncExecStream:
+        return self
+
+    async def __anext__(self) -> ExecEvent:
+        try:
+            chunks = await self._start()
+            while True:
+                while self._pending:
+                    event = exec_event(self._pending.pop(0))
+                    if event is None:
+                        continue
+                    if isinstance(event, ExecExit):
+                        self.exit = event
+                    return event
+                if self._done:
+                    await self.aclose()
+                    raise StopAsyncIteration
+                try:
+                    chunk = await chunks.__anext__()
+                    self._pending.extend(self._decoder.feed(chunk))
+                except StopAsyncIteration:
+                    self._done = True
+                    self._pending.extend(self._decoder.end())
+        except httpx.HTTPError as err:
+            await self.aclose()
+            raise transport_error(err, self._request) from err
+        except (OrchardError, asyncio.CancelledError):
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        """Closes the connection (the command keeps running unless ``kill_on_disconnect``)."""
+        if self._cm is not None:
+            cm, self._cm = self._cm, None
+            await cm.__aexit__(None, None, None)
+
+    async def __aenter__(self) -> AsyncExecStream:
+        await self._start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class AsyncProcess:
+    """Async :class:`~orchard_env.Process`."""
+
+    def __init__(self, sandbox: AsyncSandboxInstance, info: ProcessInfo) -> None:
+        self._sandbox = sandbox
+        #: The process as last seen.
+        self.info = info
+        self._stdout_offset = 0
+        self._stderr_offset = 0
+
+    @property
+    def id(self) -> str:
+        """The agent's id of the process."""
+        return self.info.id
+
+    @property
+    def pid(self) -> int:
+        """Its pid in the sandbox."""
+        return self.info.pid
+
+    def __repr__(self) -> str:
+        return f"<AsyncProcess {self.id} pid={self.pid} state={self.info.state}>"
+
+    async def refresh(self) -> ProcessInfo:
+        """Reloads :attr:`info`."""
+        self.info = await self._sandbox._run(_ops.get_process(self.id))
+        return self.info
+
+    async def read_output(self, max_bytes: int | None = None) -> ProcessOutput:
+        """Output written since the previous call."""
+        out: ProcessOutput = await self._sandbox._run(
+            _ops.process_output(self.id, self._stdout_offset, self._stderr_offset, max_bytes)
+        )
+        self._stdout_offset = out.stdout_next_offset
+        self._stderr_offset = out.stderr_next_offset
+        self.info = out.process
+        return out
+
+    async def write_stdin(self, data: str | bytes, *, eof: bool = False) -> ProcessInfo:
+        """Writes to its stdin, and closes it with ``eof``."""
+        self.info = await self._sandbox._run(_ops.process_stdin(self.id, data, eof))
+        return self.info
+
+    async def close_stdin(self) -> ProcessInfo:
+        """Closes its stdin."""
+        self.info = await self._sandbox._run(_ops.process_stdin(self.id, None, True))
+        return self.info
+
+    async def send_signal(self, sig: str | int = "TERM", *, group: bool = True) -> ProcessInfo:
+        """Sends a signal to its process group (or only to it)."""
+        self.info = await self._sandbox._run(_ops.process_signal(self.id, sig, group))
+        return self.info
+
+    async def wait(self, timeout: float | None = None) -> ProcessInfo:
+        """Waits for it to end (at most ``timeout`` seconds)."""
+        self.info = await self._sandbox._run(_ops.process_wait(self.id, timeout))
+        return self.info
+
+    async def kill(self) -> None:
+        """Kills its process group if running, and forgets it."""
+        await self._sandbox._run(_ops.delete_process(self.id))
+
+
+class AsyncSession:
+    """Async :class:`~orchard_env.Session`; ``async with`` ends the shell on exit."""
+
+    def __init__(self, sandbox: AsyncSandboxInstance, info: SessionInfo) -> None:
+        self._sandbox = sandbox
+        #: The session as last seen.
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        """The agent's id of the session."""
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"<AsyncSession {self.id} shell={self.info.shell!r}>"
+
+    async def run(self, command: str, *, timeout: float | None = None) -> SessionResult:
+        """Runs shell text in the session."""
+        result: SessionResult = await self._sandbox._run(
+            _ops.session_run(self.id, command, timeout)
+        )
+        return result
+
+    async def refresh(self) -> SessionInfo:
+        """Reloads :attr:`info`."""
+        self.info = await self._sandbox._run(_ops.get_session(self.id))
+        return self.info
+
+    async def close(self) -> None:
+        """Ends the shell and everything it started."""
+        await self._sandbox._run(_ops.delete_session(self.id, missing_ok=True))
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class AsyncTerminal:
+    """Async :class:`~orchard_env.Terminal`; ``async with`` closes the terminal on exit."""
+
+    def __init__(self, sandbox: AsyncSandboxInstance, info: PtyInfo) -> None:
+        self._sandbox = sandbox
+        #: The terminal as last seen.
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        """The agent's id of the terminal."""
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"<AsyncTerminal {self.id} argv={self.info.argv!r}>"
+
+    async def attach(self, *, timeout: float = 30) -> AsyncContainerProcess:
+        """Connects as a viewer (scrollback first); leaving ``async with`` detaches."""
+        target = await self._sandbox._attach_target(self.id)
+        return await AsyncContainerProcess.open(target, init=None, timeout=timeout)
+
+    async def resize(self, rows: int, cols: int) -> PtyInfo:
+        """Sets the window size."""
+        self.info = await self._sandbox._run(_ops.resize_pty(self.id, rows, cols))
+        return self.info
+
+    async def refresh(self) -> PtyInfo:
+        """Reloads :attr:`info`."""
+        self.info = await self._sandbox._run(_ops.get_pty(self.id))
+        return self.info
+
+    async def close(self) -> None:
+        """Ends the program and the terminal."""
+        await self._sandbox._run(_ops.delete_pty(self.id, missing_ok=True))
+
+    async def __aenter__(self) -> AsyncTerminal:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

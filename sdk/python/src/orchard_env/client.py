@@ -1,0 +1,1118 @@
+"""The synchronous client: :class:`SandboxClient` and :class:`SandboxInstance`.
+
+>>> with SandboxClient() as client:
+...     with client.create_sandbox("busybox:latest") as sandbox:
+...         print(sandbox.exec("echo 'Hello, Orchard!'").stdout)
+Hello, Orchard!
+<BLANKLINE>
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import IO, Any, Literal, overload
+
+import httpx
+
+from . import _ops
+from ._base import ClientState, agent_key, agent_target, describe
+from ._config import new_sandbox_id, resolve_config
+from ._http import Op, Request, Route, SyncDriver, make_agent_http, make_http, transport_error
+from ._retry import RetryPolicy
+from ._streams import (
+    IterReader,
+    NdjsonDecoder,
+    archive_root,
+    body_from,
+    exec_event,
+    extract_tar,
+    path_chunks,
+    pull_event,
+    tar_directory,
+)
+from .errors import OrchardError
+from .models import (
+    ExecEvent,
+    ExecExit,
+    ExecResult,
+    ExtractResult,
+    FileEntry,
+    FileStat,
+    GitApplyResult,
+    GitCommitResult,
+    GitDiff,
+    GitResetResult,
+    GitStatus,
+    ImageInfo,
+    JobResult,
+    PatchResult,
+    ProcessInfo,
+    ProcessOutput,
+    PtyInfo,
+    SandboxInfo,
+    SessionInfo,
+    SessionResult,
+)
+from .pty import ContainerProcess
+
+__all__ = ["SandboxClient", "SandboxInstance", "ExecStream", "Process", "Session", "Terminal"]
+
+Command = str | Sequence[str]
+
+
+class SandboxClient:
+    """A connection to an Orchard server; makes and finds sandboxes.
+
+    Arguments default to the environment: ``SANDBOX_BASE_URL`` (required one way or
+    the other), ``SANDBOX_API_KEY`` and ``SANDBOX_PREFIX`` (the start of the ids of the
+    sandboxes it creates). ``timeout`` is the HTTP time-out in seconds (and how long
+    ``exec`` waits for a command without a time limit of its own). With
+    ``auto_cleanup`` (the default) every sandbox it creates is deleted when the client's
+    ``with`` block ends, at interpreter exit, and on SIGINT/SIGTERM. Transient failures
+    are retried by ``retry`` (3 times, exponential backoff with jitter; a command is
+    never sent twice). ``direct=True`` sends the ``/v1`` sandbox calls to each sandbox's
+    agent itself (its Unix socket, or its address) instead of through the server.
+
+    >>> client.health()["status"]
+    'healthy'
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        timeout: float = 1200,
+        auto_cleanup: bool = True,
+        api_key: str | None = None,
+        prefix: str | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        direct: bool = False,
+    ) -> None:
+        config = resolve_config(base_url, api_key, prefix, timeout, retry, direct)
+        self._state = ClientState(config, auto_cleanup)
+        http = make_http(config, asynchronous=False)
+        assert isinstance(http, httpx.Client)
+        self._http = http
+        self._driver = SyncDriver(http, config.retry)
+        #: Connection pools to agents of direct sandboxes, by (socket, url).
+        self._agents: dict[tuple[str | None, str | None], httpx.Client] = {}
+        self._closed = False
+
+    @property
+    def base_url(self) -> str:
+        """The server's URL."""
+        return self._state.config.base_url
+
+    @property
+    def prefix(self) -> str:
+        """Start of the ids of the sandboxes this client creates."""
+        return self._state.config.prefix
+
+    @property
+    def owned_sandboxes(self) -> list[str]:
+        """Ids of the sandboxes this client created and has not deleted."""
+        return list(self._state.owned)
+
+    def health(self) -> dict[str, Any]:
+        """``GET /health``: ``{"status": "healthy", "version", ...}``."""
+        return self._driver.run(_ops.health())
+
+    def resources(self) -> dict[str, Any]:
+        """``GET /resources``: CPU, memory and sandbox counts of the server."""
+        return self._driver.run(_ops.resources())
+
+    def create_sandbox(
+        self,
+        image: str,
+        block_network: bool = True,
+        sandbox_id: str | None = None,
+        cpu: str | float | None = None,
+        memory: str | None = None,
+        timeout: float = 3600,
+        wait_ready: bool = True,
+        poll_interval: float = 1.0,
+        *,
+        env: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        ttl: float | None = None,
+        direct: bool | None = None,
+    ) -> SandboxInstance:
+        """Creates a sandbox from ``image`` and (by default) waits until it is ready.
+
+        ``cpu`` like ``"2"`` or ``"500m"``, ``memory`` like ``"1Gi"``; ``timeout`` is how
+        long readiness may take, in seconds. The wait is server-side (``/wait``), so
+        ``poll_interval`` is accepted for compatibility and not needed. ``env``,
+        ``labels`` and ``ttl`` (seconds) use the ``/v1`` API. A sandbox that fails to
+        start is deleted and :class:`~orchard_env.SandboxError` raised.
+
+        >>> with client.create_sandbox("busybox:latest", memory="256Mi") as sb:
+        ...     sb.info.status, sb.sandbox_id.startswith(client.prefix)
+        ('running', True)
+        """
+        del poll_interval  # waits block server-side
+        sid = sandbox_id or new_sandbox_id(self.prefix)
+        self._state.own(sid)
+        try:
+            info = self._driver.run(
+                _ops.create_sandbox(
+                    image,
+                    prefix=self.prefix,
+                    block_network=block_network,
+                    sandbox_id=sid,
+                    chosen=sandbox_id is not None,
+                    cpu=cpu,
+                    memory=memory,
+                    timeout=timeout,
+                    env=env,
+                    labels=labels,
+                    ttl=ttl,
+                )
+            )
+        except OrchardError as err:
+            if not _created_maybe(err):
+                self._state.disown(sid)
+            raise
+        sandbox = SandboxInstance(self, info, direct=self._direct(direct))
+        if wait_ready:
+            try:
+                sandbox.wait_ready(timeout)
+            except BaseException:
+                self._delete_quietly(sid)
+                raise
+        return sandbox
+
+    def get_sandbox(self, sandbox_id: str, *, direct: bool | None = None) -> SandboxInstance:
+        """An existing sandbox by id (:class:`~orchard_env.NotFoundError` if there is none).
+
+        The client does not own it: it is deleted only by an explicit ``delete`` or by
+        leaving its own ``with`` block.
+        """
+        info = self._driver.run(_ops.get_sandbox(sandbox_id))
+        return SandboxInstance(self, info, direct=self._direct(direct))
+
+    def delete_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        """Deletes a sandbox: ``{"status": "deleted", "sandbox_id": id}``."""
+        try:
+            self._driver.run(_ops.delete_sandbox(sandbox_id))
+        finally:
+            self._state.disown(sandbox_id)
+        return {"status": "deleted", "sandbox_id": sandbox_id}
+
+    def cleanup_all(self) -> list[str]:
+        """Deletes every sandbox this client created and has not deleted; returns their ids."""
+        ids = list(self._state.owned)
+        for sid in ids:
+            self._delete_quietly(sid)
+        return ids
+
+    def list_sandboxes(self) -> list[SandboxInfo]:
+        """The caller's sandboxes (``GET /v1/sandboxes``)."""
+        return self._driver.run(_ops.list_sandboxes())
+
+    def list_images(self) -> list[ImageInfo]:
+        """Images in the server's store."""
+        return self._driver.run(_ops.list_images())
+
+    def import_image(
+        self, source: str | os.PathLike[str] | bytes | IO[bytes], name: str
+    ) -> list[ImageInfo]:
+        """Imports an image archive under ``name``, streamed.
+
+        ``source`` is a ``docker save`` or OCI-layout tar (optionally compressed): a
+        path to the archive, a path to an OCI layout *directory* (tarred on the fly),
+        its bytes, or a binary file object.
+        """
+        if isinstance(source, (str, os.PathLike)):
+            chunks = tar_directory(source) if os.path.isdir(source) else path_chunks(source)
+            content, replayable = chunks, False
+        else:
+            content, replayable = body_from(source)
+        return self._driver.run(_ops.import_image(name, content, replayable=replayable))
+
+    def pull_image(
+        self, reference: str, on_progress: Callable[[dict[str, Any]], None] | None = None
+    ) -> ImageInfo:
+        """Pulls ``reference`` into the server's store; ``on_progress`` gets each progress frame."""
+        decoder = NdjsonDecoder()
+        with self._driver.stream(_ops.pull_image_request(reference)) as response:
+            for chunk in response.iter_bytes():
+                for frame in decoder.feed(chunk):
+                    event = pull_event(frame)
+                    if event.get("type") == "done":
+                        return ImageInfo.from_json(event.get("image") or {})
+                    if on_progress is not None:
+                        on_progress(event)
+        raise OrchardError(f"pull of {reference} ended without a result")
+
+    def delete_image(self, reference: str) -> dict[str, Any]:
+        """Removes an image from the server's store."""
+        return self._driver.run(_ops.delete_image(reference))
+
+    def close(self) -> None:
+        """Deletes the owned sandboxes (with ``auto_cleanup``) and closes the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._state.auto_cleanup:
+                self.cleanup_all()
+        finally:
+            for agent in self._agents.values():
+                agent.close()
+            self._http.close()
+
+    def __enter__(self) -> SandboxClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SandboxClient(base_url={self.base_url!r})"
+
+    # internals shared with SandboxInstance
+
+    def _direct(self, direct: bool | None) -> bool:
+        return self._state.config.direct if direct is None else direct
+
+    def _delete_quietly(self, sandbox_id: str) -> None:
+        try:
+            self._driver.run(_ops.delete_sandbox(sandbox_id, missing_ok=True))
+        except OrchardError:
+            pass
+        finally:
+            self._state.disown(sandbox_id)
+
+    def _agent_http(self, socket: str | None, url: str | None) -> httpx.Client:
+        key = (socket, url)
+        http = self._agents.get(key)
+        if http is None:
+            made = make_agent_http(socket, url, self._state.config.timeout, asynchronous=False)
+            assert isinstance(made, httpx.Client)
+            http = self._agents[key] = made
+        return http
+
+
+def _created_maybe(err: OrchardError) -> bool:
+    """Whether a failed create may still have made the sandbox (then keep it tracked)."""
+    return err.status is None or err.status >= 500
+
+
+class SandboxInstance:
+    """One sandbox. A context manager: leaving the ``with`` block deletes it.
+
+    The compatible methods (``exec``, ``apply_patch``, ``upload_file``, ...) use the
+    Orchard-compatible routes; the others use ``/v1`` (through the server, or straight
+    to the sandbox's agent for a ``direct`` sandbox).
+    """
+
+    def __init__(self, client: SandboxClient, info: SandboxInfo, *, direct: bool = False) -> None:
+        self._client = client
+        self._driver = client._driver
+        self.info = info
+        self.direct = direct
+        #: Waits and refreshes use /v1 answers (agent endpoint, labels) when it was
+        #: created through /v1 or talks to its agent directly.
+        self._v1 = direct or "id" in info.raw
+        self._route_cache: Route | None = None
+
+    @property
+    def sandbox_id(self) -> str:
+        """The sandbox's id."""
+        return self.info.sandbox_id
+
+    @property
+    def id(self) -> str:
+        """Alias of :attr:`sandbox_id`."""
+        return self.info.sandbox_id
+
+    @property
+    def image(self) -> str | None:
+        """The image it runs."""
+        return self.info.image
+
+    def __repr__(self) -> str:
+        return describe(self.info, self.sandbox_id, self.direct)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def refresh(self) -> SandboxInfo:
+        """Reloads :attr:`info` from the server."""
+        self.info = self._driver.run(_ops.get_sandbox(self.sandbox_id, v1=self._v1))
+        return self.info
+
+    def wait_ready(self, timeout: float | None = 300) -> SandboxInfo:
+        """Blocks until the sandbox is ready (server-side wait); 408 → ``OrchardTimeoutError``."""
+        self.info = self._driver.run(_ops.wait_sandbox(self.sandbox_id, timeout, v1=self._v1))
+        return self.info
+
+    def heartbeat(self) -> dict[str, Any]:
+        """Keeps the sandbox alive: once heartbeats started, it is reaped when they stop."""
+        return self._driver.run(_ops.heartbeat(self.sandbox_id))
+
+    def delete(self) -> None:
+        """Deletes the sandbox (quietly when it is already gone)."""
+        self._client._delete_quietly(self.sandbox_id)
+
+    def detach(self) -> SandboxInstance:
+        """Stops the client from deleting this sandbox at exit; returns it."""
+        self._client._state.disown(self.sandbox_id)
+        return self
+
+    def __enter__(self) -> SandboxInstance:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.delete()
+
+    # --- compatible API --------------------------------------------------------------------
+
+    @overload
+    def exec(
+        self,
+        command: Command,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        pty: Literal[False] = False,
+    ) -> JobResult: ...
+
+    @overload
+    def exec(
+        self,
+        command: Command,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        *,
+        pty: Literal[True],
+    ) -> ContainerProcess: ...
+
+    def exec(
+        self,
+        command: Command,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        pty: bool = False,
+    ) -> JobResult | ContainerProcess:
+        """Runs ``command`` (a shell string, or an argv list) and waits for it.
+
+        Through the compatible jobs API: commands of one sandbox run one at a time, in
+        order. ``timeout`` is the command's time limit in seconds. Returns a
+        :class:`~orchard_env.JobResult` (not an exception) for a non-zero exit. With
+        ``pty=True`` the command runs on a terminal and a
+        :class:`~orchard_env.ContainerProcess` is returned at once.
+
+        >>> sandbox.exec(["echo", "a b"]).stdout
+        'a b\\n'
+        >>> sandbox.exec("pwd", cwd="/tmp").stdout
+        '/tmp\\n'
+        """
+        if pty:
+            return self._open_compat_pty(command, cwd=cwd, env=env, login_shell=login_shell)
+        return self._driver.run(
+            _ops.exec_job(
+                self.sandbox_id,
+                command,
+                timeout=timeout,
+                wait_limit=self._client._state.job_wait_limit(timeout),
+                cwd=cwd,
+                env=env,
+                login_shell=login_shell,
+            )
+        )
+
+    def _open_compat_pty(
+        self,
+        command: Command,
+        *,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        login_shell: bool,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> ContainerProcess:
+        init = _ops.pty_init_frame(
+            command, cwd=cwd, env=env, rows=rows, cols=cols, login_shell=login_shell
+        )
+        if self.direct:
+            target = agent_target(self._endpoint(), "/v1/pty/compat")
+        else:
+            target = self._client._state.compat_pty_target(self.sandbox_id)
+        return ContainerProcess.open(target, init=init)
+
+    def get_job(self, job_id: str) -> JobResult:
+        """A job by id, as it is now."""
+        return self._driver.run(_ops.get_job(job_id))
+
+    def wait_job(self, job_id: str, timeout: float | None = None) -> JobResult:
+        """Waits for a job to finish (at most ``timeout`` seconds) and returns it."""
+        return self._driver.run(_ops.wait_job(job_id, timeout))
+
+    def apply_patch(self, patch: str, timeout: float = 30) -> PatchResult:
+        """Applies a unified diff in the working directory (``git apply`` semantics).
+
+        Returns ``{"success", "stdout", "stderr", "exit_code", "error"}``.
+        """
+        return self._driver.run(_ops.apply_patch(self.sandbox_id, patch, timeout))
+
+    def upload_content(self, content: bytes | str, remote: str) -> dict[str, Any]:
+        """Writes ``content`` to the file ``remote`` (compatible route, base64 JSON).
+
+        >>> sandbox.upload_content("hello", "/tmp/hello.txt")["size"]
+        5
+        >>> sandbox.download_content("/tmp/hello.txt")
+        b'hello'
+        """
+        data = content.encode() if isinstance(content, str) else bytes(content)
+        return self._driver.run(_ops.upload_content(self.sandbox_id, data, remote))
+
+    def upload_file(self, local: str | os.PathLike[str], remote: str) -> dict[str, Any]:
+        """Uploads the local file ``local`` to ``remote`` (compatible route)."""
+        with open(local, "rb") as f:
+            data = f.read()
+        return self._driver.run(_ops.upload_content(self.sandbox_id, data, remote))
+
+    def download_content(self, remote: str) -> bytes:
+        """The bytes of the file ``remote`` (compatible route)."""
+        return self._driver.run(_ops.download_content(self.sandbox_id, remote))
+
+    def download_file(self, remote: str, local: str | os.PathLike[str]) -> str:
+        """Saves the file ``remote`` as ``local``; returns the local path."""
+        data = self._driver.run(_ops.download_content(self.sandbox_id, remote))
+        with open(local, "wb") as f:
+            f.write(data)
+        return os.fspath(local)
+
+    def list_files(self, path: str = "/workspace") -> list[FileEntry]:
+        """Entries of a directory: ``{"name", "type": "file"|"directory", "size", "modified"}``."""
+        return self._driver.run(_ops.list_files(self.sandbox_id, path))
+
+    # --- /v1: exec --------------------------------------------------------------------------
+
+    def _endpoint(self) -> Any:
+        info = self.info
+        if info.agent is None:
+            info = self._driver.run(_ops.get_sandbox(self.sandbox_id, v1=True))
+            if info.agent is None:
+                raise OrchardError(f"sandbox {self.sandbox_id} has no agent endpoint (not ready?)")
+            self.info = info
+        return info.agent
+
+    def _route(self) -> Route:
+        if self._route_cache is None:
+            if self.direct:
+                endpoint = self._endpoint()
+                socket, url = agent_key(endpoint)
+                http = self._client._agent_http(socket, url)
+                self._route_cache = Route(http, "/v1", {"x-orchard-token": endpoint.token})
+            else:
+                self._route_cache = Route(
+                    self._client._http, f"/v1/sandboxes/{_ops._seg(self.sandbox_id)}"
+                )
+        return self._route_cache
+
+    def _run(self, op: Op[Any]) -> Any:
+        return self._driver.run(op, self._route())
+
+    def run(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+        max_output_bytes: int | None = None,
+        shell: str | None = None,
+    ) -> ExecResult:
+        """Runs ``command`` through ``/v1`` and returns exit code, signal and both streams.
+
+        Unlike :meth:`exec`, commands run concurrently, ``stdin`` can be given, and a
+        command killed at its ``timeout`` (seconds) says so in ``timed_out``.
+
+        >>> sandbox.run("cat", stdin="from stdin").stdout
+        'from stdin'
+        >>> sandbox.run("sleep 5", timeout=0.2).timed_out
+        True
+        """
+        body = _ops.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
+            max_output_bytes=max_output_bytes,
+            shell=shell,
+        )
+        result: ExecResult = self._run(_ops.run(body, timeout))
+        return result
+
+    def exec_stream(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+        shell: str | None = None,
+        kill_on_disconnect: bool = False,
+    ) -> ExecStream:
+        """Runs ``command`` and yields its events as they happen.
+
+        Iterate it (or use it in a ``with`` block and iterate): an
+        :class:`~orchard_env.ExecStart`, then :class:`~orchard_env.ExecOutput` chunks,
+        then an :class:`~orchard_env.ExecExit`. The command starts when iteration does.
+        With ``kill_on_disconnect`` the command is killed if the stream is closed early.
+
+        >>> events = list(sandbox.exec_stream("echo one; echo two"))
+        >>> b"".join(e.data for e in events if isinstance(e, ExecOutput)), events[-1].exit_code
+        (b'one\\ntwo\\n', 0)
+        """
+        body = _ops.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
+            shell=shell,
+            kill_on_disconnect=kill_on_disconnect,
+        )
+        return ExecStream(self, _ops.exec_stream_request(body))
+
+    def agent_health(self) -> dict[str, Any]:
+        """The agent's health: version, uptime, processes, memory and CPU, limits."""
+        result: dict[str, Any] = self._run(_ops.agent_health())
+        return result
+
+    # --- /v1: background processes ---------------------------------------------------------
+
+    def start_process(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+        shell: str | None = None,
+    ) -> Process:
+        """Starts ``command`` in the background and returns a :class:`Process` handle.
+
+        >>> p = sandbox.start_process("read x; echo got $x")
+        >>> _ = p.write_stdin("it\\n", eof=True)
+        >>> p.wait(timeout=30).exit_code, p.read_output().stdout
+        (0, b'got it\\n')
+        """
+        body = _ops.exec_body(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout, shell=shell)
+        return Process(self, self._run(_ops.start_process(body)))
+
+    def list_processes(self) -> list[ProcessInfo]:
+        """Running background processes, and exited ones still kept."""
+        result: list[ProcessInfo] = self._run(_ops.list_processes())
+        return result
+
+    def get_process(self, process_id: str) -> Process:
+        """A handle on an existing background process."""
+        return Process(self, self._run(_ops.get_process(process_id)))
+
+    # --- /v1: sessions ------------------------------------------------------------------
+
+    def create_session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        shell: str | None = None,
+    ) -> Session:
+        """Starts a persistent shell: ``cd``, ``export`` and functions carry over.
+
+        >>> with sandbox.create_session() as s:
+        ...     _ = s.run("cd /tmp && export X=42")
+        ...     s.run("echo $PWD $X").stdout
+        '/tmp 42\\n'
+        """
+        return Session(self, self._run(_ops.create_session(cwd, env, shell)))
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """Every session of the sandbox."""
+        result: list[SessionInfo] = self._run(_ops.list_sessions())
+        return result
+
+    def get_session(self, session_id: str) -> Session:
+        """A handle on an existing session."""
+        return Session(self, self._run(_ops.get_session(session_id)))
+
+    # --- /v1: terminals ----------------------------------------------------------------------
+
+    def create_pty(
+        self,
+        command: Command | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        rows: int | None = None,
+        cols: int | None = None,
+        login_shell: bool = False,
+        idle_timeout: float | None = None,
+    ) -> Terminal:
+        """Starts ``command`` (default: an interactive shell) on a terminal that outlives
+        connections: :meth:`Terminal.attach` to use it, detach, attach again later.
+
+        >>> term = sandbox.create_pty()
+        >>> with term.attach() as p:
+        ...     p.write("echo $((6*7))\\n")
+        ...     _ = p.read_until("42", timeout=30)
+        >>> with term.attach() as p:   # re-attach: the scrollback comes first
+        ...     b"42" in p.read_until("42", timeout=30)
+        True
+        >>> term.close()
+        """
+        info = self._run(
+            _ops.create_pty(
+                command,
+                cwd=cwd,
+                env=env,
+                rows=rows,
+                cols=cols,
+                login_shell=login_shell,
+                idle_timeout=idle_timeout,
+            )
+        )
+        return Terminal(self, info)
+
+    def list_ptys(self) -> list[PtyInfo]:
+        """Every terminal of the sandbox."""
+        result: list[PtyInfo] = self._run(_ops.list_ptys())
+        return result
+
+    def get_pty(self, pty_id: str) -> Terminal:
+        """A handle on an existing terminal (to re-attach)."""
+        return Terminal(self, self._run(_ops.get_pty(pty_id)))
+
+    def _attach_target(self, pty_id: str) -> Any:
+        if self.direct:
+            return agent_target(self._endpoint(), f"/v1/pty/{_ops._seg(pty_id)}/attach")
+        return self._client._state.v1_attach_target(self.sandbox_id, pty_id)
+
+    # --- /v1: files --------------------------------------------------------------------------
+
+    def write_file(
+        self,
+        path: str,
+        data: bytes | str | IO[bytes] | Iterable[bytes],
+        *,
+        mode: int | str | None = None,
+        parents: bool = True,
+    ) -> int:
+        """Writes ``data`` (bytes, text, a binary file object or an iterable of chunks) to
+        ``path``, streamed and atomically; returns the size written.
+
+        >>> sandbox.write_file("/tmp/a/b.txt", b"data", mode=0o600)
+        4
+        >>> sandbox.read_file("/tmp/a/b.txt"), oct(sandbox.stat("/tmp/a/b.txt").mode)
+        (b'data', '0o600')
+        """
+        content, replayable = body_from(data)
+        result: int = self._run(
+            _ops.write_file(path, content, replayable=replayable, mode=mode, parents=parents)
+        )
+        return result
+
+    def read_file(
+        self, path: str, *, offset: int | None = None, length: int | None = None
+    ) -> bytes:
+        """The bytes of ``path`` (or ``length`` bytes from ``offset``)."""
+        result: bytes = self._run(_ops.read_file(path, offset, length))
+        return result
+
+    def iter_file(self, path: str, *, chunk_size: int = 256 * 1024) -> Iterator[bytes]:
+        """The bytes of ``path`` as a stream of chunks (nothing held in memory)."""
+        with self._driver.stream(_ops.read_file_request(path), self._route()) as response:
+            yield from response.iter_bytes(chunk_size)
+
+    def upload_path(
+        self, local: str | os.PathLike[str], remote: str, *, mode: int | None = None
+    ) -> int:
+        """Streams the local file ``local`` to ``remote``; returns the size."""
+        result: int = self._run(
+            _ops.write_file(remote, path_chunks(local), replayable=False, mode=mode, parents=True)
+        )
+        return result
+
+    def download_path(self, remote: str, local: str | os.PathLike[str]) -> int:
+        """Streams the file ``remote`` into ``local``; returns the size."""
+        size = 0
+        with open(local, "wb") as f:
+            for chunk in self.iter_file(remote):
+                f.write(chunk)
+                size += len(chunk)
+        return size
+
+    def stat(self, path: str) -> FileStat:
+        """Metadata of ``path`` (links are not followed)."""
+        result: FileStat = self._run(_ops.stat(path))
+        return result
+
+    def list_dir(self, path: str, *, depth: int = 1) -> list[FileStat]:
+        """Entries of a directory, ``depth`` levels deep."""
+        result: list[FileStat] = self._run(_ops.list_dir(path, depth))
+        return result
+
+    def mkdir(self, path: str, *, mode: int | None = None) -> None:
+        """Creates a directory and its missing parents."""
+        self._run(_ops.mkdir(path, mode))
+
+    def move(self, src: str, dst: str, *, overwrite: bool = False) -> None:
+        """Moves or renames ``src`` to ``dst``."""
+        self._run(_ops.move(src, dst, overwrite))
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file, link, or (with ``recursive``) a directory tree."""
+        self._run(_ops.remove(path, recursive))
+
+    def upload_tar(
+        self, archive: bytes | str | os.PathLike[str] | IO[bytes] | Iterable[bytes], remote_dir: str
+    ) -> ExtractResult:
+        """Extracts a tar or tar.gz (bytes, a path to one, a file object or chunks) into
+        ``remote_dir``, all or nothing."""
+        if isinstance(archive, (str, os.PathLike)):
+            content, replayable = path_chunks(archive), False
+        else:
+            content, replayable = body_from(archive)
+        result: ExtractResult = self._run(
+            _ops.upload_tar(remote_dir, content, replayable=replayable)
+        )
+        return result
+
+    def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str) -> ExtractResult:
+        """Copies the contents of the local directory into ``remote_dir`` (a streamed tar).
+
+        >>> import tempfile, pathlib
+        >>> d = tempfile.mkdtemp(); _ = pathlib.Path(d, "x.txt").write_text("x")
+        >>> sandbox.upload_dir(d, "/tmp/up").entries
+        1
+        """
+        result: ExtractResult = self._run(
+            _ops.upload_tar(remote_dir, tar_directory(local_dir), replayable=False)
+        )
+        return result
+
+    def download_tar(self, remote_path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        """Saves ``remote_path`` (a file or a directory) as a tar.gz into ``dest`` (a path or
+        a binary file object); returns the archive's size."""
+        size = 0
+        with self._driver.stream(_ops.download_tar_request(remote_path), self._route()) as response:
+            if isinstance(dest, (str, os.PathLike)):
+                with open(dest, "wb") as f:
+                    for chunk in response.iter_bytes():
+                        f.write(chunk)
+                        size += len(chunk)
+            else:
+                for chunk in response.iter_bytes():
+                    dest.write(chunk)
+                    size += len(chunk)
+        return size
+
+    def download_dir(self, remote_path: str, local_dir: str | os.PathLike[str]) -> list[str]:
+        """Copies the contents of the directory ``remote_path`` (or the file itself) into
+        ``local_dir``, streamed, as :meth:`upload_dir` does the other way; entries that
+        would land outside it are refused. Returns the extracted names."""
+        with self._driver.stream(_ops.download_tar_request(remote_path), self._route()) as response:
+            reader = IterReader(response.iter_bytes())
+            return extract_tar(reader, local_dir, archive_root(remote_path))  # type: ignore[arg-type]
+
+    # --- /v1: git --------------------------------------------------------------------------
+
+    def git_status(self, repo: str) -> GitStatus:
+        """Branch, HEAD and changed paths of the repository at ``repo``."""
+        result: GitStatus = self._run(_ops.git_status(repo))
+        return result
+
+    def git_diff(
+        self,
+        repo: str,
+        *,
+        base: str | None = None,
+        include_untracked: bool = True,
+        binary: bool = True,
+    ) -> GitDiff:
+        """The work tree against ``base`` (default HEAD) as a patch ``git apply`` accepts."""
+        result: GitDiff = self._run(_ops.git_diff(repo, base, include_untracked, binary))
+        return result
+
+    def git_apply(
+        self, repo: str, patch: str, *, check_only: bool = False, fuzzy: bool = False
+    ) -> GitApplyResult:
+        """Applies ``patch`` all or nothing; a patch that does not apply is reported in
+        ``conflicts``, not raised."""
+        result: GitApplyResult = self._run(_ops.git_apply(repo, patch, check_only, fuzzy))
+        return result
+
+    def git_commit(
+        self,
+        repo: str,
+        message: str,
+        *,
+        author_name: str | None = None,
+        author_email: str | None = None,
+        allow_empty: bool = False,
+    ) -> GitCommitResult:
+        """Stages everything and commits it on HEAD."""
+        result: GitCommitResult = self._run(
+            _ops.git_commit(repo, message, author_name, author_email, allow_empty)
+        )
+        return result
+
+    def git_reset(
+        self,
+        repo: str,
+        target: str | None = None,
+        *,
+        clean_untracked: bool = True,
+        keep_ignored: bool = True,
+    ) -> GitResetResult:
+        """Hard reset to ``target`` (default HEAD), removing untracked files by default."""
+        result: GitResetResult = self._run(
+            _ops.git_reset(repo, target, clean_untracked, keep_ignored)
+        )
+        return result
+
+
+class ExecStream:
+    """The events of a streamed command (:meth:`SandboxInstance.exec_stream`).
+
+    Iterable once; a context manager that closes the connection when left early.
+    After the last event, :attr:`exit` holds the :class:`~orchard_env.ExecExit`.
+    """
+
+    def __init__(self, sandbox: SandboxInstance, request: Request) -> None:
+        self._sandbox = sandbox
+        self._request = request
+        self._cm: Any = None
+        self._response: httpx.Response | None = None
+        #: How the command ended, once the stream is over.
+        self.exit: ExecExit | None = None
+
+    def _start(self) -> httpx.Response:
+        if self._response is None:
+            self._cm = self._sandbox._driver.stream(self._request, self._sandbox._route())
+            self._response = self._cm.__enter__()
+        return self._response
+
+    def __iter__(self) -> Iterator[ExecEvent]:
+        response = self._start()
+        decoder = NdjsonDecoder()
+        try:
+            for chunk in response.iter_bytes():
+                for frame in decoder.feed(chunk):
+                    event = exec_event(frame)
+                    if event is None:
+                        continue
+                    if isinstance(event, ExecExit):
+                        self.exit = event
+                    yield event
+            for frame in decoder.end():
+                event = exec_event(frame)
+                if event is not None:
+                    if isinstance(event, ExecExit):
+                        self.exit = event
+                    yield event
+        except httpx.HTTPError as err:
+            raise transport_error(err, self._request) from err
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Closes the connection (the command keeps running unless ``kill_on_disconnect``)."""
+        if self._cm is not None:
+            cm, self._cm = self._cm, None
+            cm.__exit__(None, None, None)
+
+    def __enter__(self) -> ExecStream:
+        self._start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Process:
+    """A background process in a sandbox (:meth:`SandboxInstance.start_process`)."""
+
+    def __init__(self, sandbox: SandboxInstance, info: ProcessInfo) -> None:
+        self._sandbox = sandbox
+        #: The process as last seen.
+        self.info = info
+        self._stdout_offset = 0
+        self._stderr_offset = 0
+
+    @property
+    def id(self) -> str:
+        """The agent's id of the process."""
+        return self.info.id
+
+    @property
+    def pid(self) -> int:
+        """Its pid in the sandbox."""
+        return self.info.pid
+
+    def __repr__(self) -> str:
+        return f"<Process {self.id} pid={self.pid} state={self.info.state}>"
+
+    def refresh(self) -> ProcessInfo:
+        """Reloads :attr:`info`."""
+        self.info = self._sandbox._run(_ops.get_process(self.id))
+        return self.info
+
+    def read_output(self, max_bytes: int | None = None) -> ProcessOutput:
+        """Output written since the previous call (offsets are tracked here)."""
+        out: ProcessOutput = self._sandbox._run(
+            _ops.process_output(self.id, self._stdout_offset, self._stderr_offset, max_bytes)
+        )
+        self._stdout_offset = out.stdout_next_offset
+        self._stderr_offset = out.stderr_next_offset
+        self.info = out.process
+        return out
+
+    def write_stdin(self, data: str | bytes, *, eof: bool = False) -> ProcessInfo:
+        """Writes to its stdin, and closes it with ``eof``."""
+        self.info = self._sandbox._run(_ops.process_stdin(self.id, data, eof))
+        return self.info
+
+    def close_stdin(self) -> ProcessInfo:
+        """Closes its stdin."""
+        self.info = self._sandbox._run(_ops.process_stdin(self.id, None, True))
+        return self.info
+
+    def send_signal(self, sig: str | int = "TERM", *, group: bool = True) -> ProcessInfo:
+        """Sends a signal to its process group (or only to it)."""
+        self.info = self._sandbox._run(_ops.process_signal(self.id, sig, group))
+        return self.info
+
+    def wait(self, timeout: float | None = None) -> ProcessInfo:
+        """Waits for it to end (at most ``timeout`` seconds); returns it as it is then."""
+        self.info = self._sandbox._run(_ops.process_wait(self.id, timeout))
+        return self.info
+
+    def kill(self) -> None:
+        """Kills its process group if running, and forgets it."""
+        self._sandbox._run(_ops.delete_process(self.id))
+
+
+class Session:
+    """A persistent shell in a sandbox (:meth:`SandboxInstance.create_session`).
+
+    A context manager: leaving the block ends the shell.
+    """
+
+    def __init__(self, sandbox: SandboxInstance, info: SessionInfo) -> None:
+        self._sandbox = sandbox
+        #: The session as last seen.
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        """The agent's id of the session."""
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} shell={self.info.shell!r}>"
+
+    def run(self, command: str, *, timeout: float | None = None) -> SessionResult:
+        """Runs shell text in the session; on ``timeout`` it is interrupted, the shell stays."""
+        result: SessionResult = self._sandbox._run(_ops.session_run(self.id, command, timeout))
+        return result
+
+    def refresh(self) -> SessionInfo:
+        """Reloads :attr:`info`."""
+        self.info = self._sandbox._run(_ops.get_session(self.id))
+        return self.info
+
+    def close(self) -> None:
+        """Ends the shell and everything it started."""
+        self._sandbox._run(_ops.delete_session(self.id, missing_ok=True))
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Terminal:
+    """A ``/v1`` terminal that outlives its connections (:meth:`SandboxInstance.create_pty`).
+
+    A context manager: leaving the block closes the terminal.
+    """
+
+    def __init__(self, sandbox: SandboxInstance, info: PtyInfo) -> None:
+        self._sandbox = sandbox
+        #: The terminal as last seen.
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        """The agent's id of the terminal."""
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"<Terminal {self.id} argv={self.info.argv!r}>"
+
+    def attach(self, *, timeout: float = 30) -> ContainerProcess:
+        """Connects as a viewer: the scrollback first, then live output. Leaving the
+        ``with`` block of the returned process detaches; the terminal keeps running."""
+        target = self._sandbox._attach_target(self.id)
+        return ContainerProcess.open(target, init=None, timeout=timeout)
+
+    def resize(self, rows: int, cols: int) -> PtyInfo:
+        """Sets the window size."""
+        self.info = self._sandbox._run(_ops.resize_pty(self.id, rows, cols))
+        return self.info
+
+    def refresh(self) -> PtyInfo:
+        """Reloads :attr:`info`."""
+        self.info = self._sandbox._run(_ops.get_pty(self.id))
+        return self.info
+
+    def close(self) -> None:
+        """Ends the program (SIGHUP, then SIGKILL) and the terminal."""
+        self._sandbox._run(_ops.delete_pty(self.id, missing_ok=True))
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,605 @@
+"""The values the SDK returns: plain dataclasses built from the server's JSON.
+
+Each keeps the JSON it was built from in ``raw``, so fields the server adds later are
+reachable before the SDK knows them.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict, TypeVar
+
+__all__ = [
+    "AgentEndpoint",
+    "SandboxInfo",
+    "JobResult",
+    "ExecResult",
+    "ExecStart",
+    "ExecOutput",
+    "ExecExit",
+    "ExecEvent",
+    "ExitInfo",
+    "ProcessInfo",
+    "ProcessOutput",
+    "SessionInfo",
+    "SessionResult",
+    "PtyInfo",
+    "FileStat",
+    "FileEntry",
+    "ExtractResult",
+    "GitStatusEntry",
+    "GitStatus",
+    "GitDiff",
+    "GitConflict",
+    "GitApplyResult",
+    "GitCommitResult",
+    "GitResetResult",
+    "ImageInfo",
+    "PatchResult",
+]
+
+_T = TypeVar("_T")
+
+
+def _pick(cls: type[_T], data: dict[str, Any], **overrides: Any) -> _T:
+    """Builds dataclass ``cls`` from the keys of ``data`` that are fields of it."""
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in overrides:
+            kwargs[f.name] = overrides[f.name]
+        elif f.name == "raw":
+            kwargs["raw"] = data
+        elif f.name in data:
+            kwargs[f.name] = data[f.name]
+    return cls(**kwargs)
+
+
+def decode_output(output: dict[str, Any] | str | None) -> bytes:
+    """The bytes of an agent ``Output`` (``{"data", "encoding": "utf8" | "base64"}``)."""
+    if output is None:
+        return b""
+    if isinstance(output, str):
+        return output.encode()
+    data = output.get("data", "")
+    if output.get("encoding") == "base64":
+        return base64.b64decode(data)
+    return str(data).encode()
+
+
+@dataclass
+class AgentEndpoint:
+    """Where a sandbox's own agent listens, and the token it wants (``x-orchard-token``)."""
+
+    token: str
+    socket: str | None = None
+    url: str | None = None
+
+    def __repr__(self) -> str:  # never print the token
+        return f"AgentEndpoint(socket={self.socket!r}, url={self.url!r}, token=...)"
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox as the server describes it (compatible or ``/v1`` shape).
+
+    ``status`` is ``"pending"``, ``"running"`` or ``"failed"`` (``status_message`` says
+    why); ``agent`` is set only by ``/v1`` answers once the sandbox is ready.
+    """
+
+    sandbox_id: str
+    image: str | None = None
+    status: str | None = None
+    ready: bool = False
+    status_message: str | None = None
+    created_at: str | None = None
+    block_network: bool | None = None
+    cpu: str | None = None
+    memory: str | None = None
+    namespace: str | None = None
+    pod_name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    expires_at: str | None = None
+    agent: AgentEndpoint | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SandboxInfo:
+        """Builds it from either API's JSON."""
+        agent = data.get("agent")
+        endpoint = None
+        if isinstance(agent, dict) and agent.get("token"):
+            endpoint = AgentEndpoint(
+                token=agent["token"], socket=agent.get("socket"), url=agent.get("url")
+            )
+        cpu = data.get("cpu")
+        memory = data.get("memory")
+        return _pick(
+            cls,
+            data,
+            sandbox_id=data.get("sandbox_id") or data.get("id") or "",
+            agent=endpoint,
+            labels=data.get("labels") or {},
+            ready=bool(data.get("ready", data.get("status") == "running")),
+            cpu=None if cpu is None else str(cpu),
+            memory=None if memory is None else str(memory),
+        )
+
+
+@dataclass
+class JobResult:
+    """A command run through the compatible jobs API (:meth:`SandboxInstance.exec`).
+
+    ``status`` goes ``queued`` → ``running`` → ``succeeded`` (exit 0) or ``failed``
+    (non-zero exit, or ``error`` set when the command could not run or timed out).
+
+    >>> r = sandbox.exec("echo hi; exit 3")
+    >>> (r.stdout, r.exit_code, r.succeeded, r.failed, r.is_complete)
+    ('hi\\n', 3, False, True, True)
+    """
+
+    job_id: str
+    status: str
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    sandbox_id: str | None = None
+    command: Any = None
+    error: str | None = None
+    created_at: str | None = None
+    started_at: str | None = None
+    completed_at: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobResult:
+        """Builds it from the job object."""
+        return _pick(
+            cls,
+            data,
+            job_id=str(data.get("job_id", "")),
+            status=str(data.get("status", "queued")),
+            stdout=data.get("stdout") or "",
+            stderr=data.get("stderr") or "",
+        )
+
+    @property
+    def succeeded(self) -> bool:
+        """True when the command ran and exited 0."""
+        return self.status == "succeeded"
+
+    @property
+    def failed(self) -> bool:
+        """True when the command exited non-zero, or could not run, or timed out."""
+        return self.status == "failed"
+
+    @property
+    def is_complete(self) -> bool:
+        """True once the job has finished (succeeded or failed)."""
+        return self.status in ("succeeded", "failed")
+
+
+@dataclass
+class ExecResult:
+    """A command run through ``/v1`` (:meth:`SandboxInstance.run`), with both streams.
+
+    ``stdout``/``stderr`` are text (invalid UTF-8 replaced); the exact bytes are in
+    ``stdout_bytes``/``stderr_bytes``. Past the output cap the middle is dropped and
+    ``stdout_truncated`` is set; ``stdout_total`` counts every byte written.
+
+    >>> r = sandbox.run(["sh", "-c", "echo out; echo err >&2; exit 2"])
+    >>> (r.stdout, r.stderr, r.exit_code, r.ok)
+    ('out\\n', 'err\\n', 2, False)
+    """
+
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    duration_ms: float
+    pid: int | None
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_total: int = 0
+    stderr_total: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ExecResult:
+        """Builds it from the agent's ``ExecResult``."""
+        out = data.get("stdout") or {}
+        err = data.get("stderr") or {}
+        return cls(
+            exit_code=data.get("exit_code"),
+            signal=data.get("signal"),
+            timed_out=bool(data.get("timed_out", False)),
+            duration_ms=float(data.get("duration_ms", 0.0)),
+            pid=data.get("pid"),
+            stdout_bytes=decode_output(out),
+            stderr_bytes=decode_output(err),
+            stdout_truncated=bool(out.get("truncated", False)) if isinstance(out, dict) else False,
+            stderr_truncated=bool(err.get("truncated", False)) if isinstance(err, dict) else False,
+            stdout_total=int(out.get("total_bytes", 0)) if isinstance(out, dict) else 0,
+            stderr_total=int(err.get("total_bytes", 0)) if isinstance(err, dict) else 0,
+            raw=data,
+        )
+
+    @property
+    def stdout(self) -> str:
+        """Standard output as text."""
+        return self.stdout_bytes.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        """Standard error as text."""
+        return self.stderr_bytes.decode("utf-8", "replace")
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0 in time."""
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass
+class ExecStart:
+    """First event of a streamed exec: the process started with ``pid``."""
+
+    pid: int
+
+
+@dataclass
+class ExecOutput:
+    """Bytes the process wrote on ``stream`` (``"stdout"`` or ``"stderr"``)."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        """The bytes as text (a chunk may end inside a multi-byte character)."""
+        return self.data.decode("utf-8", "replace")
+
+
+@dataclass
+class ExecExit:
+    """Last event of a streamed exec: how the process ended."""
+
+    exit_code: int | None
+    signal: int | None = None
+    timed_out: bool = False
+    duration_ms: float = 0.0
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+
+
+#: One event of :meth:`SandboxInstance.exec_stream`.
+ExecEvent = ExecStart | ExecOutput | ExecExit
+
+
+@dataclass
+class ExitInfo:
+    """How a background process ended."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    duration_ms: float = 0.0
+
+
+@dataclass
+class ProcessInfo:
+    """A background process (:meth:`SandboxInstance.start_process`)."""
+
+    id: str
+    pid: int
+    argv: list[str]
+    state: str
+    started_at_ms: int = 0
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    stdin_open: bool = False
+    exit: ExitInfo | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessInfo:
+        """Builds it from the agent's ``ProcessInfo``."""
+        exit_ = data.get("exit")
+        return _pick(cls, data, exit=_pick(ExitInfo, exit_) if isinstance(exit_, dict) else None)
+
+    @property
+    def running(self) -> bool:
+        """True while the process runs."""
+        return self.state == "running"
+
+    @property
+    def exit_code(self) -> int | None:
+        """Its exit code once it exited normally."""
+        return self.exit.exit_code if self.exit else None
+
+
+@dataclass
+class ProcessOutput:
+    """Output of a background process after the asked offsets.
+
+    ``*_next_offset`` is where the next read starts; ``*_lost`` counts bytes the ring
+    buffer had already dropped.
+    """
+
+    stdout: bytes
+    stderr: bytes
+    stdout_next_offset: int
+    stderr_next_offset: int
+    stdout_lost: int
+    stderr_lost: int
+    process: ProcessInfo
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessOutput:
+        """Builds it from the agent's ``ProcessOutput``."""
+        out = data.get("stdout") or {}
+        err = data.get("stderr") or {}
+        return cls(
+            stdout=base64.b64decode(out.get("data", "")),
+            stderr=base64.b64decode(err.get("data", "")),
+            stdout_next_offset=int(out.get("next_offset", 0)),
+            stderr_next_offset=int(err.get("next_offset", 0)),
+            stdout_lost=int(out.get("lost_bytes", 0)),
+            stderr_lost=int(err.get("lost_bytes", 0)),
+            process=ProcessInfo.from_json(data.get("process") or {}),
+        )
+
+
+@dataclass
+class SessionInfo:
+    """A persistent shell session."""
+
+    id: str
+    pid: int
+    shell: str
+    alive: bool
+    commands: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionInfo:
+        """Builds it from the agent's ``SessionInfo``."""
+        return _pick(cls, data)
+
+
+@dataclass
+class SessionResult:
+    """A command run in a session: its ``$?``, both streams, and whether the shell lives."""
+
+    exit_code: int | None
+    timed_out: bool
+    duration_ms: float
+    session_alive: bool
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionResult:
+        """Builds it from the agent's ``SessionRunResult``."""
+        return cls(
+            exit_code=data.get("exit_code"),
+            timed_out=bool(data.get("timed_out", False)),
+            duration_ms=float(data.get("duration_ms", 0.0)),
+            session_alive=bool(data.get("session_alive", True)),
+            stdout_bytes=decode_output(data.get("stdout")),
+            stderr_bytes=decode_output(data.get("stderr")),
+            raw=data,
+        )
+
+    @property
+    def stdout(self) -> str:
+        """Standard output as text."""
+        return self.stdout_bytes.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        """Standard error as text."""
+        return self.stderr_bytes.decode("utf-8", "replace")
+
+
+@dataclass
+class PtyInfo:
+    """A terminal of the ``/v1`` PTY API."""
+
+    id: str
+    pid: int
+    argv: list[str]
+    rows: int
+    cols: int
+    alive: bool
+    viewers: int = 0
+    exit_code: int | None = None
+    signal: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PtyInfo:
+        """Builds it from the agent's ``PtyInfo``."""
+        return _pick(cls, data)
+
+
+@dataclass
+class FileStat:
+    """Metadata of a path in a sandbox (``kind``: file, directory, symlink or other)."""
+
+    path: str
+    name: str
+    kind: str
+    size: int
+    mode: int
+    modified_ms: int
+    link_target: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FileStat:
+        """Builds it from the agent's ``FileStat``."""
+        return _pick(cls, data)
+
+    @property
+    def is_dir(self) -> bool:
+        """True for a directory."""
+        return self.kind == "directory"
+
+    @property
+    def is_file(self) -> bool:
+        """True for a regular file."""
+        return self.kind == "file"
+
+
+class FileEntry(TypedDict):
+    """One entry of :meth:`SandboxInstance.list_files` (the compatible listing)."""
+
+    name: str
+    type: str
+    size: int
+    modified: str
+
+
+class PatchResult(TypedDict):
+    """Answer of :meth:`SandboxInstance.apply_patch`."""
+
+    success: bool
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    error: str | None
+
+
+@dataclass
+class ExtractResult:
+    """Answer of a tar upload: the target directory, entries and bytes extracted."""
+
+    path: str
+    entries: int
+    bytes: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ExtractResult:
+        """Builds it from the agent's ``ExtractResult``."""
+        return _pick(cls, data)
+
+
+@dataclass
+class GitStatusEntry:
+    """One changed path of :class:`GitStatus`."""
+
+    path: str
+    status: str
+    staged: bool
+    old_path: str | None = None
+
+
+@dataclass
+class GitStatus:
+    """Branch, HEAD and changed paths of a repository."""
+
+    clean: bool
+    entries: list[GitStatusEntry]
+    branch: str | None = None
+    head: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GitStatus:
+        """Builds it from the agent's ``GitStatus``."""
+        entries = [_pick(GitStatusEntry, e) for e in data.get("entries", [])]
+        return _pick(cls, data, entries=entries)
+
+
+@dataclass
+class GitDiff:
+    """The work tree against a base, as a patch ``git apply`` accepts."""
+
+    patch: str
+    files_changed: int = 0
+    insertions: int = 0
+    deletions: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GitDiff:
+        """Builds it from the agent's ``GitDiff``."""
+        return _pick(cls, data)
+
+
+@dataclass
+class GitConflict:
+    """A file or hunk of a patch that does not apply."""
+
+    path: str
+    reason: str
+    hunk: int | None = None
+    header: str | None = None
+
+
+@dataclass
+class GitApplyResult:
+    """Whether a patch applied (all or nothing) and, if not, why."""
+
+    applied: bool
+    files: list[str]
+    conflicts: list[GitConflict]
+    fuzzed: list[str] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GitApplyResult:
+        """Builds it from the agent's ``GitApplyResult``."""
+        conflicts = [_pick(GitConflict, c) for c in data.get("conflicts", [])]
+        return _pick(cls, data, conflicts=conflicts, fuzzed=data.get("fuzzed") or [])
+
+
+@dataclass
+class GitCommitResult:
+    """The new commit (now HEAD) and how many files it changed."""
+
+    commit: str
+    files_changed: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GitCommitResult:
+        """Builds it from the agent's ``GitCommitResult``."""
+        return _pick(cls, data)
+
+
+@dataclass
+class GitResetResult:
+    """HEAD after a hard reset, and the untracked paths removed."""
+
+    removed: list[str]
+    head: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GitResetResult:
+        """Builds it from the agent's ``GitResetResult``."""
+        return _pick(cls, data)
+
+
+@dataclass
+class ImageInfo:
+    """An image in the server's store."""
+
+    reference: str
+    digest: str | None = None
+    layers: int | None = None
+    size_bytes: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ImageInfo:
+        """Builds it from the server's image JSON."""
+        layers = data.get("layers")
+        if isinstance(layers, list):
+            layers = len(layers)
+        return _pick(cls, data, layers=layers)
