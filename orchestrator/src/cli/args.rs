@@ -6,7 +6,7 @@ use std::time::Duration;
 /// empty). Used as a clap `value_parser`, so the error is a plain message.
 pub fn parse_key_value(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
-        Some((key, _)) if key.is_empty() => Err(format!("{s:?}: the key before `=` is empty")),
+        Some(("", _)) => Err(format!("{s:?}: the key before `=` is empty")),
         Some((key, value)) => Ok((key.to_string(), value.to_string())),
         None => Err(format!("{s:?} is not KEY=VALUE")),
     }

@@ -2,7 +2,6 @@
 //! becomes a [`CliError::Api`] with the server's own message, streamed answers are read
 //! as NDJSON [`Lines`], and terminals are attached over a WebSocket ([`Client::websocket`]).
 
-use std::error::Error as _;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -169,7 +168,10 @@ fn ws_url(base: &str, path: &str) -> String {
     let rest = base
         .strip_prefix("https://")
         .map(|rest| format!("wss://{rest}"))
-        .or_else(|| base.strip_prefix("http://").map(|rest| format!("ws://{rest}")))
+        .or_else(|| {
+            base.strip_prefix("http://")
+                .map(|rest| format!("ws://{rest}"))
+        })
         .unwrap_or_else(|| base.to_string());
     format!("{rest}{path}")
 }
@@ -339,7 +341,10 @@ mod tests {
 
     #[test]
     fn error_bodies_of_the_orchestrator_the_agent_and_others() {
-        let e = error_from_body(401, br#"{"detail":"missing or wrong API key","code":"unauthorized"}"#);
+        let e = error_from_body(
+            401,
+            br#"{"detail":"missing or wrong API key","code":"unauthorized"}"#,
+        );
         assert_eq!(e.to_string(), "401: missing or wrong API key");
         assert_eq!(api(e).1.as_deref(), Some("unauthorized"));
         let e = error_from_body(400, br#"{"code":"cwd_not_found","message":"no /nope"}"#);
@@ -350,7 +355,10 @@ mod tests {
             error_from_body(502, b"bad gateway from a proxy\n").to_string(),
             "502: bad gateway from a proxy"
         );
-        assert_eq!(error_from_body(503, b"").to_string(), "503: Service Unavailable");
+        assert_eq!(
+            error_from_body(503, b"").to_string(),
+            "503: Service Unavailable"
+        );
         let long = "x".repeat(2000);
         assert!(error_from_body(500, long.as_bytes()).to_string().len() < 520);
     }
@@ -412,14 +420,13 @@ mod tests {
             .unwrap_err();
         let text = err.to_string();
         assert!(
-            text.starts_with(&format!("cannot reach the server at http://127.0.0.1:{port}: ")),
+            text.starts_with(&format!(
+                "cannot reach the server at http://127.0.0.1:{port}: "
+            )),
             "{text}"
         );
         assert!(text.contains("refused"), "{text}");
         let err = c.websocket("/v1/x").await.unwrap_err();
-        assert!(
-            matches!(err, CliError::Unreachable { .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, CliError::Unreachable { .. }), "{err:?}");
     }
 }

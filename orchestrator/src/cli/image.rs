@@ -8,7 +8,7 @@
 //! connection.
 
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,7 +23,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::client::Client;
-use super::progress::{human_bytes, upload_line, Meter, PullState};
+use super::progress::{human_bytes, upload_line, upload_milestone, Meter, PullState};
 use super::sandbox::{print_json, print_out, table};
 use super::CliError;
 
@@ -124,7 +124,10 @@ pub async fn import(client: &Client, path: &Path, name: Option<&str>) -> Result<
         }
         let entries = walk(path).map_err(|e| CliError::io(format!("reading {what}"), e))?;
         let total = tar_size(&entries);
-        (total, spawn_producer(failure.clone(), move |w| write_tar(entries, w))?)
+        (
+            total,
+            spawn_producer(failure.clone(), move |w| write_tar(entries, w))?,
+        )
     } else {
         let mut file = File::open(path).map_err(|e| CliError::io(&what, e))?;
         (
@@ -154,9 +157,10 @@ pub async fn import(client: &Client, path: &Path, name: Option<&str>) -> Result<
     let mut meter = Meter::stderr();
     let upload = client.json::<Value>(request, "the imported images");
     tokio::pin!(upload);
-    let mut tick = tokio::time::interval(TICK);
-    // Plain-log mode prints at quarter marks only.
-    let mut next_quarter = 1;
+    // The first tick after TICK, not at once: an upload that is over by then shows no
+    // bar at all.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
+    let mut quarter = 0;
     let answer = loop {
         tokio::select! {
             answer = &mut upload => break answer,
@@ -166,9 +170,8 @@ pub async fn import(client: &Client, path: &Path, name: Option<&str>) -> Result<
                     let label = if done >= total { "uploaded, importing" } else { "uploading" };
                     let width = meter.width();
                     meter.draw(&upload_line(label, done, total, width), true);
-                } else if total > 0 && done * 4 >= total * next_quarter && next_quarter <= 4 {
-                    meter.note(&format!("uploaded {} of {}", human_bytes(done), human_bytes(total)));
-                    next_quarter = done * 4 / total + 1;
+                } else if let Some(note) = upload_milestone(done, total, &mut quarter) {
+                    meter.note(&note);
                 }
             }
         }
@@ -185,9 +188,9 @@ pub async fn import(client: &Client, path: &Path, name: Option<&str>) -> Result<
             });
         }
     };
-    let images = answer["images"].as_array().ok_or_else(|| {
-        CliError::protocol("the imported images", "it has no \"images\" array")
-    })?;
+    let images = answer["images"]
+        .as_array()
+        .ok_or_else(|| CliError::protocol("the imported images", "it has no \"images\" array"))?;
     for image in images {
         print_out(&format!(
             "{} {}\n",
@@ -256,8 +259,12 @@ pub async fn remove(client: &Client, references: &[String]) -> Result<i32, CliEr
 
 /// `sha256:0123456789abcdef...` -> `sha256:0123456789ab`.
 fn short_digest(digest: &str) -> String {
+    // `get`, not slicing: the digest is the server's text, not necessarily ASCII.
     match digest.split_once(':') {
-        Some((algo, hex)) if hex.len() > 12 => format!("{algo}:{}", &hex[..12]),
+        Some((algo, hex)) if hex.len() > 12 => match hex.get(..12) {
+            Some(short) => format!("{algo}:{short}"),
+            None => digest.to_string(),
+        },
         _ => digest.to_string(),
     }
 }
@@ -275,9 +282,9 @@ impl ChannelWriter {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx.blocking_send(Ok(chunk)).map_err(|_| {
-            io::Error::new(io::ErrorKind::BrokenPipe, "the upload was abandoned")
-        })
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the upload was abandoned"))
     }
 }
 
@@ -400,6 +407,8 @@ fn write_tar(entries: Vec<Entry>, w: &mut ChannelWriter) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
 
     #[test]
@@ -409,6 +418,8 @@ mod tests {
             "sha256:0123456789ab"
         );
         assert_eq!(short_digest("short"), "short");
+        // Byte 12 inside a character: left whole rather than cut.
+        assert_eq!(short_digest("x:aéééééé"), "x:aéééééé");
     }
 
     /// The directory tar streamed through the channel is a valid archive with the
@@ -417,7 +428,11 @@ mod tests {
     fn a_layout_directory_is_tarred_through_the_channel() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        fs::write(root.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+        fs::write(
+            root.join("oci-layout"),
+            br#"{"imageLayoutVersion":"1.0.0"}"#,
+        )
+        .unwrap();
         fs::write(root.join("index.json"), b"{}").unwrap();
         fs::create_dir_all(root.join("blobs/sha256")).unwrap();
         let big = vec![7u8; CHUNK * 2 + 5];
@@ -452,7 +467,14 @@ mod tests {
         let blob = format!("blobs/sha256/{}", "a".repeat(64));
         assert_eq!(
             names,
-            vec!["blobs", "blobs/sha256", blob.as_str(), "index.json", long.as_str(), "oci-layout"]
+            vec![
+                "blobs",
+                "blobs/sha256",
+                blob.as_str(),
+                "index.json",
+                long.as_str(),
+                "oci-layout"
+            ]
         );
     }
 

@@ -155,6 +155,36 @@ pub fn upload_line(label: &str, done: u64, total: u64, width: usize) -> String {
     fit(label, done, total, &stats, width)
 }
 
+/// A plain line for logs when an upload passed a quarter mark (`quarter` holds the
+/// last one printed): 25, 50 and 75 %, then "importing" once it is all sent, but only
+/// after an earlier mark, so small uploads print nothing.
+pub fn upload_milestone(done: u64, total: u64, quarter: &mut u64) -> Option<String> {
+    if total == 0 {
+        return None;
+    }
+    let now = (done.saturating_mul(4) / total).min(4);
+    if now <= *quarter {
+        return None;
+    }
+    let first = *quarter == 0;
+    *quarter = now;
+    if now < 4 {
+        Some(format!(
+            "uploaded {}% ({} of {})",
+            now * 25,
+            human_bytes(done),
+            human_bytes(total)
+        ))
+    } else if !first {
+        Some(format!(
+            "uploaded {}; the server is importing it",
+            human_bytes(done)
+        ))
+    } else {
+        None
+    }
+}
+
 /// Writes progress to stderr.
 pub struct Meter {
     tty: bool,
@@ -260,7 +290,10 @@ mod tests {
         assert_eq!(s.bytes(), (1024 * 1024, 2 * 1024 * 1024));
         let line = s.line("busybox:latest", 100);
         assert!(line.starts_with("busybox:latest ["), "{line}");
-        assert!(line.ends_with(" 50%  1.0 MiB / 2.0 MiB  layers 1/2"), "{line}");
+        assert!(
+            line.ends_with(" 50%  1.0 MiB / 2.0 MiB  layers 1/2"),
+            "{line}"
+        );
         assert!(line.chars().count() < 100, "{line}");
         // Too narrow for a bar: the words stay.
         let narrow = s.line("busybox:latest", 50);
@@ -280,6 +313,31 @@ mod tests {
         s.update("sha256:a", 100, 100, 1, 2);
         assert!(s.milestone("x").is_some());
         assert_eq!(s.milestone("x"), None);
+    }
+
+    #[test]
+    fn upload_milestones_are_quarters_and_small_uploads_are_quiet() {
+        let mut q = 0;
+        assert_eq!(upload_milestone(10, 100, &mut q), None);
+        assert_eq!(
+            upload_milestone(30, 100, &mut q).as_deref(),
+            Some("uploaded 25% (30 B of 100 B)")
+        );
+        assert_eq!(upload_milestone(40, 100, &mut q), None);
+        assert_eq!(
+            upload_milestone(80, 100, &mut q).as_deref(),
+            Some("uploaded 75% (80 B of 100 B)")
+        );
+        assert_eq!(
+            upload_milestone(100, 100, &mut q).as_deref(),
+            Some("uploaded 100 B; the server is importing it")
+        );
+        assert_eq!(upload_milestone(100, 100, &mut q), None);
+        // All sent before the first look: nothing to say.
+        let mut q = 0;
+        assert_eq!(upload_milestone(9, 9, &mut q), None);
+        assert_eq!(upload_milestone(9, 9, &mut q), None);
+        assert_eq!(upload_milestone(1, 0, &mut q), None);
     }
 
     #[test]

@@ -60,7 +60,10 @@ pub async fn create(client: &Client, body: &CreateBody, json: bool) -> Result<i3
 /// `sandbox ls`: a table of id, image, status and age (or JSON).
 pub async fn list(client: &Client, json: bool) -> Result<i32, CliError> {
     let answer: Value = client
-        .json(client.request(Method::GET, "/v1/sandboxes"), "the sandbox list")
+        .json(
+            client.request(Method::GET, "/v1/sandboxes"),
+            "the sandbox list",
+        )
         .await?;
     let sandboxes = answer["sandboxes"]
         .as_array()
@@ -197,7 +200,10 @@ fn parse_event(line: &[u8]) -> Result<Option<ExecEvent>, CliError> {
     match serde_json::from_slice::<ExecEvent>(line) {
         Ok(event) => Ok(Some(event)),
         Err(err) => match serde_json::from_slice::<Value>(line) {
-            Ok(v) if v["type"].is_string() && !KNOWN_EVENTS.contains(&v["type"].as_str().unwrap_or("")) => {
+            Ok(v)
+                if v["type"].is_string()
+                    && !KNOWN_EVENTS.contains(&v["type"].as_str().unwrap_or("")) =>
+            {
                 Ok(None)
             }
             _ => Err(CliError::protocol("an exec frame", err)),
@@ -259,7 +265,11 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         for (i, cell) in row.iter().enumerate() {
             line.push_str(cell);
             if i + 1 < row.len() {
-                let pad = widths.get(i).copied().unwrap_or(0) - cell.chars().count();
+                let pad = widths
+                    .get(i)
+                    .copied()
+                    .unwrap_or(0)
+                    .saturating_sub(cell.chars().count());
                 line.push_str(&" ".repeat(pad + 3));
             }
         }
@@ -295,8 +305,7 @@ pub fn parse_utc(s: &str) -> Option<u64> {
     };
     let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if b[13] != b':' || b[16] != b':' || !(1..=12).contains(&month) || !(1..=31).contains(&day)
-    {
+    if b[13] != b':' || b[16] != b':' || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
         return None;
     }
     if hour > 23 || minute > 59 || second > 60 {
@@ -353,7 +362,14 @@ mod tests {
         assert_eq!(parse_utc("2026-12-02T16:45:51.123Z"), Some(1_796_229_951));
         assert_eq!(parse_utc("2026-12-02T18:45:51+02:00"), Some(1_796_229_951));
         assert_eq!(parse_utc("2000-02-29T00:00:00.5z"), Some(951_782_400));
-        for bad in ["", "yesterday", "2026-13-01T00:00:00Z", "2026-12-02T16:45:51.Z", "2026-12-02T16:45:51+0200", "2026-12-02"] {
+        for bad in [
+            "",
+            "yesterday",
+            "2026-13-01T00:00:00Z",
+            "2026-12-02T16:45:51.Z",
+            "2026-12-02T16:45:51+0200",
+            "2026-12-02",
+        ] {
             assert_eq!(parse_utc(bad), None, "{bad}");
         }
     }
@@ -370,8 +386,18 @@ mod tests {
     #[test]
     fn tables_align_columns() {
         let rows = vec![
-            vec!["sb-1".to_string(), "busybox:latest".into(), "running".into(), "5s".into()],
-            vec!["sandbox-two".to_string(), "x".into(), "pending".into(), "-".into()],
+            vec![
+                "sb-1".to_string(),
+                "busybox:latest".into(),
+                "running".into(),
+                "5s".into(),
+            ],
+            vec![
+                "sandbox-two".to_string(),
+                "x".into(),
+                "pending".into(),
+                "-".into(),
+            ],
         ];
         assert_eq!(
             table(&["ID", "IMAGE", "STATUS", "AGE"], &rows),
@@ -421,7 +447,9 @@ mod tests {
     fn exec_frames_parse_and_unknown_types_are_skipped() {
         assert_eq!(
             parse_event(br#"{"type":"stdout","data":"aGk="}"#).unwrap(),
-            Some(ExecEvent::Stdout { data: "aGk=".into() })
+            Some(ExecEvent::Stdout {
+                data: "aGk=".into()
+            })
         );
         assert_eq!(parse_event(br#"{"type":"progress","x":1}"#).unwrap(), None);
         assert!(parse_event(br#"{"type":"stdout"}"#).is_err());

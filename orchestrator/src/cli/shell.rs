@@ -6,7 +6,10 @@
 //! is put in raw mode for the session, so every key (Ctrl-C included) goes to the remote
 //! program, and [`RawMode`] puts it back on any way out. When stdin is not a terminal
 //! (a pipe, a file) nothing is switched; at its end the remote terminal gets Ctrl-D,
-//! the end-of-file character, so a shell reading a script ends.
+//! the end-of-file character, so a shell reading a script ends (and again after each
+//! output frame, for a while: a Ctrl-D queued while the terminal is in canonical mode
+//! but read after the program switched it to raw mode, as shells with line editing do,
+//! arrives as a NUL byte, so the first one can be lost).
 //!
 //! Signals to this process: SIGWINCH sends the new size; SIGINT (only a `kill`, or Ctrl-C
 //! when stdin is not the terminal) is forwarded to the remote foreground job; SIGTERM and
@@ -14,6 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::time::Duration;
 
 use base64::Engine as _;
 use futures_util::{SinkExt, StreamExt};
@@ -31,6 +35,11 @@ use super::CliError;
 
 /// Ctrl-D: what a terminal in canonical mode reads as end of file.
 const EOT: u8 = 0x04;
+/// Ctrl-Ds sent again, one per output frame, after the end of a piped stdin (see the
+/// module doc for why one is not enough).
+const EOT_REPEATS: u8 = 16;
+/// Time allowed to close the remote terminal at the end.
+const CLOSE_LIMIT: Duration = Duration::from_secs(5);
 
 /// Options of `sandbox shell`.
 #[derive(Debug, Default)]
@@ -61,18 +70,45 @@ pub async fn run(client: &Client, id: &str, opts: ShellOptions) -> Result<i32, C
         )
         .await?;
     let tid = segment(&info.id);
-    let socket = match client.websocket(&format!("{base}/{tid}/attach")).await {
-        Ok(socket) => socket,
-        Err(err) => {
-            // Nobody will ever attach to it: close it now rather than let it idle out.
-            let _ = client
-                .send(client.request(Method::DELETE, &format!("{base}/{tid}")))
-                .await;
-            return Err(err);
-        }
+    let outcome = match attach(client, &format!("{base}/{tid}/attach"), interactive, size).await {
+        // The connection broke, perhaps just as the program ended (a proxy that drops
+        // the last frames): the terminal itself still knows how it ended.
+        Err(err @ CliError::Transport { .. }) => match exit_of(client, &base, &tid).await {
+            Some(code) => Ok(code),
+            None => Err(err),
+        },
+        other => other,
     };
-    // Raw mode only once the terminal exists, so earlier errors print normally; the
-    // guard lives until this function returns, whichever way.
+    // The terminal is this command's own: close it whichever way the session ended. After
+    // the program's exit this frees its slot (the agent keeps exited terminals, counted
+    // against its limit, for a while); after an error it stops a program nobody can
+    // reach any more. Best effort, and bounded: the answer is already decided.
+    let close = client.send(client.request(Method::DELETE, &format!("{base}/{tid}")));
+    let _ = tokio::time::timeout(CLOSE_LIMIT, close).await;
+    outcome
+}
+
+/// The exit status of the terminal's program, if it has ended.
+async fn exit_of(client: &Client, base: &str, tid: &str) -> Option<i32> {
+    let request = client.request(Method::GET, &format!("{base}/{tid}"));
+    let info: PtyInfo = tokio::time::timeout(CLOSE_LIMIT, client.json(request, "the terminal"))
+        .await
+        .ok()?
+        .ok()?;
+    (!info.alive).then(|| info.exit_code.or(info.signal.map(|s| 128 + s)).unwrap_or(1))
+}
+
+/// Attaches and runs the session, the local terminal raw meanwhile.
+async fn attach(
+    client: &Client,
+    path: &str,
+    interactive: bool,
+    size: Option<(u16, u16)>,
+) -> Result<i32, CliError> {
+    let socket = client.websocket(path).await?;
+    // Raw mode only once attached, so earlier errors print normally; the guard lives
+    // until this function returns, whichever way, so the terminal is restored before
+    // anything else is printed.
     let _raw = if interactive {
         Some(RawMode::enter(term::STDIN).map_err(|e| CliError::io("setting up the terminal", e))?)
     } else {
@@ -87,15 +123,16 @@ async fn session(
     interactive: bool,
     mut size: Option<(u16, u16)>,
 ) -> Result<i32, CliError> {
-    let signal_stream = |kind: SignalKind| {
-        signal(kind).map_err(|e| CliError::io("installing a signal handler", e))
-    };
+    let signal_stream =
+        |kind: SignalKind| signal(kind).map_err(|e| CliError::io("installing a signal handler", e));
     let mut winch = signal_stream(SignalKind::window_change())?;
     let mut term_signal = signal_stream(SignalKind::terminate())?;
     let mut hangup = signal_stream(SignalKind::hangup())?;
     let mut interrupt = signal_stream(SignalKind::interrupt())?;
     let mut stdin = spawn_stdin_reader()?;
     let mut stdin_open = true;
+    // Ctrl-Ds still to send in answer to output, once a piped stdin has ended.
+    let mut eot_repeats = 0u8;
     let (mut sink, mut stream) = socket.split();
     let broken = |e: tokio_tungstenite::tungstenite::Error| CliError::Transport {
         url: client.base().to_string(),
@@ -129,11 +166,19 @@ async fn session(
                 Some(Ok(Message::Text(text))) => {
                     match serde_json::from_str::<PtyServerFrame>(&text) {
                         Ok(PtyServerFrame::Attached { .. }) => {}
-                        Ok(PtyServerFrame::Output { data, .. }) => {
+                        Ok(PtyServerFrame::Output { data, replay }) => {
                             let bytes = base64::engine::general_purpose::STANDARD
                                 .decode(data)
                                 .map_err(|e| CliError::protocol("a terminal output frame", e))?;
                             write_out(&mut stdout, &bytes)?;
+                            // Output after the program was sent Ctrl-D may be a prompt
+                            // in raw mode that got a NUL instead (see the module doc):
+                            // end of file once more. Best effort: a failed send shows
+                            // up on the next read.
+                            if !replay && eot_repeats > 0 {
+                                eot_repeats -= 1;
+                                let _ = sink.send(stdin_frame(&[EOT])).await;
+                            }
                         }
                         Ok(PtyServerFrame::Exit { code, signal }) => {
                             break Ok(code.or(signal.map(|s| 128 + s)).unwrap_or(1));
@@ -181,6 +226,7 @@ async fn session(
                     // means it is gone. A pipe's end is the script's end.
                     if !interactive {
                         sink.send(stdin_frame(&[EOT])).await.map_err(broken)?;
+                        eot_repeats = EOT_REPEATS;
                     }
                 }
             },
@@ -260,7 +306,10 @@ mod tests {
             panic!("not text");
         };
         assert_eq!(text.as_str(), r#"{"type":"stdin","data":"bHMN"}"#);
-        let Message::Text(text) = frame(&PtyClientFrame::Resize { rows: 50, cols: 132 }) else {
+        let Message::Text(text) = frame(&PtyClientFrame::Resize {
+            rows: 50,
+            cols: 132,
+        }) else {
             panic!("not text");
         };
         assert_eq!(text.as_str(), r#"{"type":"resize","rows":50,"cols":132}"#);

@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{FromRequestParts, Path, Request, State};
-use axum::http::{header, HeaderName, HeaderValue, Uri};
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::{header, HeaderName, HeaderValue, Method, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
@@ -26,7 +26,7 @@ use orchard_protocol::TOKEN_HEADER;
 use sha2::{Digest, Sha256};
 use tokio_tungstenite::tungstenite;
 
-use super::{AppState, Auth};
+use super::{ApiPath, AppState, Auth};
 use crate::service::{Error, Live};
 
 /// Connects to an agent by the host name the proxy gave its endpoint.
@@ -128,7 +128,7 @@ const HOP: &[&str] = &[
 async fn forward(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path((id, rest)): Path<(String, String)>,
+    ApiPath((id, rest)): ApiPath<(String, String)>,
     req: Request,
 ) -> Result<Response, Error> {
     let live = state.service.ready(&tenant, &id)?;
@@ -155,6 +155,15 @@ async fn forward(
         Some(q) => format!("http://{host}{agent_path}?{q}"),
         None => format!("http://{host}{agent_path}"),
     };
+    // The agent answers a body over its limit (16 MiB of JSON, as ours) before reading
+    // it and closes, which breaks the forwarding of the rest: a 502 instead of its 413.
+    // JSON bodies are small, so they are read here with our limit and forwarded whole;
+    // raw uploads (PUT) stream.
+    let body = if parts.method == Method::PUT {
+        body
+    } else {
+        Body::from(super::read_limited(&parts.headers, body, super::MAX_JSON).await?)
+    };
     let mut out = Request::builder()
         .method(parts.method.clone())
         .uri(uri)
@@ -170,9 +179,10 @@ async fn forward(
             .insert(HeaderName::from_static(TOKEN_HEADER), token);
     }
     let started = Instant::now();
-    let resp = state.proxy.client.request(out).await.map_err(|e| {
-        Error::Sandbox(format!("the sandbox's agent could not be reached: {e}"))
-    })?;
+    let resp =
+        state.proxy.client.request(out).await.map_err(|e| {
+            Error::Sandbox(format!("the sandbox's agent could not be reached: {e}"))
+        })?;
     if rest == "exec" {
         state
             .service
@@ -190,12 +200,12 @@ fn to_agent(m: Message) -> Option<tungstenite::Message> {
         Message::Binary(b) => tungstenite::Message::Binary(b),
         Message::Ping(b) => tungstenite::Message::Ping(b),
         Message::Pong(b) => tungstenite::Message::Pong(b),
-        Message::Close(c) => tungstenite::Message::Close(c.map(|c| {
-            tungstenite::protocol::CloseFrame {
+        Message::Close(c) => {
+            tungstenite::Message::Close(c.map(|c| tungstenite::protocol::CloseFrame {
                 code: c.code.into(),
                 reason: c.reason.as_str().into(),
-            }
-        })),
+            }))
+        }
     })
 }
 
@@ -230,11 +240,14 @@ pub async fn bridge(mut client: WebSocket, live: &Live, path: &str) {
     let (mut agent_tx, mut agent_rx) = agent.split();
     let (mut client_tx, mut client_rx) = client.split();
     let up = async {
+        let mut agent_open = true;
         while let Some(Ok(m)) = client_rx.next().await {
             let closing = matches!(m, Message::Close(_));
-            if let Some(m) = to_agent(m) {
-                if agent_tx.send(m).await.is_err() {
-                    break;
+            if agent_open {
+                if let Some(m) = to_agent(m) {
+                    if agent_tx.send(m).await.is_err() {
+                        agent_open = false;
+                    }
                 }
             }
             if closing {
@@ -257,10 +270,16 @@ pub async fn bridge(mut client: WebSocket, live: &Live, path: &str) {
         }
         let _ = client_tx.close().await;
     };
-    // Either side ending ends the bridge.
+    // When one side ends, the other gets a moment to deliver what is in flight (the
+    // program's last output and exit frame, the client's close) before both go.
+    tokio::pin!(up, down);
     tokio::select! {
-        _ = up => {}
-        _ = down => {}
+        _ = &mut up => {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut down).await;
+        }
+        _ = &mut down => {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), &mut up).await;
+        }
     }
 }
 
@@ -273,10 +292,9 @@ async fn connect_agent(live: &Live, path: &str) -> Result<AgentSocket, String> {
     let stream = tokio::net::UnixStream::connect(socket)
         .await
         .map_err(|e| e.to_string())?;
-    let mut req = tungstenite::client::IntoClientRequest::into_client_request(format!(
-        "ws://agent{path}"
-    ))
-    .map_err(|e| e.to_string())?;
+    let mut req =
+        tungstenite::client::IntoClientRequest::into_client_request(format!("ws://agent{path}"))
+            .map_err(|e| e.to_string())?;
     let token = HeaderValue::from_str(live.agent.token()).map_err(|e| e.to_string())?;
     req.headers_mut()
         .insert(HeaderName::from_static(TOKEN_HEADER), token);
