@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -19,7 +20,7 @@ use orchard_protocol::output::{b64_decode, b64_encode};
 use orchard_protocol::pty::close_code;
 use serde::Deserialize;
 
-use super::{ApiJson, AppState, Auth, MAX_UPLOAD_JSON};
+use super::{ApiJson, ApiPath, AppState, Auth, MAX_UPLOAD_JSON};
 use crate::service::{iso, CreateRequest, Error, JobOptions, Phase, Record, Service};
 
 /// Longest server-side wait a request may ask for.
@@ -64,7 +65,8 @@ impl WaitQuery {
                         "timeout {t:?}: must be zero or more seconds"
                     )));
                 }
-                Ok(Duration::from_secs_f64(s).min(MAX_WAIT))
+                // Cut before converting: a Duration cannot hold 1e20 seconds.
+                Ok(Duration::from_secs_f64(s.min(MAX_WAIT.as_secs_f64())))
             }
         }
     }
@@ -205,7 +207,7 @@ async fn create(
 async fn status(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxStatus>, Error> {
     let r = state.service.get(&tenant, &id)?;
     Ok(Json(sandbox_status(&state.service, &r)))
@@ -214,7 +216,7 @@ async fn status(
 async fn wait(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> Result<Json<SandboxStatus>, Error> {
     let timeout = q.duration(Duration::from_secs(300))?;
@@ -225,7 +227,7 @@ async fn wait(
 async fn delete(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxAck>, Error> {
     state.service.delete(&tenant, &id).await?;
     Ok(Json(SandboxAck {
@@ -237,7 +239,7 @@ async fn delete(
 async fn heartbeat(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxAck>, Error> {
     state.service.heartbeat(&tenant, &id)?;
     Ok(Json(SandboxAck {
@@ -249,7 +251,7 @@ async fn heartbeat(
 async fn exec(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ExecJob>,
 ) -> Result<Response, Error> {
     let timeout = match req.timeout_seconds {
@@ -291,7 +293,7 @@ async fn exec(
 async fn job(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, Error> {
     Ok(Json(state.service.job(&tenant, &id)?).into_response())
 }
@@ -299,7 +301,7 @@ async fn job(
 async fn job_wait(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> Result<Response, Error> {
     let timeout = q.duration(Duration::from_secs(30))?;
@@ -310,7 +312,7 @@ async fn job_wait(
 async fn apply_patch(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ApplyPatch, MAX_UPLOAD_JSON>,
 ) -> Result<Json<PatchResult>, Error> {
     let live = state.service.ready(&tenant, &id)?;
@@ -329,8 +331,18 @@ async fn apply_patch(
         error: Some(error),
     };
     let result = match tokio::time::timeout(limit, live.agent.git_apply(&apply)).await {
-        Err(_) => failed(format!("applying the patch took longer than {} s", limit.as_secs())),
-        Ok(Err(orchard_client::ClientError::Api { body, .. })) => failed(body.message),
+        Err(_) => failed(format!(
+            "applying the patch took longer than {} s",
+            limit.as_secs()
+        )),
+        // libgit2 needs a repository and a `diff --git` patch; `git apply` (or `patch`)
+        // in the sandbox takes plain unified diffs anywhere, as users' patches often are.
+        Ok(Err(orchard_client::ClientError::Api { .. })) => {
+            match patch_with_tools(&live, &apply.repo, &apply.patch, limit).await {
+                Ok(r) => r,
+                Err(e) => failed(e),
+            }
+        }
         Ok(Err(e)) => return Err(e.into()),
         Ok(Ok(r)) if r.applied => PatchResult {
             success: true,
@@ -361,10 +373,54 @@ async fn apply_patch(
     Ok(Json(result))
 }
 
+/// Applies `patch` in `dir` with the image's own `git apply` (or `patch -p1` when there
+/// is no git), through a temporary file.
+async fn patch_with_tools(
+    live: &crate::service::Live,
+    dir: &str,
+    patch: &str,
+    limit: Duration,
+) -> Result<PatchResult, String> {
+    let file = format!("/tmp/.orchard-patch-{}", crate::service::random_hex(6));
+    live.agent
+        .write_file(&file, patch.as_bytes().to_vec(), None)
+        .await
+        .map_err(|e| format!("cannot stage the patch: {e}"))?;
+    let script = "cd \"$1\" || exit 1; if command -v git >/dev/null 2>&1; then git apply -v \"$2\"; \
+                  else patch -p1 -i \"$2\"; fi; rc=$?; rm -f \"$2\"; exit $rc";
+    let req = orchard_protocol::ExecRequest {
+        command: orchard_protocol::Command::Argv(vec![
+            live.shell.clone(),
+            "-c".into(),
+            script.into(),
+            "apply_patch".into(),
+            dir.into(),
+            file.clone(),
+        ]),
+        timeout_ms: Some(limit.as_millis() as u64),
+        ..Default::default()
+    };
+    let r = live
+        .agent
+        .exec(&req)
+        .await
+        .map_err(|e| format!("cannot run git apply: {e}"))?;
+    let code = r.exit_code.or(r.signal.map(|s| 128 + s)).unwrap_or(1);
+    Ok(PatchResult {
+        success: code == 0 && !r.timed_out,
+        stdout: r.stdout.text_lossy(),
+        stderr: r.stderr.text_lossy(),
+        exit_code: code,
+        error: r
+            .timed_out
+            .then(|| format!("applying the patch took longer than {} s", limit.as_secs())),
+    })
+}
+
 async fn upload(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<UploadFile, MAX_UPLOAD_JSON>,
 ) -> Result<Json<Uploaded>, Error> {
     let live = state.service.ready(&tenant, &id)?;
@@ -391,7 +447,7 @@ struct PathQuery {
 async fn download(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> Result<Json<FileContent>, Error> {
     let live = state.service.ready(&tenant, &id)?;
@@ -407,7 +463,7 @@ async fn download(
 async fn list_files(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> Result<Json<FileListing>, Error> {
     let live = state.service.ready(&tenant, &id)?;
@@ -493,18 +549,29 @@ fn percent_decode(s: &str) -> Option<String> {
 
 async fn pty(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     headers: HeaderMap,
     uri: axum::http::Uri,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    // A plain HTTP request gets a JSON error like every other route, not axum's text.
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(e) => {
+            return Error::BadRequest(format!("this route is a WebSocket: {}", e.body_text()))
+                .into_response()
+        }
+    };
     let (key, protocol) = ws_key(&headers, uri.query());
     let ws = match protocol {
         Some(p) => ws.protocols([p]),
         None => ws,
     };
     let verdict = match state.keys.authenticate(key.as_deref()) {
-        None => Err((close_code::UNAUTHORIZED, "invalid or missing API key".to_string())),
+        None => Err((
+            close_code::UNAUTHORIZED,
+            "invalid or missing API key".to_string(),
+        )),
         Some(tenant) => match state.service.get(&tenant, &id) {
             Err(_) => Err((close_code::NOT_FOUND, format!("sandbox {id} not found"))),
             Ok(r) => match r.phase() {
