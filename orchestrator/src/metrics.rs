@@ -90,7 +90,9 @@ impl Metrics {
     /// The text exposition, with `sandboxes` as the by-state gauge.
     pub fn render(&self, sandboxes: &BTreeMap<&'static str, u64>) -> String {
         let mut out = String::new();
-        out.push_str("# HELP orchard_sandboxes Sandboxes by state.\n# TYPE orchard_sandboxes gauge\n");
+        out.push_str(
+            "# HELP orchard_sandboxes Sandboxes by state.\n# TYPE orchard_sandboxes gauge\n",
+        );
         for (state, n) in sandboxes {
             let _ = writeln!(out, "orchard_sandboxes{{state=\"{state}\"}} {n}");
         }
@@ -103,7 +105,12 @@ impl Metrics {
         self.exec_v1_seconds
             .render(&mut out, "orchard_exec_seconds", "route=\"v1\"");
         out.push_str("# HELP orchard_http_requests_total Requests answered, by status.\n# TYPE orchard_http_requests_total counter\n");
-        for (code, n) in self.requests.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for (code, n) in self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             let _ = writeln!(out, "orchard_http_requests_total{{code=\"{code}\"}} {n}");
         }
         out.push_str("# HELP orchard_errors_total Error answers, by error code.\n# TYPE orchard_errors_total counter\n");
@@ -126,7 +133,10 @@ mod tests {
         m.create_seconds.observe(500.0);
         m.error("not_found");
         let text = m.render(&BTreeMap::from([("running", 2)]));
-        assert!(text.contains("orchard_sandbox_create_seconds_bucket{le=\"0.00025\"} 1"), "{text}");
+        assert!(
+            text.contains("orchard_sandbox_create_seconds_bucket{le=\"0.00025\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("orchard_sandbox_create_seconds_bucket{le=\"0.005\"} 2"));
         assert!(text.contains("orchard_sandbox_create_seconds_bucket{le=\"+Inf\"} 3"));
         assert!(text.contains("orchard_sandbox_create_seconds_count 3"));

@@ -43,7 +43,8 @@ fn generated_key(data_dir: &Path) -> Result<String, ServeError> {
         .mode(0o600)
         .open(&path)
         .map_err(|e| ServeError::Setup(format!("writing {}: {e}", path.display())))?;
-    writeln!(f, "{key}").map_err(|e| ServeError::Setup(format!("writing {}: {e}", path.display())))?;
+    writeln!(f, "{key}")
+        .map_err(|e| ServeError::Setup(format!("writing {}: {e}", path.display())))?;
     Ok(key)
 }
 
@@ -92,9 +93,8 @@ pub fn open_images(config: &Config) -> Result<ImageStore, ServeError> {
 /// Runs the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     crate::log::set_level(&config.log_level);
-    std::fs::create_dir_all(&config.data_dir).map_err(|e| {
-        ServeError::Setup(format!("creating {}: {e}", config.data_dir.display()))
-    })?;
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| ServeError::Setup(format!("creating {}: {e}", config.data_dir.display())))?;
     let keys = if config.no_auth {
         crate::log::warn("auth is disabled: every request is accepted", &[]);
         Keys::disabled()
@@ -128,7 +128,10 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let url = format!("http://{addr}");
     crate::log::info(
         "listening",
-        &[("url", &url), ("data_dir", &config.data_dir.display().to_string())],
+        &[
+            ("url", &url),
+            ("data_dir", &config.data_dir.display().to_string()),
+        ],
     );
     if let Some(f) = &config.ready_file {
         std::fs::write(f, format!("{url}\n"))

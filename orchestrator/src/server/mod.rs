@@ -14,7 +14,7 @@ pub mod proxy;
 pub mod v1;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
@@ -23,6 +23,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use http_body_util::BodyExt;
 use orchard_protocol::compat::Detail;
 use serde::de::DeserializeOwned;
 
@@ -54,7 +55,8 @@ struct InternalDetail(String);
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status =
+            StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = Detail {
             detail: self.public_message(),
             code: Some(self.code().to_string()),
@@ -76,19 +78,81 @@ impl<S: Send + Sync, T: DeserializeOwned, const LIMIT: usize> FromRequest<S> for
     type Rejection = Error;
 
     async fn from_request(req: Request, _: &S) -> Result<Self, Error> {
-        let bytes = axum::body::to_bytes(req.into_body(), LIMIT)
-            .await
-            .map_err(|e| {
-                if std::error::Error::source(&e)
-                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-                    || e.to_string().contains("length limit")
-                {
-                    Error::TooLarge(format!("the body is larger than {LIMIT} bytes"))
-                } else {
-                    Error::BadRequest(format!("reading the body: {e}"))
-                }
-            })?;
+        let (parts, body) = req.into_parts();
+        let bytes = read_limited(&parts.headers, body, LIMIT).await?;
         parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Reads a whole body of at most `limit` bytes; a larger one is 413 (and read to its end
+/// first, within [`DRAIN_MAX`], so the client gets to see the answer).
+pub async fn read_limited(
+    headers: &HeaderMap,
+    mut body: Body,
+    limit: usize,
+) -> Result<Vec<u8>, Error> {
+    let too_large = || Error::TooLarge(format!("the body is larger than {limit} bytes"));
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        if declared.is_some_and(|n| n - limit <= DRAIN_MAX) {
+            drain(body).await;
+        }
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(MAX_JSON));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Error::BadRequest(format!("reading the body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if bytes.len() + data.len() > limit {
+            drain(body).await;
+            return Err(too_large());
+        }
+        bytes.extend_from_slice(&data);
+    }
+    Ok(bytes)
+}
+
+/// How much of a body over its limit is still read (and dropped) before the 413 is
+/// answered, and for how long. A server that answers while the client still sends, then
+/// closes, makes the client's write fail (broken pipe, reset) before it can read the
+/// answer: with the body read, the client sees the 413. Larger bodies are cut off.
+const DRAIN_MAX: usize = 64 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(10);
+
+/// Reads and drops the rest of `body`, within [`DRAIN_MAX`] bytes and [`DRAIN_TIME`].
+async fn drain(mut body: Body) {
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        let mut dropped = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            dropped += frame.data_ref().map_or(0, |d| d.len());
+            if dropped > DRAIN_MAX {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// A path parameter: one that cannot be decoded (not UTF-8 once percent-decoded) is a
+/// 400 with a `detail`, like every other bad input, not axum's plain-text rejection.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Error> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| ApiPath(p.0))
+            .map_err(|e| Error::BadRequest(format!("invalid path: {}", e.body_text())))
     }
 }
 
@@ -100,7 +164,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     serde_json::from_slice(bytes).map_err(|e| {
         use serde_json::error::Category;
         match e.classify() {
-            Category::Data => Error::Unprocessable(format!("invalid request: {e}")),
+            // The typed parse stops at the first unknown or mistyped field, which may
+            // come before a syntax error: a body that is not JSON at all is 400 either way.
+            Category::Data => match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                Err(syntax) => Error::BadRequest(format!("malformed JSON: {syntax}")),
+                Ok(_) => Error::Unprocessable(format!("invalid request: {e}")),
+            },
             _ => Error::BadRequest(format!("malformed JSON: {e}")),
         }
     })
@@ -171,7 +240,10 @@ async fn observe(State(state): State<AppState>, mut req: Request, next: Next) ->
     if let Some(c) = code {
         fields.push(("error", c));
     }
-    let internal = resp.extensions().get::<InternalDetail>().map(|d| d.0.clone());
+    let internal = resp
+        .extensions()
+        .get::<InternalDetail>()
+        .map(|d| d.0.clone());
     if let Some(d) = &internal {
         fields.push(("internal", d.as_str()));
     }
@@ -203,11 +275,7 @@ async fn bad_method(req: Request) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let body = state.service.metrics().render(&state.service.counts());
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        body,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
 async fn openapi_doc() -> Response {
@@ -237,4 +305,40 @@ pub fn router(state: AppState) -> Router {
 /// A body from a JSON value.
 pub fn json_body(v: &impl serde::Serialize) -> Body {
     Body::from(serde_json::to_vec(v).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Body {
+        image: String,
+    }
+
+    #[test]
+    fn bodies_that_are_not_json_are_400_and_json_of_the_wrong_shape_422() {
+        let status = |b: &str| {
+            parse_json::<Body>(b.as_bytes())
+                .map(|_| 200)
+                .unwrap_or_else(|e| e.status())
+        };
+        assert_eq!(status(r#"{"image": "x"}"#), 200);
+        for malformed in [
+            "",
+            " \n",
+            "{",
+            "nope",
+            r#"{"image": "#,
+            r#"{"other": 1,}"#,
+            r#"{"image": 5"#,
+        ] {
+            assert_eq!(status(malformed), 400, "{malformed:?}");
+        }
+        for misshapen in [r#"{"image": 5}"#, "{}", r#"{"other": 1}"#, "[]", "null"] {
+            assert_eq!(status(misshapen), 422, "{misshapen:?}");
+        }
+    }
 }

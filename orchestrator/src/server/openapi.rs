@@ -29,7 +29,12 @@ fn any_json(_: &mut SchemaGenerator) -> Schema {
 }
 
 const TIMEOUT: Param = ("timeout", "number", false, "Seconds to wait server-side.");
-const PATH: Param = ("path", "string", true, "Path in the sandbox (relative: under /workspace or /).");
+const PATH: Param = (
+    "path",
+    "string",
+    true,
+    "Path in the sandbox (relative: under /workspace or /).",
+);
 
 /// The orchestrator's own routes (the agent's are added under `/v1/sandboxes/{id}`).
 pub const ROUTES: &[Route] = &[

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use orchard_protocol::sandbox::{Sandbox, SandboxCreate, SandboxDone, SandboxList};
 
 use super::compat::{ApiQuery, WaitQuery};
-use super::{ApiJson, AppState, Auth};
+use super::{ApiJson, ApiPath, AppState, Auth};
 use crate::service::{iso, CreateRequest, Error, Phase, Record, Service};
 
 /// The lifecycle routes.
@@ -99,7 +99,7 @@ async fn list(State(state): State<AppState>, Auth(tenant): Auth) -> Json<Sandbox
 async fn one(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Sandbox>, Error> {
     let r = state.service.get(&tenant, &id)?;
     Ok(Json(sandbox(&state.service, &r)))
@@ -108,7 +108,7 @@ async fn one(
 async fn wait(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> Result<Json<Sandbox>, Error> {
     let timeout = q.duration(Duration::from_secs(300))?;
@@ -119,7 +119,7 @@ async fn wait(
 async fn delete(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxDone>, Error> {
     state.service.delete(&tenant, &id).await?;
     Ok(Json(SandboxDone {
@@ -132,7 +132,7 @@ async fn delete(
 async fn heartbeat(
     State(state): State<AppState>,
     Auth(tenant): Auth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxDone>, Error> {
     let r = state.service.heartbeat(&tenant, &id)?;
     Ok(Json(SandboxDone {

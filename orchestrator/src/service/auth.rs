@@ -101,13 +101,19 @@ mod tests {
         assert!(keys.authenticate(Some("gamma")).is_none());
         assert!(keys.authenticate(Some("")).is_none());
         assert!(keys.authenticate(None).is_none());
-        assert!(format!("{keys:?}").contains("count: 2"), "no key material in Debug");
+        assert!(
+            format!("{keys:?}").contains("count: 2"),
+            "no key material in Debug"
+        );
     }
 
     #[test]
     fn disabled_auth_accepts_everyone_as_one_tenant() {
         let keys = Keys::disabled();
         assert_eq!(keys.authenticate(None), Some(Tenant("anonymous".into())));
-        assert_eq!(keys.authenticate(Some("x")), Some(Tenant("anonymous".into())));
+        assert_eq!(
+            keys.authenticate(Some("x")),
+            Some(Tenant("anonymous".into()))
+        );
     }
 }

@@ -76,8 +76,14 @@ pub(super) fn spawn_worker(
             };
             match phase {
                 Phase::Running(live) => run(&service, &live, &entry, opts, &record).await,
-                Phase::Failed(m) => fail(&service, &entry, format!("the sandbox failed to start: {m}")),
-                Phase::Deleted | Phase::Pending => fail(&service, &entry, "the sandbox was deleted".into()),
+                Phase::Failed(m) => fail(
+                    &service,
+                    &entry,
+                    format!("the sandbox failed to start: {m}"),
+                ),
+                Phase::Deleted | Phase::Pending => {
+                    fail(&service, &entry, "the sandbox was deleted".into())
+                }
             }
         }
     });
@@ -124,9 +130,7 @@ async fn run(
         ..Default::default()
     };
     let mut result = live.agent.exec(&req).await;
-    if default_cwd
-        && matches!(&result, Err(e) if e.code() == Some(ErrorCode::CwdNotFound))
-    {
+    if default_cwd && matches!(&result, Err(e) if e.code() == Some(ErrorCode::CwdNotFound)) {
         live.workspace.store(false, Ordering::Relaxed);
         req.cwd = Some("/".into());
         result = live.agent.exec(&req).await;
@@ -183,6 +187,9 @@ mod tests {
             "plain-arg=1".into(),
         ]);
         assert_eq!(script(&c), r#"echo 'a b' 'it'\''s' '$HOME' '' plain-arg=1"#);
-        assert_eq!(script(&CompatCommand::Shell("echo $HOME".into())), "echo $HOME");
+        assert_eq!(
+            script(&CompatCommand::Shell("echo $HOME".into())),
+            "echo $HOME"
+        );
     }
 }

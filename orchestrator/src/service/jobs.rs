@@ -39,7 +39,11 @@ impl JobEntry {
 
     /// Its id.
     pub fn id(&self) -> String {
-        self.job.lock().unwrap_or_else(|p| p.into_inner()).job_id.clone()
+        self.job
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .job_id
+            .clone()
     }
 
     /// Waits until the job finishes or `timeout` passes, then answers the job as it is
@@ -76,8 +80,12 @@ impl JobStore {
     /// Opens the store in `dir`, loading the jobs a previous process left: those that
     /// had not finished become `failed` with [`RESTART_ERROR`].
     pub fn open(dir: PathBuf, retention: Duration) -> Result<JobStore, Error> {
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::internal("cannot open the job store", format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            Error::internal(
+                "cannot open the job store",
+                format!("{}: {e}", dir.display()),
+            )
+        })?;
         let store = JobStore {
             jobs: Mutex::new(HashMap::new()),
             dir,
@@ -259,7 +267,11 @@ mod tests {
         let e = store.submit(&tenant(), "sb-1", CompatCommand::Shell("true".into()));
         store.start(&e);
         let running = e.wait(Some(Duration::from_millis(1))).await;
-        assert_eq!(running.status, JobStatus::Running, "never reported as finished");
+        assert_eq!(
+            running.status,
+            JobStatus::Running,
+            "never reported as finished"
+        );
         let waiter = {
             let e = e.clone();
             tokio::spawn(async move { e.wait(None).await })
@@ -287,7 +299,10 @@ mod tests {
         assert_eq!(q.status, JobStatus::Failed);
         assert_eq!(q.error.as_deref(), Some(RESTART_ERROR));
         let d = store.get(&tenant(), &done).unwrap().snapshot();
-        assert_eq!((d.status, d.exit_code, d.error), (JobStatus::Failed, Some(1), None));
+        assert_eq!(
+            (d.status, d.exit_code, d.error),
+            (JobStatus::Failed, Some(1), None)
+        );
     }
 
     #[test]

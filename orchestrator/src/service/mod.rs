@@ -40,6 +40,9 @@ use crate::metrics::Metrics;
 /// Label prefix of the server's own metadata on a backend sandbox.
 const META: &str = "orchard.";
 
+/// Longest lifetime a create may ask for (`ttl_s`); 0 is "until deleted".
+const MAX_TTL_S: u64 = 100 * 365 * 86_400;
+
 /// Lifecycle policies, run by one background loop.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -182,10 +185,11 @@ impl Record {
 
     /// When the TTL or the heartbeat period ends this sandbox (ms since the epoch).
     pub fn expires_ms(&self, policy: &Policy) -> Option<u64> {
-        let ttl = self.ttl.map(|t| self.created_ms + t.as_millis() as u64);
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let ttl = self.ttl.map(|t| self.created_ms.saturating_add(ms(t)));
         let hb = self
             .heartbeat_ms()
-            .map(|t| t + policy.heartbeat_timeout.as_millis() as u64);
+            .map(|t| t.saturating_add(ms(policy.heartbeat_timeout)));
         match (ttl, hb) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -289,10 +293,7 @@ impl Service {
     }
 
     fn records(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Record>>> {
-        self.inner
-            .records
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.inner.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The backend.
@@ -334,7 +335,10 @@ impl Service {
         let list = match self.inner.backend.list().await {
             Ok(l) => l,
             Err(e) => {
-                crate::log::warn("cannot list sandboxes to adopt", &[("error", &e.to_string())]);
+                crate::log::warn(
+                    "cannot list sandboxes to adopt",
+                    &[("error", &e.to_string())],
+                );
                 return Ok(());
             }
         };
@@ -421,7 +425,8 @@ impl Service {
             (None, None) => Endpoint::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
         };
         let agent = AgentClient::new(endpoint, sb.token.clone());
-        let bash = agent.stat("/bin/bash").await.is_ok() || agent.stat("/usr/bin/bash").await.is_ok();
+        let bash =
+            agent.stat("/bin/bash").await.is_ok() || agent.stat("/usr/bin/bash").await.is_ok();
         let workspace = agent
             .stat("/workspace")
             .await
@@ -489,6 +494,11 @@ impl Service {
         };
         let ttl = match req.ttl_s {
             Some(0) => None,
+            Some(s) if s > MAX_TTL_S => {
+                return Err(Error::BadRequest(format!(
+                    "ttl_s {s}: at most {MAX_TTL_S} seconds (100 years); 0 keeps the sandbox until deleted"
+                )))
+            }
             Some(s) => Some(Duration::from_secs(s)),
             None => policy.default_ttl,
         };
@@ -544,7 +554,10 @@ impl Service {
         labels.insert(format!("{META}tenant"), tenant.0.clone());
         labels.insert(format!("{META}image"), req.image.clone());
         labels.insert(format!("{META}created_ms"), created_ms.to_string());
-        labels.insert(format!("{META}block_network"), req.block_network.to_string());
+        labels.insert(
+            format!("{META}block_network"),
+            req.block_network.to_string(),
+        );
         if let Some(c) = &req.cpu {
             labels.insert(format!("{META}cpu"), c.clone());
         }
@@ -563,9 +576,9 @@ impl Service {
             let started = Instant::now();
             let mut attempt = {
                 let (service, rec) = (service.clone(), rec.clone());
-                tokio::spawn(async move {
-                    service.start(&rec, image, cpus, memory, env, labels).await
-                })
+                tokio::spawn(
+                    async move { service.start(&rec, image, cpus, memory, env, labels).await },
+                )
             };
             let outcome = match tokio::time::timeout(rec.ready_timeout, &mut attempt).await {
                 Ok(joined) => joined.unwrap_or_else(|e| Err(format!("internal error: {e}"))),
@@ -696,7 +709,12 @@ impl Service {
     }
 
     /// Waits until the sandbox is ready (`Ok`), failed (502) or `timeout` passes (408).
-    pub async fn wait_ready(&self, tenant: &Tenant, id: &str, timeout: Duration) -> Result<Arc<Record>, Error> {
+    pub async fn wait_ready(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Arc<Record>, Error> {
         let record = self.get(tenant, id)?;
         let mut rx = record.phase.subscribe();
         let outcome = tokio::time::timeout(timeout, rx.wait_for(|p| !matches!(p, Phase::Pending)))
@@ -710,9 +728,14 @@ impl Service {
             Ok(Err(_)) => Err(Error::no_sandbox(id)),
             Ok(Ok(p)) => match p {
                 Phase::Running(_) => Ok(record.clone()),
-                Phase::Failed(m) => Err(Error::Sandbox(format!("sandbox {id} failed to start: {m}"))),
+                Phase::Failed(m) => {
+                    Err(Error::Sandbox(format!("sandbox {id} failed to start: {m}")))
+                }
                 Phase::Deleted => Err(Error::no_sandbox(id)),
-                Phase::Pending => Err(Error::internal("wait ended early", "pending after wait_for")),
+                Phase::Pending => Err(Error::internal(
+                    "wait ended early",
+                    "pending after wait_for",
+                )),
             },
         }
     }
@@ -730,7 +753,10 @@ impl Service {
         let was = record.phase();
         {
             let mut records = self.records();
-            if records.get(&record.id).is_some_and(|r| Arc::ptr_eq(r, record)) {
+            if records
+                .get(&record.id)
+                .is_some_and(|r| Arc::ptr_eq(r, record))
+            {
                 records.remove(&record.id);
             }
         }
@@ -742,7 +768,10 @@ impl Service {
                 let _ = self.inner.backend.delete(&record.id).await;
             }
         }
-        crate::log::info("sandbox removed", &[("sandbox_id", &record.id), ("reason", why)]);
+        crate::log::info(
+            "sandbox removed",
+            &[("sandbox_id", &record.id), ("reason", why)],
+        );
     }
 
     /// Records a heartbeat; from now on the sandbox is reaped when they stop.
@@ -771,7 +800,13 @@ impl Service {
         }
         let entry = self.inner.jobs.submit(tenant, id, command);
         if record.queue.send((entry.clone(), opts)).is_err() {
-            self.inner.jobs.finish(&entry, None, String::new(), String::new(), Some("the sandbox was deleted".into()));
+            self.inner.jobs.finish(
+                &entry,
+                None,
+                String::new(),
+                String::new(),
+                Some("the sandbox was deleted".into()),
+            );
         }
         Ok(entry)
     }

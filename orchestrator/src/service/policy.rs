@@ -80,8 +80,9 @@ pub(super) async fn reconcile(service: &Service) -> bool {
                     let _ = service.backend().delete(&r.id).await;
                 }
                 None => {
-                    r.phase
-                        .send_replace(Phase::Failed("the sandbox disappeared from the backend".into()));
+                    r.phase.send_replace(Phase::Failed(
+                        "the sandbox disappeared from the backend".into(),
+                    ));
                 }
             }
         }
@@ -89,7 +90,10 @@ pub(super) async fn reconcile(service: &Service) -> bool {
     let known: Vec<String> = service.records().keys().cloned().collect();
     for sb in &list {
         if !known.contains(&sb.id) && sb.labels.contains_key("orchard.tenant") {
-            crate::log::warn("removing a sandbox no record owns", &[("sandbox_id", &sb.id)]);
+            crate::log::warn(
+                "removing a sandbox no record owns",
+                &[("sandbox_id", &sb.id)],
+            );
             let _ = service.backend().delete(&sb.id).await;
         }
     }

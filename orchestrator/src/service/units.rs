@@ -5,7 +5,11 @@ use super::Error;
 
 /// CPU cores from `"4"`, `"0.5"` or `"2000m"`.
 pub fn parse_cpu(s: &str) -> Result<f64, Error> {
-    let bad = || Error::BadRequest(format!("cpu {s:?}: use cores like \"2\" or \"0.5\", or millicores like \"500m\""));
+    let bad = || {
+        Error::BadRequest(format!(
+            "cpu {s:?}: use cores like \"2\" or \"0.5\", or millicores like \"500m\""
+        ))
+    };
     let t = s.trim();
     let v = match t.strip_suffix('m') {
         Some(milli) => milli.parse::<f64>().map_err(|_| bad())? / 1000.0,
