@@ -63,11 +63,13 @@ openapi:
 
 ## bench: the agent (exec latency against the fork/exec floor, sessions, git diff,
 ## streaming, RSS, size) and the local backend (create/delete against `runc run`, a burst).
-bench: agent images
+bench: agent images sdk-deps
+	cargo build --release -p orchard
 	cargo run --release -p orchard-bench -- --agent $(AGENT_BIN) --out bench/results
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/backend.md \
 	  cargo test --release -p orchard --test integration bench_local_backend -- --ignored --nocapture
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/server.md cargo test --release -p orchard --test integration bench_server -- --ignored --nocapture
+	scripts/bench-sdk.sh
 
 ## run: start `orchard serve` in the background, create a python:3.11-slim sandbox, run
 ## a command in it, print the SANDBOX_BASE_URL / SANDBOX_API_KEY lines.

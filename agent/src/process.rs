@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
+
+use crate::files::ApiQuery;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
@@ -269,7 +271,7 @@ fn chunk(ring: &Ring, from: u64, max: usize) -> OutputChunk {
 async fn output(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    Query(q): Query<OutputQuery>,
+    ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> ApiResult<Json<ProcessOutput>> {
     let proc = state.processes.procs.get(&id)?;
     let max = q
@@ -377,7 +379,7 @@ struct WaitQuery {
 async fn wait(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    Query(q): Query<WaitQuery>,
+    ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> ApiResult<Json<ProcessInfo>> {
     let proc = state.processes.procs.get(&id)?;
     let limit = Duration::from_millis(q.timeout_ms.unwrap_or(DEFAULT_WAIT_MS));

@@ -454,7 +454,7 @@ async fn viewer(mut socket: WebSocket, pty: Arc<Pty>) {
             signal: exit.signal(),
         };
         let _ = socket.send(text(&frame)).await;
-        let _ = socket.send(Message::Close(None)).await;
+        close_gracefully(&mut socket, 1000, "").await;
         return;
     }
     loop {
@@ -469,7 +469,7 @@ async fn viewer(mut socket: WebSocket, pty: Arc<Pty>) {
                 Ok(Event::Exit(exit)) => {
                     let frame = PtyServerFrame::Exit { code: exit.code(), signal: exit.signal() };
                     let _ = socket.send(text(&frame)).await;
-                    let _ = socket.send(Message::Close(None)).await;
+                    close_gracefully(&mut socket, 1000, "").await;
                     return;
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -503,6 +503,8 @@ async fn viewer(mut socket: WebSocket, pty: Arc<Pty>) {
                     Ok(PtyClientFrame::Resize { rows, cols }) => pty.resize(rows, cols).err().map(|e| e.message),
                     Ok(PtyClientFrame::Signal { sig }) => pty.signal(&sig).err().map(|e| e.message),
                     Ok(PtyClientFrame::Detach) => {
+                        // The client asked to leave: it expects the close, and this
+                        // viewer must stop counting at once.
                         let _ = socket.send(Message::Close(None)).await;
                         return;
                     }
@@ -529,12 +531,32 @@ async fn compat(
 }
 
 async fn close_with(mut socket: WebSocket, code: u16, reason: &str) {
-    let _ = socket
-        .send(Message::Close(Some(CloseFrame {
-            code,
-            reason: reason.to_string().into(),
-        })))
-        .await;
+    close_gracefully(&mut socket, code, reason).await;
+}
+
+/// How long the client gets to answer our close.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// Sends a close frame, then reads until the client answers with its own (or goes
+/// away). Dropping the socket right after our close makes the kernel reset the
+/// connection if the client still sends (a keystroke, its close), and a reset client
+/// may discard frames it has not read yet: the last output and the exit frame.
+async fn close_gracefully(socket: &mut WebSocket, code: u16, reason: &str) {
+    let frame = CloseFrame {
+        code,
+        reason: reason.to_string().into(),
+    };
+    if socket.send(Message::Close(Some(frame))).await.is_err() {
+        return;
+    }
+    let _ = tokio::time::timeout(CLOSE_WAIT, async {
+        while let Some(Ok(msg)) = socket.recv().await {
+            if matches!(msg, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// The Orchard-compatible terminal protocol: `init` first, then the same terminal
@@ -615,7 +637,7 @@ async fn compat_session(mut socket: WebSocket, state: Arc<AppState>) {
                 Ok(Event::Exit(exit)) => {
                     let code = exit.code().unwrap_or_else(|| 128 + exit.signal().unwrap_or(0));
                     let _ = socket.send(text(&CompatServerFrame::Exit { code })).await;
-                    let _ = socket.send(Message::Close(None)).await;
+                    close_gracefully(&mut socket, 1000, "").await;
                     return;
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,

@@ -386,7 +386,8 @@ async fn patch_with_tools(
         .write_file(&file, patch.as_bytes().to_vec(), None)
         .await
         .map_err(|e| format!("cannot stage the patch: {e}"))?;
-    let script = "cd \"$1\" || exit 1; if command -v git >/dev/null 2>&1; then git apply -v \"$2\"; \
+    let script =
+        "cd \"$1\" || exit 1; if command -v git >/dev/null 2>&1; then git apply -v \"$2\"; \
                   else patch -p1 -i \"$2\"; fi; rc=$?; rm -f \"$2\"; exit $rc";
     let req = orchard_protocol::ExecRequest {
         command: orchard_protocol::Command::Argv(vec![

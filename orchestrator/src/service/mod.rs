@@ -238,6 +238,41 @@ pub struct Service {
     inner: Arc<Inner>,
 }
 
+/// Environment variables and labels as every backend takes them: names without `=` or
+/// NUL, label keys of 1-128 characters of `A-Za-z0-9._-/`, values of at most 1024 bytes.
+fn validate_env_and_labels(
+    env: &BTreeMap<String, String>,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), Error> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            return Err(Error::BadRequest(format!(
+                "env {k:?}: names must be non-empty, without '=' or NUL, and values without NUL"
+            )));
+        }
+        if k == "ORCHARD_AGENT_TOKEN" {
+            return Err(Error::BadRequest(format!("env {k:?} is reserved")));
+        }
+    }
+    for (k, v) in labels {
+        let key_ok = !k.is_empty()
+            && k.len() <= 128
+            && k.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-' | b'/'));
+        if !key_ok {
+            return Err(Error::BadRequest(format!(
+                "label key {k:?}: use 1-128 characters of A-Z, a-z, 0-9, '.', '_', '-', '/'"
+            )));
+        }
+        if v.len() > 1024 {
+            return Err(Error::BadRequest(format!(
+                "label {k:?}: the value is longer than 1024 bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Milliseconds since the epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -485,6 +520,10 @@ impl Service {
         if req.image.trim().is_empty() {
             return Err(Error::BadRequest("image must not be empty".into()));
         }
+        // Input the backend would refuse is refused here, as a 400: found only by the
+        // create task, it would be a sandbox that failed to start (502).
+        crate::image::Reference::parse(&req.image).map_err(|e| Error::BadRequest(e.to_string()))?;
+        validate_env_and_labels(&req.env, &req.labels)?;
         let cpus = req.cpu.as_deref().map(units::parse_cpu).transpose()?;
         let memory = req.memory.as_deref().map(units::parse_memory).transpose()?;
         let policy = &self.inner.config.policy;

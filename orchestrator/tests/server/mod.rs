@@ -2,7 +2,10 @@
 //! with their exact shapes, jobs, auth, quotas, policies, many creates at once, and a
 //! server killed with SIGKILL and restarted.
 
+mod bad_input;
+mod bench;
 mod lifecycle;
+mod v1_routes;
 
 use std::collections::BTreeSet;
 
