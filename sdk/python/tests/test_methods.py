@@ -163,11 +163,6 @@ async def test_apply_patch(box: Any, tmp_path: Path) -> None:
     assert not again["success"] and again["stderr"]
 
 
-@pytest.mark.xfail(
-    reason="server: apply_patch answers 'no git repository at /workspace' "
-    "outside a repository, where `git apply` works (reported)",
-    strict=False,
-)
 def test_apply_patch_outside_a_repository(sandbox: Any) -> None:
     sandbox.exec("printf 'one\\ntwo\\n' > /workspace/f.txt")
     result = sandbox.apply_patch(PATCH)
@@ -175,12 +170,6 @@ def test_apply_patch_outside_a_repository(sandbox: Any) -> None:
     assert sandbox.download_content("/workspace/f.txt") == b"one\nthree\n"
 
 
-@pytest.mark.xfail(
-    reason="server: apply_patch refuses a unified diff without `diff --git` "
-    "lines ('invalid hunk header outside patch'), which `git apply` takes "
-    "(reported)",
-    strict=False,
-)
 def test_apply_patch_traditional_unified_diff(sandbox: Any, tmp_path: Path) -> None:
     make_repo(tmp_path / "repo", {"f.txt": "one\ntwo\n"})
     sandbox.upload_dir(tmp_path / "repo", "/workspace")
