@@ -129,11 +129,11 @@ async fn run(
         timeout_ms: Some(timeout.as_millis().max(1) as u64),
         ..Default::default()
     };
-    let mut result = live.agent.exec(&req).await;
+    let mut result = bounded_exec(live, &req, timeout).await;
     if default_cwd && matches!(&result, Err(e) if e.code() == Some(ErrorCode::CwdNotFound)) {
         live.workspace.store(false, Ordering::Relaxed);
         req.cwd = Some("/".into());
-        result = live.agent.exec(&req).await;
+        result = bounded_exec(live, &req, timeout).await;
     }
     service
         .metrics()
@@ -169,6 +169,25 @@ async fn run(
             };
             fail(service, entry, message);
         }
+    }
+}
+
+/// How long past its own time limit an exec may go unanswered before the job fails:
+/// the agent kills at the limit, so only a wedged agent or connection gets here.
+const AGENT_GRACE: Duration = Duration::from_secs(30);
+
+/// An exec that cannot hang a job forever.
+async fn bounded_exec(
+    live: &Live,
+    req: &ExecRequest,
+    limit: Duration,
+) -> Result<orchard_protocol::ExecResult, orchard_client::ClientError> {
+    match tokio::time::timeout(limit + AGENT_GRACE, live.agent.exec(req)).await {
+        Ok(r) => r,
+        Err(_) => Err(orchard_client::ClientError::Transport(format!(
+            "no answer within {} s of the command's time limit",
+            AGENT_GRACE.as_secs()
+        ))),
     }
 }
 
