@@ -529,7 +529,11 @@ async fn bench_server() {
 fn probe_hist(text: &str, route: &str) -> (f64, f64) {
     let get = |suffix: &str| {
         text.lines()
-            .find(|l| l.starts_with(&format!("orchard_exec_seconds_{suffix}{{route=\"{route}\"}}")))
+            .find(|l| {
+                l.starts_with(&format!(
+                    "orchard_exec_seconds_{suffix}{{route=\"{route}\"}}"
+                ))
+            })
             .and_then(|l| l.split_whitespace().last())
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0)
@@ -550,7 +554,13 @@ async fn probe_server() {
     .await;
     let id = srv.sandbox().await;
     let t = Target::new(&srv, &id, reqwest::Client::new()).await;
-    let routes = [Route::Health, Route::Direct, Route::DirectSh, Route::V1, Route::Compat];
+    let routes = [
+        Route::Health,
+        Route::Direct,
+        Route::DirectSh,
+        Route::V1,
+        Route::Compat,
+    ];
     for _ in 0..50 {
         for r in routes {
             t.call(r).await.unwrap();
@@ -571,8 +581,16 @@ async fn probe_server() {
         let key = if r == Route::V1 { "v1" } else { "compat" };
         let (s0, c0) = probe_hist(&before, key);
         let (s1, c1) = probe_hist(&after, key);
-        let internal = if c1 > c0 { (s1 - s0) / (c1 - c0) * 1e6 } else { 0.0 };
-        println!("{r:?}: mean {mean:.0} p50 {:.0} us; internal {key} mean {internal:.0} us ({} obs)", p.p50, c1 - c0);
+        let internal = if c1 > c0 {
+            (s1 - s0) / (c1 - c0) * 1e6
+        } else {
+            0.0
+        };
+        println!(
+            "{r:?}: mean {mean:.0} p50 {:.0} us; internal {key} mean {internal:.0} us ({} obs)",
+            p.p50,
+            c1 - c0
+        );
     }
     srv.finish().await;
 }
