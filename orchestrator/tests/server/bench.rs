@@ -4,8 +4,8 @@
 //! Latency: exec `true` straight to the sandbox's agent (the floor), through the proxied
 //! `POST /v1/sandboxes/{id}/exec`, and through the compatible
 //! `POST /sandboxes/{id}/exec` with `wait=true` (which runs `sh -c true` as a job, so
-//! the agent's `sh -c true` is measured too), plus `GET /health` for the HTTP hop
-//! alone. Interleaved rounds, keep-alive clients, a warm-up first.
+//! the agent's `sh -c true` is measured too), interleaved call by call, keep-alive
+//! clients, a warm-up first. `GET /health` back to back gives the HTTP hop alone.
 //!
 //! Throughput: 64 sandboxes, 64 concurrent clients (one per sandbox) each looping exec
 //! `true` for a few seconds, directly, through `/v1` and through the compatible route.
@@ -27,10 +27,9 @@ use serde_json::{json, Value};
 
 use crate::util::server::{Options, TestServer, KEY};
 
-/// Interleaved rounds of the latency series.
-const ROUNDS: usize = 10;
-/// Calls per series per round (ROUNDS x BLOCK samples per series).
-const BLOCK: usize = 60;
+/// Rounds of the latency series: one call of each route per round, in an order that
+/// rotates, so a burst of outside load hits every series alike.
+const ROUNDS: usize = 600;
 /// Warm-up calls per series.
 const WARMUP: usize = 50;
 /// Sandboxes (and concurrent clients) of the throughput runs.
@@ -66,7 +65,7 @@ impl Route {
 
     fn label(self) -> &'static str {
         match self {
-            Route::Health => "HTTP floor: `GET /health` on the server (no exec)",
+            Route::Health => "HTTP floor: `GET /health` on the server, back to back (no exec)",
             Route::Direct => "direct agent: exec `true` on its socket (floor)",
             Route::DirectSh => "direct agent: exec `sh -c true` (what a compat job runs)",
             Route::V1 => "`POST /v1/sandboxes/{id}/exec` `[\"true\"]`",
@@ -379,14 +378,21 @@ async fn bench_server() {
         }
     }
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); routes.len()];
+    // The HTTP hop alone, back to back: right after an exec it would also pay for the
+    // exec's aftermath (reaping, wake-ups from idle), which the exec rows already do.
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        one.call(Route::Health).await.expect("a health call");
+        samples[0].push(t.elapsed().as_secs_f64() * 1e6);
+    }
     for round in 0..ROUNDS {
-        for k in 0..routes.len() {
-            let i = (k + round) % routes.len();
-            for _ in 0..BLOCK {
-                let t = Instant::now();
-                one.call(routes[i]).await.expect("a latency call");
-                samples[i].push(t.elapsed().as_secs_f64() * 1e6);
-            }
+        // The exec routes (all but `Health`, first), one call each, rotating.
+        let execs = routes.len() - 1;
+        for k in 0..execs {
+            let i = 1 + (k + round) % execs;
+            let t = Instant::now();
+            one.call(routes[i]).await.expect("a latency call");
+            samples[i].push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
     let lat: Vec<Pcts> = samples.iter().map(|s| pcts(s)).collect();
@@ -434,7 +440,7 @@ async fn bench_server() {
     for (i, r) in tput_routes.iter().enumerate() {
         now.insert(format!("tput_{}_per_s", r.key()), json!(tput[i].per_s()));
     }
-    now.insert("samples".into(), json!(ROUNDS * BLOCK));
+    now.insert("samples".into(), json!(ROUNDS));
     now.insert("clients".into(), json!(CLIENTS));
     now.insert("seconds".into(), json!(secs));
 
@@ -444,11 +450,10 @@ async fn bench_server() {
     let _ = writeln!(
         md,
         "In-process server over the local backend, busybox sandboxes, keep-alive clients. \
-         Latency: {} calls per series on one sandbox, interleaved in {ROUNDS} rounds of \
-         {BLOCK} after {WARMUP} warm-up calls each; the server's log (level `{log_level}`) \
-         goes to a file ({:.1} MiB this run). Ratios are against the direct agent in this \
-         run; `prev` is the previous run's value.\n",
-        ROUNDS * BLOCK,
+         Latency: {ROUNDS} calls per series on one sandbox, the exec routes interleaved \
+         call by call (the order rotates every round) after {WARMUP} warm-up calls each; the server's log \
+         (level `{log_level}`) goes to a file ({:.1} MiB this run). Ratios are against the \
+         direct agent in this run; `prev` is the previous run's value.\n",
         log_bytes as f64 / (1 << 20) as f64,
     );
     let _ = writeln!(
@@ -524,106 +529,3 @@ async fn bench_server() {
     .expect("writing the benchmark numbers");
     println!("wrote {} and {}", out.display(), json_path.display());
 }
-
-// PROBE-START (temporary, not to be committed)
-fn probe_hist(text: &str, route: &str) -> (f64, f64) {
-    let get = |suffix: &str| {
-        text.lines()
-            .find(|l| {
-                l.starts_with(&format!(
-                    "orchard_exec_seconds_{suffix}{{route=\"{route}\"}}"
-                ))
-            })
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (get("sum"), get("count"))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "probe"]
-async fn probe_server() {
-    let srv = TestServer::with(Options {
-        policy: Policy {
-            ready_timeout: Duration::from_secs(120),
-            ..Policy::default()
-        },
-        ..Options::default()
-    })
-    .await;
-    let id = srv.sandbox().await;
-    let t = Target::new(&srv, &id, reqwest::Client::new()).await;
-    let routes = [
-        Route::Health,
-        Route::Direct,
-        Route::DirectSh,
-        Route::V1,
-        Route::Compat,
-    ];
-    for _ in 0..50 {
-        for r in routes {
-            t.call(r).await.unwrap();
-        }
-    }
-    let n = 400;
-    for r in routes {
-        let before = srv.service.metrics().render(&Default::default());
-        let mut s = Vec::new();
-        for _ in 0..n {
-            let st = Instant::now();
-            t.call(r).await.unwrap();
-            s.push(st.elapsed().as_secs_f64() * 1e6);
-        }
-        let after = srv.service.metrics().render(&Default::default());
-        let mean = s.iter().sum::<f64>() / n as f64;
-        let p = pcts(&s);
-        let key = if r == Route::V1 { "v1" } else { "compat" };
-        let (s0, c0) = probe_hist(&before, key);
-        let (s1, c1) = probe_hist(&after, key);
-        let internal = if c1 > c0 {
-            (s1 - s0) / (c1 - c0) * 1e6
-        } else {
-            0.0
-        };
-        println!(
-            "{r:?}: mean {mean:.0} p50 {:.0} us; internal {key} mean {internal:.0} us ({} obs)",
-            p.p50,
-            c1 - c0
-        );
-    }
-    srv.finish().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "probe"]
-async fn probe_loop() {
-    let srv = TestServer::with(Options {
-        policy: Policy {
-            ready_timeout: Duration::from_secs(120),
-            ..Policy::default()
-        },
-        ..Options::default()
-    })
-    .await;
-    let id = srv.sandbox().await;
-    let t = Target::new(&srv, &id, reqwest::Client::new()).await;
-    let route = match std::env::var("PROBE_ROUTE").unwrap().as_str() {
-        "direct" => Route::Direct,
-        "v1" => Route::V1,
-        _ => Route::Compat,
-    };
-    let secs: u64 = std::env::var("PROBE_SECS").unwrap().parse().unwrap();
-    println!("PID {} looping {route:?}", std::process::id());
-    let end = Instant::now() + Duration::from_secs(secs);
-    let mut s = Vec::new();
-    while Instant::now() < end {
-        let st = Instant::now();
-        t.call(route).await.unwrap();
-        s.push(st.elapsed().as_secs_f64() * 1e6);
-    }
-    let p = pcts(&s);
-    println!("{route:?}: n {} p50 {:.0} p90 {:.0}", s.len(), p.p50, p.p90);
-    srv.finish().await;
-}
-// PROBE-END
