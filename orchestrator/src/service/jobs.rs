@@ -1,13 +1,20 @@
 //! The job store of the compatible exec route.
 //!
-//! A job is written to `<dir>/<job_id>.json` when it is submitted and again when it
-//! finishes, so a server killed mid-job and restarted reports the job `failed` with an
-//! error instead of forgetting it or leaving it `running` forever. Waiters block on a
-//! watch channel woken when the job finishes: no polling. Finished jobs are kept for the
-//! retention period, then removed by [`JobStore::purge`].
+//! A job is appended as one JSON line to `<dir>/jobs.ndjson` when it is submitted and
+//! again when it finishes, before either is answered, so a server killed mid-job and
+//! restarted reports the job `failed` with an error instead of forgetting it or leaving
+//! it `running` forever. One append to one open file costs microseconds, where a file
+//! per job cost a new inode (0.2 to 0.4 ms on ext4) on every compatible exec. On open
+//! the journal is replayed (the last line of a job wins; a torn last line is skipped)
+//! and rewritten compacted; it is compacted again whenever it holds twice the live jobs.
+//! Waiters block on a watch channel woken when the job finishes: no polling. Finished
+//! jobs are kept for the retention period, then dropped by [`JobStore::purge`] (a
+//! `{"purged": id}` line).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -69,11 +76,30 @@ struct JobFile {
     job: Job,
 }
 
+/// One line of the journal.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum Line {
+    Job(JobFile),
+    Purged { purged: String },
+}
+
+/// The open journal and how many lines it holds.
+struct Journal {
+    file: Option<File>,
+    lines: usize,
+}
+
 /// Every job of this server.
 pub struct JobStore {
     jobs: Mutex<HashMap<String, Arc<JobEntry>>>,
     dir: PathBuf,
     retention: Duration,
+    journal: Mutex<Journal>,
+}
+
+fn journal_path(dir: &Path) -> PathBuf {
+    dir.join("jobs.ndjson")
 }
 
 impl JobStore {
@@ -90,18 +116,27 @@ impl JobStore {
             jobs: Mutex::new(HashMap::new()),
             dir,
             retention,
+            journal: Mutex::new(Journal {
+                file: None,
+                lines: 0,
+            }),
         };
-        let entries = std::fs::read_dir(&store.dir)
-            .map_err(|e| Error::internal("cannot open the job store", e))?;
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let Some(file) = std::fs::read(&path)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<JobFile>(&b).ok())
-            else {
-                let _ = std::fs::remove_file(&path);
-                continue;
-            };
+        let mut last: HashMap<String, JobFile> = HashMap::new();
+        if let Ok(text) = std::fs::read_to_string(journal_path(&store.dir)) {
+            for line in text.lines() {
+                match serde_json::from_str::<Line>(line) {
+                    Ok(Line::Job(f)) => {
+                        last.insert(f.job.job_id.clone(), f);
+                    }
+                    Ok(Line::Purged { purged }) => {
+                        last.remove(&purged);
+                    }
+                    // A line torn by a kill in the middle of a write.
+                    Err(_) => {}
+                }
+            }
+        }
+        for file in last.into_values() {
             let mut job = file.job;
             if !job.status.is_finished() {
                 job.status = JobStatus::Failed;
@@ -114,10 +149,58 @@ impl JobStore {
                 job: Mutex::new(job),
                 finished_at: Mutex::new(Some(Instant::now())),
             });
-            store.persist(&entry);
             store.lock().insert(entry.id(), entry);
         }
+        let mut journal = store.journal();
+        store
+            .compact(&mut journal)
+            .map_err(|e| Error::internal("cannot open the job store", e))?;
+        drop(journal);
         Ok(store)
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rewrites the journal with one line per live job and reopens it for appending.
+    fn compact(&self, journal: &mut Journal) -> std::io::Result<()> {
+        let path = journal_path(&self.dir);
+        let tmp = self.dir.join("jobs.ndjson.tmp");
+        let entries: Vec<Arc<JobEntry>> = self.lock().values().cloned().collect();
+        let mut out = Vec::new();
+        for e in &entries {
+            let line = Line::Job(JobFile {
+                tenant: e.tenant.0.clone(),
+                job: e.snapshot(),
+            });
+            if let Ok(mut bytes) = serde_json::to_vec(&line) {
+                bytes.push(b'\n');
+                out.extend_from_slice(&bytes);
+            }
+        }
+        std::fs::write(&tmp, &out)?;
+        std::fs::rename(&tmp, &path)?;
+        journal.file = Some(std::fs::OpenOptions::new().append(true).open(&path)?);
+        journal.lines = entries.len();
+        Ok(())
+    }
+
+    /// Appends one line; compacts when the journal holds twice the live jobs.
+    fn append(&self, line: &Line) {
+        let Ok(mut bytes) = serde_json::to_vec(line) else {
+            return;
+        };
+        bytes.push(b'\n');
+        let mut journal = self.journal();
+        // A job whose line cannot be written still runs; only its restart report is lost.
+        if let Some(f) = journal.file.as_mut() {
+            let _ = f.write_all(&bytes);
+        }
+        journal.lines += 1;
+        if journal.lines > 2 * self.len() + 1024 {
+            let _ = self.compact(&mut journal);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<JobEntry>>> {
@@ -125,15 +208,10 @@ impl JobStore {
     }
 
     fn persist(&self, entry: &JobEntry) {
-        let file = JobFile {
+        self.append(&Line::Job(JobFile {
             tenant: entry.tenant.0.clone(),
             job: entry.snapshot(),
-        };
-        let path = self.dir.join(format!("{}.json", file.job.job_id));
-        // A job whose file cannot be written still runs; only its restart report is lost.
-        if let Ok(bytes) = serde_json::to_vec(&file) {
-            let _ = std::fs::write(path, bytes);
-        }
+        }));
     }
 
     /// A new queued job.
@@ -162,8 +240,9 @@ impl JobStore {
             job: Mutex::new(job),
             finished_at: Mutex::new(None),
         });
-        self.persist(&entry);
+        // In the table first: a compaction triggered by this very line keeps the job.
         self.lock().insert(entry.id(), entry.clone());
+        self.persist(&entry);
         entry
     }
 
@@ -233,10 +312,14 @@ impl JobStore {
             })
             .map(|(id, _)| id.clone())
             .collect();
-        let mut jobs = self.lock();
+        {
+            let mut jobs = self.lock();
+            for id in &expired {
+                jobs.remove(id);
+            }
+        }
         for id in &expired {
-            jobs.remove(id);
-            let _ = std::fs::remove_file(self.dir.join(format!("{id}.json")));
+            self.append(&Line::Purged { purged: id.clone() });
         }
         expired.len()
     }
@@ -315,6 +398,43 @@ mod tests {
         assert_eq!(store.purge(), 1);
         assert!(store.get(&tenant(), &running.id()).is_ok());
         assert!(store.get(&tenant(), &done.id()).is_err());
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        drop(store);
+        // The purge holds across a restart; the unfinished job comes back failed.
+        let store = JobStore::open(dir.path().into(), Duration::from_secs(60)).unwrap();
+        assert!(store.get(&tenant(), &done.id()).is_err());
+        assert_eq!(
+            store
+                .get(&tenant(), &running.id())
+                .unwrap()
+                .snapshot()
+                .status,
+            JobStatus::Failed
+        );
+    }
+
+    #[test]
+    fn the_journal_is_compacted_and_survives_a_torn_last_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = JobStore::open(dir.path().into(), Duration::ZERO).unwrap();
+        for _ in 0..1500 {
+            let e = store.submit(&tenant(), "sb-1", CompatCommand::Shell("true".into()));
+            store.finish(&e, Some(0), String::new(), String::new(), None);
+            store.purge();
+        }
+        let kept = store.submit(&tenant(), "sb-1", CompatCommand::Shell("kept".into()));
+        let lines = std::fs::read_to_string(dir.path().join("jobs.ndjson"))
+            .unwrap()
+            .lines()
+            .count();
+        assert!(lines < 1100, "compacted: {lines} lines");
+        drop(store);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("jobs.ndjson"))
+            .unwrap();
+        f.write_all(b"{\"tenant\":\"t1\",\"job\":{\"job_").unwrap();
+        let store = JobStore::open(dir.path().into(), Duration::from_secs(60)).unwrap();
+        assert_eq!(store.len(), 1);
+        assert!(store.get(&tenant(), &kept.id()).is_ok());
     }
 }
