@@ -80,7 +80,7 @@ struct JobFile {
 #[derive(Serialize, Deserialize)]
 #[serde(untagged)]
 enum Line {
-    Job(JobFile),
+    Job(Box<JobFile>),
     Purged { purged: String },
 }
 
@@ -126,7 +126,7 @@ impl JobStore {
             for line in text.lines() {
                 match serde_json::from_str::<Line>(line) {
                     Ok(Line::Job(f)) => {
-                        last.insert(f.job.job_id.clone(), f);
+                        last.insert(f.job.job_id.clone(), *f);
                     }
                     Ok(Line::Purged { purged }) => {
                         last.remove(&purged);
@@ -170,10 +170,10 @@ impl JobStore {
         let entries: Vec<Arc<JobEntry>> = self.lock().values().cloned().collect();
         let mut out = Vec::new();
         for e in &entries {
-            let line = Line::Job(JobFile {
+            let line = Line::Job(Box::new(JobFile {
                 tenant: e.tenant.0.clone(),
                 job: e.snapshot(),
-            });
+            }));
             if let Ok(mut bytes) = serde_json::to_vec(&line) {
                 bytes.push(b'\n');
                 out.extend_from_slice(&bytes);
@@ -208,10 +208,10 @@ impl JobStore {
     }
 
     fn persist(&self, entry: &JobEntry) {
-        self.append(&Line::Job(JobFile {
+        self.append(&Line::Job(Box::new(JobFile {
             tenant: entry.tenant.0.clone(),
             job: entry.snapshot(),
-        }));
+        })));
     }
 
     /// A new queued job.
