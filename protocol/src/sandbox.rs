@@ -17,7 +17,8 @@ fn yes() -> bool {
 pub struct SandboxCreate {
     /// Image reference (`python:3.11-slim`); pulled first when not in the store.
     pub image: String,
-    /// The id to give it (letters, digits, `-`, `_`, `.`; at most 64); generated when
+    /// The id to give it (1-63 of `a-z`, `0-9`, `-`, `_`, `.`, starting with a letter or
+    /// digit); generated (`sb-` and 12 hex digits) when
     /// absent.
     #[serde(default)]
     pub id: Option<String>,
