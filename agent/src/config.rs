@@ -14,6 +14,9 @@ pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 4 << 30;
 pub const DEFAULT_MAX_CONCURRENT_EXECS: u64 = 256;
 /// Default per-stream output cap of a sync exec: 1 MiB (512 KiB head + 512 KiB tail).
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1 << 20;
+/// Default largest per-stream cap a request may ask for: 256 MiB (the compatible
+/// exec route asks for 64 MiB: Orchard does not truncate job output).
+pub const DEFAULT_MAX_OUTPUT_CEILING_BYTES: u64 = 256 << 20;
 /// Default ring buffer per stream of a background process: 1 MiB.
 pub const DEFAULT_PROCESS_BUFFER_BYTES: u64 = 1 << 20;
 /// Default command timeout: 10 minutes.
@@ -65,6 +68,7 @@ pub fn default_limits() -> Limits {
         max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
         max_concurrent_execs: DEFAULT_MAX_CONCURRENT_EXECS,
         max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+        max_output_ceiling_bytes: DEFAULT_MAX_OUTPUT_CEILING_BYTES,
         process_buffer_bytes: DEFAULT_PROCESS_BUFFER_BYTES,
         default_timeout_ms: DEFAULT_TIMEOUT_MS,
         process_retention_ms: DEFAULT_PROCESS_RETENTION_MS,

@@ -11,7 +11,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use orchard_protocol::exec::ExitInfo;
+use orchard_protocol::exec::{timeout_stderr_line, ExitInfo, TIMEOUT_EXIT_CODE};
 use orchard_protocol::output::{b64_decode, b64_encode};
 use orchard_protocol::{ErrorCode, ExecEvent, ExecRequest, ExecResult};
 use tokio::io::AsyncWriteExt;
@@ -58,10 +58,10 @@ pub fn prepare(state: &AppState, req: &ExecRequest, stdin_pipe: bool) -> ApiResu
     if timeout_ms == 0 {
         return Err(ApiError::invalid("timeout_ms must be at least 1"));
     }
-    let max_output = req
-        .max_output_bytes
-        .unwrap_or(limits.max_output_bytes)
-        .min(limits.max_output_bytes) as usize;
+    let max_output =
+        req.max_output_bytes
+            .unwrap_or(limits.max_output_bytes)
+            .min(limits.max_output_ceiling_bytes.max(limits.max_output_bytes)) as usize;
     let spec = SpawnSpec::from_request(req, stdin_pipe || stdin.is_some())?;
     Ok(Prepared {
         spec,
@@ -131,12 +131,17 @@ pub async fn exec_sync(
         None,
     )
     .await;
-    let [stdout, stderr] = {
+    let [stdout, mut stderr] = {
         let mut bufs = capture.0.lock().unwrap_or_else(|p| p.into_inner());
         std::mem::replace(&mut *bufs, [HeadTail::new(0), HeadTail::new(0)])
     };
+    let mut exit_code = exit.exit_code;
+    if exit.timed_out && req.timeout_exit_124 {
+        stderr.push(timeout_stderr_line(prepared.timing.timeout).as_bytes());
+        exit_code = Some(TIMEOUT_EXIT_CODE);
+    }
     Ok(Json(ExecResult {
-        exit_code: exit.exit_code,
+        exit_code,
         signal: exit.signal,
         timed_out: exit.timed_out,
         duration_ms: exit.duration_ms,
@@ -202,13 +207,25 @@ pub async fn exec_stream(
             kill_group(pid, libc::SIGKILL);
         })
     });
+    let exit_124 = req.timeout_exit_124;
     tokio::spawn(async move {
         let _slot = slot;
         let counters = Arc::new(Counters::default());
-        let exit: ExitInfo = supervise(child, prepared.timing, sink, counters.clone(), None).await;
+        let limit = prepared.timing.timeout;
+        let mut exit: ExitInfo =
+            supervise(child, prepared.timing, sink, counters.clone(), None).await;
         keepalive.abort();
         if let Some(watch) = disconnect_kill {
             watch.abort();
+        }
+        if exit.timed_out && exit_124 {
+            let line = timeout_stderr_line(limit);
+            counters
+                .stderr
+                .fetch_add(line.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            let data = b64_encode(line.as_bytes());
+            let _ = tx.send(frame(&ExecEvent::Stderr { data })).await;
+            exit.exit_code = Some(TIMEOUT_EXIT_CODE);
         }
         let last = ExecEvent::Exit {
             exit,
@@ -301,7 +318,10 @@ mod tests {
         );
         assert_eq!(p.max_output as u64, s.config.limits.max_output_bytes);
         let p = prepare(&s, &req(|r| r.max_output_bytes = Some(u64::MAX)), false).unwrap();
-        assert_eq!(p.max_output as u64, s.config.limits.max_output_bytes);
+        assert_eq!(
+            p.max_output as u64,
+            s.config.limits.max_output_ceiling_bytes
+        );
         let p = prepare(&s, &req(|r| r.max_output_bytes = Some(10)), false).unwrap();
         assert_eq!(p.max_output, 10);
     }

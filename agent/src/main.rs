@@ -38,6 +38,9 @@ struct Args {
     /// Per-stream output cap of a sync exec in bytes.
     #[arg(long, default_value_t = config::DEFAULT_MAX_OUTPUT_BYTES)]
     max_output_bytes: u64,
+    /// Largest per-stream output cap a request may ask for, in bytes.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_OUTPUT_CEILING_BYTES)]
+    max_output_ceiling_bytes: u64,
     /// Ring buffer per stream of a background process in bytes.
     #[arg(long, default_value_t = config::DEFAULT_PROCESS_BUFFER_BYTES)]
     process_buffer_bytes: u64,
@@ -98,6 +101,7 @@ fn main() -> anyhow::Result<()> {
     l.max_upload_bytes = args.max_upload_bytes;
     l.max_concurrent_execs = args.max_concurrent_execs.max(1);
     l.max_output_bytes = args.max_output_bytes;
+    l.max_output_ceiling_bytes = args.max_output_ceiling_bytes;
     l.process_buffer_bytes = args.process_buffer_bytes;
     l.default_timeout_ms = args.default_timeout_ms.max(1);
     l.process_retention_ms = args.process_retention_ms;

@@ -12,7 +12,16 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::service::{Policy, Quotas};
+use crate::service::{Policy, Quotas, SandboxDefaults, DEFAULT_JOB_OUTPUT_CAP};
+
+/// A list of keys as Orchard's `API_KEYS` takes them: separated by commas, spaces or
+/// newlines, empty entries dropped.
+pub fn split_keys(list: &str) -> Vec<String> {
+    list.split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|k| !k.is_empty())
+        .map(str::to_string)
+        .collect()
+}
 
 /// Flags and environment of `orchard serve`. Every value is optional so the file and
 /// the defaults can fill what is unset.
@@ -24,7 +33,8 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8000].
     #[arg(long, env = "ORCHARD_LISTEN")]
     pub listen: Option<String>,
-    /// An accepted API key (repeatable); ORCHARD_API_KEYS takes a comma-separated list.
+    /// An accepted API key (repeatable); ORCHARD_API_KEYS (or Orchard's API_KEYS) takes
+    /// a list separated by commas, spaces or newlines.
     #[arg(long = "api-key")]
     pub api_keys: Vec<String>,
     /// Accept requests without a key (only when asked for explicitly).
@@ -47,7 +57,7 @@ pub struct ServeArgs {
     /// Seconds a sandbox may take to become ready [default: 300].
     #[arg(long, env = "ORCHARD_READY_TIMEOUT_S")]
     pub ready_timeout_s: Option<u64>,
-    /// Default lifetime of a sandbox in seconds, 0 for none [default: 0].
+    /// Default lifetime of a sandbox in seconds, 0 for none [default: 7200, Orchard's].
     #[arg(long, env = "ORCHARD_TTL_S")]
     pub ttl_s: Option<u64>,
     /// Seconds without a heartbeat after which a sandbox that sent one is deleted
@@ -63,18 +73,40 @@ pub struct ServeArgs {
     /// Seconds finished jobs are kept [default: 3600].
     #[arg(long, env = "ORCHARD_JOB_RETENTION_S")]
     pub job_retention_s: Option<u64>,
-    /// Time limit in seconds of a compatible job that sets none [default: 3600].
+    /// Time limit in seconds of a compatible job that sets none [default: 300, Orchard's].
     #[arg(long, env = "ORCHARD_EXEC_TIMEOUT_S")]
     pub exec_timeout_s: Option<u64>,
+    /// Delete a sandbox whose heartbeats stop (only sandboxes that sent one)
+    /// [default: true].
+    #[arg(long, env = "ORCHARD_HEARTBEAT_REAPING")]
+    pub heartbeat_reaping: Option<bool>,
+    /// CPU limit of a sandbox whose create gives none, like "4" or "2000m" [default: 4].
+    #[arg(long, env = "ORCHARD_DEFAULT_CPU")]
+    pub default_cpu: Option<String>,
+    /// Memory limit of a sandbox whose create gives none, like "16Gi" [default: 16Gi].
+    #[arg(long, env = "ORCHARD_DEFAULT_MEMORY")]
+    pub default_memory: Option<String>,
+    /// Working directory of commands and base of relative paths, made at create when
+    /// the image lacks it [default: /workspace].
+    #[arg(long, env = "ORCHARD_DEFAULT_WORKING_DIR")]
+    pub default_working_dir: Option<String>,
+    /// Per-stream output cap of a compatible job in bytes; past it the middle is cut
+    /// and the job says `output_truncated` [default: 67108864 = 64 MiB].
+    #[arg(long, env = "ORCHARD_JOB_OUTPUT_CAP_BYTES")]
+    pub job_output_cap_bytes: Option<u64>,
     /// Sandboxes one key may hold at once, 0 for no limit [default: 0].
     #[arg(long, env = "ORCHARD_MAX_SANDBOXES_PER_KEY")]
     pub max_sandboxes_per_key: Option<usize>,
     /// Creates per minute one key may make, 0 for no limit [default: 0].
     #[arg(long, env = "ORCHARD_CREATES_PER_MINUTE_PER_KEY")]
     pub creates_per_minute_per_key: Option<usize>,
-    /// Creates in progress at once before answering 503 [default: 512].
-    #[arg(long, env = "ORCHARD_MAX_PENDING_CREATES")]
-    pub max_pending_creates: Option<usize>,
+    /// Creates running at the backend at once; more wait in the queue [default: 64].
+    #[arg(long, env = "ORCHARD_MAX_CONCURRENT_CREATES")]
+    pub max_concurrent_creates: Option<usize>,
+    /// Creates that may wait for a slot; beyond it a create answers 503 with
+    /// Retry-After [default: 4096].
+    #[arg(long, env = "ORCHARD_CREATE_QUEUE")]
+    pub create_queue: Option<usize>,
     /// Keep sandboxes running when the server stops (a restart adopts them)
     /// [default: false: delete them].
     #[arg(
@@ -110,9 +142,15 @@ pub struct FileConfig {
     reconcile_interval_s: Option<u64>,
     job_retention_s: Option<u64>,
     exec_timeout_s: Option<u64>,
+    heartbeat_reaping: Option<bool>,
+    default_cpu: Option<String>,
+    default_memory: Option<String>,
+    default_working_dir: Option<String>,
+    job_output_cap_bytes: Option<u64>,
     max_sandboxes_per_key: Option<usize>,
     creates_per_minute_per_key: Option<usize>,
-    max_pending_creates: Option<usize>,
+    max_concurrent_creates: Option<usize>,
+    create_queue: Option<usize>,
     keep_sandboxes_on_exit: Option<bool>,
     registry_mirrors: Option<Vec<String>>,
     log_level: Option<String>,
@@ -163,8 +201,14 @@ pub struct Config {
     pub policy: Policy,
     /// Quotas.
     pub quotas: Quotas,
-    /// Creates in progress at once.
-    pub max_pending_creates: usize,
+    /// What a create that does not say gets.
+    pub defaults: SandboxDefaults,
+    /// Creates running at the backend at once.
+    pub max_concurrent_creates: usize,
+    /// Creates waiting for a slot before 503.
+    pub create_queue: usize,
+    /// Per-stream output cap of a compatible job.
+    pub job_output_cap: u64,
     /// Keep sandboxes on exit.
     pub keep_sandboxes_on_exit: bool,
     /// Registry mirrors: (registry, URL).
@@ -227,13 +271,9 @@ impl Config {
         };
         let mut api_keys = args.api_keys.clone();
         if api_keys.is_empty() {
-            if let Ok(env) = std::env::var("ORCHARD_API_KEYS") {
-                api_keys = env
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|k| !k.is_empty())
-                    .map(str::to_string)
-                    .collect();
+            let env = std::env::var("ORCHARD_API_KEYS").or_else(|_| std::env::var("API_KEYS"));
+            if let Ok(env) = env {
+                api_keys = split_keys(&env);
             }
         }
         if api_keys.is_empty() {
@@ -242,7 +282,7 @@ impl Config {
         let secs = |flag: Option<u64>, file: Option<u64>, default: u64| {
             Duration::from_secs(flag.or(file).unwrap_or(default))
         };
-        let ttl = args.ttl_s.or(file.ttl_s).unwrap_or(0);
+        let ttl = args.ttl_s.or(file.ttl_s).unwrap_or(7200);
         let policy = Policy {
             ready_timeout: secs(args.ready_timeout_s, file.ready_timeout_s, 300),
             default_ttl: (ttl > 0).then(|| Duration::from_secs(ttl)),
@@ -255,9 +295,40 @@ impl Config {
             ),
             reconcile_interval: secs(args.reconcile_interval_s, file.reconcile_interval_s, 30),
             job_retention: secs(args.job_retention_s, file.job_retention_s, 3600),
-            exec_timeout: secs(args.exec_timeout_s, file.exec_timeout_s, 3600),
+            exec_timeout: secs(args.exec_timeout_s, file.exec_timeout_s, 300),
+            heartbeat_reaping: args
+                .heartbeat_reaping
+                .or(file.heartbeat_reaping)
+                .unwrap_or(true),
             ..Policy::default()
         };
+        if policy.exec_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "exec_timeout_s must be at least 1".into(),
+            ));
+        }
+        let builtin = SandboxDefaults::default();
+        let defaults = SandboxDefaults {
+            cpu: args.default_cpu.or(file.default_cpu).unwrap_or(builtin.cpu),
+            memory: args
+                .default_memory
+                .or(file.default_memory)
+                .unwrap_or(builtin.memory),
+            working_dir: args
+                .default_working_dir
+                .or(file.default_working_dir)
+                .unwrap_or(builtin.working_dir),
+        };
+        crate::service::units::parse_cpu(&defaults.cpu)
+            .map_err(|e| ConfigError::Invalid(format!("default_cpu: {e}")))?;
+        crate::service::units::parse_memory(&defaults.memory)
+            .map_err(|e| ConfigError::Invalid(format!("default_memory: {e}")))?;
+        if !defaults.working_dir.starts_with('/') || defaults.working_dir.contains('\0') {
+            return Err(ConfigError::Invalid(format!(
+                "default_working_dir {:?}: must be an absolute path",
+                defaults.working_dir
+            )));
+        }
         if policy.ready_timeout.is_zero() {
             return Err(ConfigError::Invalid(
                 "ready_timeout_s must be at least 1".into(),
@@ -305,10 +376,18 @@ impl Config {
                     .or(file.creates_per_minute_per_key)
                     .unwrap_or(0),
             },
-            max_pending_creates: args
-                .max_pending_creates
-                .or(file.max_pending_creates)
-                .unwrap_or(512),
+            defaults,
+            max_concurrent_creates: args
+                .max_concurrent_creates
+                .or(file.max_concurrent_creates)
+                .unwrap_or(64)
+                .max(1),
+            create_queue: args.create_queue.or(file.create_queue).unwrap_or(4096),
+            job_output_cap: args
+                .job_output_cap_bytes
+                .or(file.job_output_cap_bytes)
+                .unwrap_or(DEFAULT_JOB_OUTPUT_CAP)
+                .max(1024),
             keep_sandboxes_on_exit: args
                 .keep_sandboxes_on_exit
                 .or(file.keep_sandboxes_on_exit)
@@ -325,6 +404,38 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_lists_split_on_commas_spaces_and_newlines() {
+        assert_eq!(
+            split_keys("k1,k2 k3\nk4,\n  k5\t,,"),
+            ["k1", "k2", "k3", "k4", "k5"]
+        );
+        assert!(split_keys(" , \n").is_empty());
+    }
+
+    #[test]
+    fn bad_defaults_are_refused_at_start() {
+        for args in [
+            ServeArgs {
+                default_cpu: Some("lots".into()),
+                ..Default::default()
+            },
+            ServeArgs {
+                default_memory: Some("16 gigs".into()),
+                ..Default::default()
+            },
+            ServeArgs {
+                default_working_dir: Some("workspace".into()),
+                ..Default::default()
+            },
+        ] {
+            assert!(matches!(
+                Config::resolve(args),
+                Err(ConfigError::Invalid(_))
+            ));
+        }
+    }
 
     #[test]
     fn flags_beat_the_file_and_the_file_beats_defaults() {
@@ -350,6 +461,13 @@ mod tests {
             "default"
         );
         assert!(!c.no_auth, "auth is on unless disabled explicitly");
+        assert_eq!(c.policy.exec_timeout, Duration::from_secs(300), "Orchard's");
+        assert_eq!(c.defaults, SandboxDefaults::default());
+        assert_eq!(
+            (c.defaults.cpu.as_str(), c.defaults.memory.as_str()),
+            ("4", "16Gi")
+        );
+        assert!(c.policy.heartbeat_reaping);
         let unknown = dir.path().join("bad.toml");
         std::fs::write(&unknown, "lisen = \"x\"\n").unwrap();
         let e = Config::resolve(ServeArgs {

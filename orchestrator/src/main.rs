@@ -17,7 +17,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve the REST API (Orchard-compatible routes and /v1).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Sandboxes on a server: create, ls, exec, rm, shell.
     Sandbox {
         #[command(flatten)]
@@ -42,7 +42,7 @@ fn main() -> anyhow::Result<()> {
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => {
-                let config = Config::resolve(args)?;
+                let config = Config::resolve(*args)?;
                 orchard::serve::serve(config).await?;
                 Ok::<i32, anyhow::Error>(0)
             }

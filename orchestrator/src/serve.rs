@@ -62,7 +62,10 @@ pub async fn app(
             data_dir: config.data_dir.clone(),
             policy: config.policy.clone(),
             quotas: config.quotas,
-            max_pending_creates: config.max_pending_creates,
+            defaults: config.defaults.clone(),
+            max_concurrent_creates: config.max_concurrent_creates,
+            create_queue: config.create_queue,
+            job_output_cap: config.job_output_cap,
         },
         Arc::new(Metrics::default()),
     )

@@ -48,18 +48,23 @@ pub struct CreatedSandbox {
     pub image: String,
     /// Egress denied.
     pub block_network: bool,
-    /// CPU limit as asked for.
-    pub cpu: Option<String>,
-    /// Memory limit as asked for.
-    pub memory: Option<String>,
+    /// CPU limit: as asked for, or the server's default (`"4"` unless the operator
+    /// set another).
+    pub cpu: String,
+    /// Memory limit: as asked for, or the server's default (`"16Gi"` unless the
+    /// operator set another).
+    pub memory: String,
     /// Readiness time limit in seconds.
     pub timeout: u64,
     /// Always `pending`.
     pub status: String,
+    /// Default working directory of its commands and relative paths (an extra of ours:
+    /// the operator's default, `/workspace` unless set otherwise).
+    pub working_dir: String,
 }
 
 /// Answer of `GET /sandboxes/{id}` and `GET /sandboxes/{id}/wait`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SandboxStatus {
     /// Its id.
     pub sandbox_id: String,
@@ -71,18 +76,34 @@ pub struct SandboxStatus {
     pub pod_name: String,
     /// Egress denied.
     pub block_network: bool,
-    /// CPU limit as asked for.
-    pub cpu: Option<String>,
-    /// Memory limit as asked for.
-    pub memory: Option<String>,
-    /// ISO-8601 UTC.
-    pub created_at: String,
+    /// CPU limit (as asked for, or the default).
+    pub cpu: String,
+    /// Memory limit (as asked for, or the default).
+    pub memory: String,
+    /// Unix epoch seconds.
+    pub created_at: f64,
     /// True once commands can run.
     pub ready: bool,
-    /// `pending`, `running` or `failed`.
-    pub status: String,
-    /// Why it failed, or what it waits for.
-    pub status_message: Option<String>,
+    /// [`SandboxPhase`]: `pending`, `ready`, `unschedulable` or `failed`.
+    pub status: SandboxPhase,
+    /// Why it failed, or what it waits for; empty when there is nothing to say.
+    pub status_message: String,
+    /// Default working directory of its commands (an extra of ours).
+    pub working_dir: String,
+}
+
+/// Where a sandbox is, as Orchard reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxPhase {
+    /// Being created (image pull, start, waiting for the agent).
+    Pending,
+    /// Commands run.
+    Ready,
+    /// No node can hold it (`status_message` says why).
+    Unschedulable,
+    /// Could not start, or stopped on its own.
+    Failed,
 }
 
 /// A command: a shell string or an argv list quoted element by element.
@@ -148,7 +169,7 @@ impl JobStatus {
 }
 
 /// A job: `GET /jobs/{id}`, `GET /jobs/{id}/wait`, and exec with `wait=true`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Job {
     /// Its id.
     pub job_id: String,
@@ -162,17 +183,22 @@ pub struct Job {
     pub stdout: String,
     /// Error output.
     pub stderr: String,
-    /// Exit code (128 + signal when killed by one); null until finished or when the
-    /// command could not run.
+    /// Exit code (128 + signal when killed by one, 124 when killed by its time limit);
+    /// null until finished or when the command could not run.
     pub exit_code: Option<i32>,
-    /// ISO-8601 UTC.
-    pub created_at: String,
-    /// When it started running.
-    pub started_at: Option<String>,
-    /// When it finished.
-    pub completed_at: Option<String>,
+    /// When it was submitted, Unix epoch seconds.
+    pub created_at: f64,
+    /// When it started running, Unix epoch seconds.
+    pub started_at: Option<f64>,
+    /// When it finished, Unix epoch seconds.
+    pub completed_at: Option<f64>,
     /// Set only when the command could not be run or timed out.
     pub error: Option<String>,
+    /// An extra of ours: true when a stream passed the server's per-job output cap
+    /// (64 MiB per stream unless the operator set another); its first and last halves
+    /// are kept, joined by a line saying how much was left out.
+    #[serde(default)]
+    pub output_truncated: bool,
 }
 
 /// Body of `POST /sandboxes/{id}/apply_patch`.
@@ -241,7 +267,7 @@ pub struct ListedFile {
     pub kind: String,
     /// Bytes.
     pub size: u64,
-    /// ISO-8601 UTC.
+    /// Last modification, ISO-8601 UTC (as Orchard lists it).
     pub modified: String,
 }
 

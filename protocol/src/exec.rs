@@ -7,6 +7,7 @@
 //! frames while nothing happens, and `exit` (or `error`) last.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -57,6 +58,36 @@ pub struct ExecRequest {
     /// Default false: a dropped client kills nothing.
     #[serde(default, skip_serializing_if = "is_false")]
     pub kill_on_disconnect: bool,
+    /// Report a time-out as Orchard (and coreutils `timeout`) do: `exit_code` 124 and
+    /// a last stderr line `Command timed out after Ns and was killed`. `timed_out` and
+    /// `signal` are set as always. Default false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub timeout_exit_124: bool,
+}
+
+/// Exit code of a command killed by its time limit, under the Orchard convention.
+pub const TIMEOUT_EXIT_CODE: i32 = 124;
+
+/// `N` in Orchard's time-out messages: whole seconds without a fraction (`300`),
+/// others as short as they print (`0.5`).
+fn limit_secs(limit: Duration) -> String {
+    let s = limit.as_secs_f64();
+    if limit.subsec_nanos() == 0 {
+        format!("{}", limit.as_secs())
+    } else {
+        format!("{s}")
+    }
+}
+
+/// The job `error` of a command killed by its time limit: `Command timed out after Ns`.
+pub fn timeout_error(limit: Duration) -> String {
+    format!("Command timed out after {}s", limit_secs(limit))
+}
+
+/// The line that ends the stderr of a command killed by its time limit:
+/// `Command timed out after Ns and was killed`.
+pub fn timeout_stderr_line(limit: Duration) -> String {
+    format!("{} and was killed\n", timeout_error(limit))
 }
 
 fn is_false(b: &bool) -> bool {
@@ -158,6 +189,18 @@ mod tests {
         assert!(serde_json::from_str::<ExecRequest>(r#"{"command":"x","bogus":1}"#).is_err());
         assert!(serde_json::from_str::<ExecRequest>(r#"{"command":5}"#).is_err());
         assert!(serde_json::from_str::<ExecRequest>(r#"{}"#).is_err());
+    }
+
+    #[test]
+    fn timeout_messages_are_orchards() {
+        assert_eq!(
+            timeout_error(Duration::from_secs(300)),
+            "Command timed out after 300s"
+        );
+        assert_eq!(
+            timeout_stderr_line(Duration::from_millis(500)),
+            "Command timed out after 0.5s and was killed\n"
+        );
     }
 
     #[test]

@@ -40,8 +40,13 @@ pub struct Limits {
     pub max_upload_bytes: u64,
     /// Commands running at once, sync, streamed and background (`too_many_execs`).
     pub max_concurrent_execs: u64,
-    /// Per-stream output cap of a sync exec in bytes (`truncated` flag).
+    /// Per-stream output cap of a sync exec in bytes (`truncated` flag), when the
+    /// request sets none.
     pub max_output_bytes: u64,
+    /// Largest per-stream cap a request may ask for (`max_output_bytes` of the request);
+    /// the output is held in the agent's memory, inside the sandbox's own limit.
+    #[serde(default)]
+    pub max_output_ceiling_bytes: u64,
     /// Ring buffer per stream of a background process in bytes (`lost_bytes`).
     pub process_buffer_bytes: u64,
     /// Timeout of a command that sets none, in milliseconds (`timed_out` flag).

@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use orchard_protocol::compat::{
     ApplyPatch, CreateSandbox, CreatedSandbox, ExecJob, FileContent, FileListing, ListedFile,
-    PatchResult, QueuedJob, SandboxAck, SandboxStatus, UploadFile, Uploaded,
+    PatchResult, QueuedJob, SandboxAck, SandboxPhase, SandboxStatus, UploadFile, Uploaded,
 };
 use orchard_protocol::files::FileKind;
 use orchard_protocol::git::GitApplyRequest;
@@ -92,10 +92,9 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestP
 
 async fn banner() -> Json<serde_json::Value> {
     Json(serde_json::json!({
-        "name": "orchard",
-        "message": "Orchard Env sandbox orchestrator",
+        "service": "Orchard Env sandbox orchestrator",
         "version": env!("CARGO_PKG_VERSION"),
-        "docs": "/openapi.json",
+        "status": "running",
     }))
 }
 
@@ -122,40 +121,78 @@ fn mem_total() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-async fn resources(State(state): State<AppState>, Auth(_): Auth) -> Json<serde_json::Value> {
-    let counts = state.service.counts();
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// `{"cpu": cores, "memory_bytes": bytes}`.
+fn amount(cpu: f64, memory: u64) -> serde_json::Value {
+    serde_json::json!({"cpu": cpu, "memory_bytes": memory})
+}
+
+/// Orchard's capacity summary. The local backend's one host is the one node; its
+/// capacity is what this host has, and what sandboxes asked for is their limits
+/// (Orchard's requests equal its limits). Totals count every tenant's sandboxes (the
+/// node is shared); `sandbox_pods` lists only the caller's.
+async fn resources(State(state): State<AppState>, Auth(tenant): Auth) -> Json<serde_json::Value> {
     let (mut cpu, mut mem) = (0.0, 0u64);
+    let mut pods = Vec::new();
     for r in state.service.all() {
-        if matches!(r.phase(), Phase::Failed(_)) {
-            continue;
+        let phase = r.phase();
+        let (c, m) = (
+            crate::service::units::parse_cpu(&r.cpu).unwrap_or(0.0),
+            crate::service::units::parse_memory(&r.memory).unwrap_or(0),
+        );
+        if !matches!(phase, Phase::Failed(_) | Phase::Deleted) {
+            cpu += c;
+            mem += m;
         }
-        cpu += r
-            .cpu
-            .as_deref()
-            .and_then(|c| crate::service::units::parse_cpu(c).ok())
-            .unwrap_or(0.0);
-        mem += r
-            .memory
-            .as_deref()
-            .and_then(|m| crate::service::units::parse_memory(m).ok())
-            .unwrap_or(0);
+        if r.tenant == tenant {
+            pods.push(serde_json::json!({
+                "name": r.id,
+                "namespace": state.service.backend().name(),
+                "phase": match phase {
+                    Phase::Pending => "Pending",
+                    Phase::Running(_) => "Running",
+                    Phase::Failed(_) | Phase::Deleted => "Failed",
+                },
+                "cpu_request": c,
+                "memory_request_bytes": m,
+            }));
+        }
     }
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let memory = mem_total();
+    let node = amount(cpus, memory);
     Json(serde_json::json!({
-        "cpu": {"total": cpus, "allocated": cpu},
-        "memory": {"total_bytes": mem_total(), "allocated_bytes": mem},
-        "sandboxes": {
-            "running": counts.get("running").copied().unwrap_or(0),
-            "pending": counts.get("pending").copied().unwrap_or(0),
-            "failed": counts.get("failed").copied().unwrap_or(0),
-            "total": counts.values().sum::<u64>(),
-        },
+        "status": "ok",
+        "nodes": [{"name": host_name(), "capacity": node, "allocatable": node}],
+        "total_capacity": node,
+        "total_allocatable": node,
+        "total_requested": amount(cpu, mem),
+        "available": amount((cpus - cpu).max(0.0), memory.saturating_sub(mem)),
+        "sandbox_pods": pods,
     }))
+}
+
+/// The compatible status of a phase, and its message (always a string).
+pub fn compat_phase(phase: &Phase) -> (SandboxPhase, String) {
+    match phase {
+        Phase::Pending => (SandboxPhase::Pending, "the sandbox is starting".into()),
+        Phase::Running(_) => (SandboxPhase::Ready, String::new()),
+        Phase::Failed(m) => (SandboxPhase::Failed, m.clone()),
+        Phase::Deleted => (SandboxPhase::Failed, "the sandbox was deleted".into()),
+    }
 }
 
 /// The compatible view of a record.
 pub fn sandbox_status(service: &Service, r: &Record) -> SandboxStatus {
     let phase = r.phase();
+    let (status, status_message) = compat_phase(&phase);
     SandboxStatus {
         sandbox_id: r.id.clone(),
         namespace: service.backend().name().to_string(),
@@ -164,13 +201,13 @@ pub fn sandbox_status(service: &Service, r: &Record) -> SandboxStatus {
         block_network: r.block_network,
         cpu: r.cpu.clone(),
         memory: r.memory.clone(),
-        created_at: iso(r.created_ms),
+        created_at: r.created_ms as f64 / 1000.0,
         ready: matches!(phase, Phase::Running(_)),
-        status: phase.name().to_string(),
-        status_message: match phase {
-            Phase::Failed(m) => Some(m),
-            Phase::Pending => Some("starting".into()),
-            _ => None,
+        status,
+        status_message,
+        working_dir: match &phase {
+            Phase::Running(l) => l.workdir.clone(),
+            _ => r.working_dir.clone(),
         },
     }
 }
@@ -197,10 +234,11 @@ async fn create(
         namespace: state.service.backend().name().to_string(),
         image: req.image,
         block_network: req.block_network,
-        cpu: req.cpu,
-        memory: req.memory,
+        cpu: record.cpu.clone(),
+        memory: record.memory.clone(),
         timeout: record.ready_timeout.as_secs(),
         status: "pending".into(),
+        working_dir: record.working_dir.clone(),
     }))
 }
 
@@ -445,6 +483,12 @@ struct PathQuery {
     path: String,
 }
 
+/// `?path=` of the list route: optional, the default working directory when absent.
+#[derive(Deserialize)]
+struct ListQuery {
+    path: Option<String>,
+}
+
 async fn download(
     State(state): State<AppState>,
     Auth(tenant): Auth,
@@ -465,10 +509,13 @@ async fn list_files(
     State(state): State<AppState>,
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
-    ApiQuery(q): ApiQuery<PathQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<FileListing>, Error> {
     let live = state.service.ready(&tenant, &id)?;
-    let path = Service::resolve(&live, &q.path);
+    let path = match &q.path {
+        Some(p) if !p.is_empty() => Service::resolve(&live, p),
+        _ => Service::default_dir(&live).to_string(),
+    };
     let list = live.agent.list_dir(&path, 1).await?;
     let mut files: Vec<ListedFile> = list
         .entries

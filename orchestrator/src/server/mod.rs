@@ -53,6 +53,9 @@ struct ErrorCodeExt(&'static str);
 #[derive(Clone)]
 struct InternalDetail(String);
 
+/// `Retry-After` of every 503: seconds a client waits before trying again.
+const RETRY_AFTER_S: &str = "2";
+
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status =
@@ -62,6 +65,13 @@ impl IntoResponse for Error {
             code: Some(self.code().to_string()),
         };
         let mut resp = (status, axum::Json(body)).into_response();
+        if let Error::Unavailable(_) = self {
+            // Orchard's SDK (and ours) wait this long before retrying a 503.
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_S),
+            );
+        }
         resp.extensions_mut().insert(ErrorCodeExt(self.code()));
         if let Error::Internal { detail, .. } = &self {
             resp.extensions_mut().insert(InternalDetail(detail.clone()));

@@ -44,8 +44,8 @@ pub fn sandbox(service: &Service, r: &Record) -> Sandbox {
         ready_at,
         expires_at: r.expires_ms(service.policy()).map(iso),
         block_network: r.block_network,
-        cpu: r.cpu.clone(),
-        memory: r.memory.clone(),
+        cpu: Some(r.cpu.clone()),
+        memory: Some(r.memory.clone()),
         labels: r.labels.clone(),
         agent,
     }

@@ -1,14 +1,18 @@
 //! How a compatible job runs: one worker task per sandbox takes jobs from its queue in
 //! submission order and runs each through the agent as `bash -c` (`-lc` for a login
-//! shell; `sh` when the image has no bash), in `/workspace` when it exists, else `/`.
-//! A list command is quoted element by element.
+//! shell; `sh` when the image has no bash), in the sandbox's default working directory
+//! (`/workspace` unless the operator set another). A list command is quoted element by
+//! element. A command killed by its time limit ends as Orchard reports it: exit code
+//! 124, stderr ending with `Command timed out after Ns and was killed`, and the job's
+//! `error` `Command timed out after Ns`. Output is kept up to the configured cap per
+//! stream (64 MiB by default; the job says `output_truncated` past it).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use orchard_protocol::compat::CompatCommand;
+use orchard_protocol::exec::timeout_error;
 use orchard_protocol::{Command, ErrorCode, ExecRequest};
 use tokio::sync::mpsc;
 
@@ -90,9 +94,14 @@ pub(super) fn spawn_worker(
 }
 
 fn fail(service: &Service, entry: &JobEntry, error: String) {
-    service
-        .jobs()
-        .finish(entry, None, String::new(), String::new(), Some(error));
+    service.jobs().finish(
+        entry,
+        None,
+        String::new(),
+        String::new(),
+        Some(error),
+        false,
+    );
 }
 
 async fn run(
@@ -108,17 +117,6 @@ async fn run(
     let flag = if opts.login_shell { "-lc" } else { "-c" };
     let timeout = opts.timeout.unwrap_or(service.policy().exec_timeout);
     let default_cwd = opts.cwd.is_none();
-    if default_cwd && !live.workspace.load(Ordering::Relaxed) {
-        // /workspace may have been made since the last look; a stat costs microseconds.
-        if live
-            .agent
-            .stat("/workspace")
-            .await
-            .is_ok_and(|s| s.kind == orchard_protocol::files::FileKind::Directory)
-        {
-            live.workspace.store(true, Ordering::Relaxed);
-        }
-    }
     let mut req = ExecRequest {
         command: Command::Argv(vec![live.shell.clone(), flag.into(), script(&job.command)]),
         cwd: Some(match &opts.cwd {
@@ -127,11 +125,14 @@ async fn run(
         }),
         env: opts.env,
         timeout_ms: Some(timeout.as_millis().max(1) as u64),
+        max_output_bytes: Some(service.config().job_output_cap),
+        // Orchard's convention: exit code 124 and a last stderr line.
+        timeout_exit_124: true,
         ..Default::default()
     };
     let mut result = bounded_exec(live, &req, timeout).await;
     if default_cwd && matches!(&result, Err(e) if e.code() == Some(ErrorCode::CwdNotFound)) {
-        live.workspace.store(false, Ordering::Relaxed);
+        // The command before removed the default directory: run in / rather than fail.
         req.cwd = Some("/".into());
         result = bounded_exec(live, &req, timeout).await;
     }
@@ -142,15 +143,15 @@ async fn run(
     match result {
         Ok(r) => {
             let exit_code = r.exit_code.or(r.signal.map(|s| 128 + s));
-            let error = r
-                .timed_out
-                .then(|| format!("the command timed out after {} s", timeout.as_secs_f64()));
+            let error = r.timed_out.then(|| timeout_error(timeout));
+            let truncated = r.stdout.truncated || r.stderr.truncated;
             service.jobs().finish(
                 entry,
                 exit_code,
-                r.stdout.text_lossy(),
-                r.stderr.text_lossy(),
+                job_text(&r.stdout),
+                job_text(&r.stderr),
                 error,
+                truncated,
             );
         }
         Err(e) => {
@@ -170,6 +171,24 @@ async fn run(
             fail(service, entry, message);
         }
     }
+}
+
+/// A stream as the job holds it: text with invalid UTF-8 replaced and, where the agent
+/// cut the middle of a stream over the cap, a line saying how much was left out.
+fn job_text(out: &orchard_protocol::Output) -> String {
+    let Ok(mut bytes) = out.bytes() else {
+        return String::new();
+    };
+    if let Some(at) = out.omitted_at {
+        let at = (at as usize).min(bytes.len());
+        let left_out = out.total_bytes.saturating_sub(bytes.len() as u64);
+        let note = format!(
+            "\n[orchard: {left_out} bytes of output left out here; a job keeps at most {} bytes per stream]\n",
+            bytes.len()
+        );
+        bytes.splice(at..at, note.into_bytes());
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// How long past its own time limit an exec may go unanswered before the job fails:
@@ -194,6 +213,17 @@ async fn bounded_exec(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cut_stream_says_what_was_left_out() {
+        let out = orchard_protocol::Output::from_bytes(b"headtail".to_vec(), 20, Some(4));
+        assert_eq!(
+            job_text(&out),
+            "head\n[orchard: 12 bytes of output left out here; a job keeps at most 8 bytes per stream]\ntail"
+        );
+        let whole = orchard_protocol::Output::from_bytes(b"all".to_vec(), 3, None);
+        assert_eq!(job_text(&whole), "all");
+    }
 
     #[test]
     fn list_commands_are_quoted_element_by_element() {

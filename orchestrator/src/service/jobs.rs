@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::auth::Tenant;
-use super::{now_iso, random_hex, Error};
+use super::{now_secs, random_hex, Error};
 
 /// Error of a job that was queued or running when the server stopped.
 pub const RESTART_ERROR: &str =
@@ -141,7 +141,7 @@ impl JobStore {
             if !job.status.is_finished() {
                 job.status = JobStatus::Failed;
                 job.error = Some(RESTART_ERROR.into());
-                job.completed_at = Some(now_iso());
+                job.completed_at = Some(now_secs());
             }
             let entry = Arc::new(JobEntry {
                 tenant: Tenant(file.tenant),
@@ -229,10 +229,11 @@ impl JobStore {
             stdout: String::new(),
             stderr: String::new(),
             exit_code: None,
-            created_at: now_iso(),
+            created_at: now_secs(),
             started_at: None,
             completed_at: None,
             error: None,
+            output_truncated: false,
         };
         let entry = Arc::new(JobEntry {
             tenant: tenant.clone(),
@@ -259,13 +260,14 @@ impl JobStore {
         {
             let mut job = entry.job.lock().unwrap_or_else(|p| p.into_inner());
             job.status = JobStatus::Running;
-            job.started_at = Some(now_iso());
+            job.started_at = Some(now_secs());
         }
         entry.status.send_replace(JobStatus::Running);
     }
 
     /// Finishes a job: `exit_code` and output when it ran, `error` when it could not run
-    /// or timed out. Idempotent: a finished job stays as it is.
+    /// or timed out, `truncated` when the output passed the cap. Idempotent: a finished
+    /// job stays as it is.
     pub fn finish(
         &self,
         entry: &JobEntry,
@@ -273,6 +275,7 @@ impl JobStore {
         stdout: String,
         stderr: String,
         error: Option<String>,
+        truncated: bool,
     ) {
         {
             let mut job = entry.job.lock().unwrap_or_else(|p| p.into_inner());
@@ -288,9 +291,10 @@ impl JobStore {
             job.stdout = stdout;
             job.stderr = stderr;
             job.error = error;
-            job.completed_at = Some(now_iso());
+            job.completed_at = Some(now_secs());
+            job.output_truncated = truncated;
             if job.started_at.is_none() {
-                job.started_at = job.completed_at.clone();
+                job.started_at = job.completed_at;
             }
         }
         *entry.finished_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
@@ -359,7 +363,7 @@ mod tests {
             let e = e.clone();
             tokio::spawn(async move { e.wait(None).await })
         };
-        store.finish(&e, Some(0), "out".into(), String::new(), None);
+        store.finish(&e, Some(0), "out".into(), String::new(), None, false);
         let done = waiter.await.unwrap();
         assert_eq!(done.status, JobStatus::Succeeded);
         assert_eq!(done.stdout, "out");
@@ -374,7 +378,7 @@ mod tests {
             let store = JobStore::open(dir.path().into(), Duration::from_secs(60)).unwrap();
             let q = store.submit(&tenant(), "sb-1", CompatCommand::Shell("sleep 9".into()));
             let d = store.submit(&tenant(), "sb-1", CompatCommand::Shell("false".into()));
-            store.finish(&d, Some(1), String::new(), String::new(), None);
+            store.finish(&d, Some(1), String::new(), String::new(), None, false);
             (q.id(), d.id())
         };
         let store = JobStore::open(dir.path().into(), Duration::from_secs(60)).unwrap();
@@ -394,7 +398,7 @@ mod tests {
         let store = JobStore::open(dir.path().into(), Duration::ZERO).unwrap();
         let running = store.submit(&tenant(), "sb-1", CompatCommand::Shell("x".into()));
         let done = store.submit(&tenant(), "sb-1", CompatCommand::Shell("y".into()));
-        store.finish(&done, Some(0), String::new(), String::new(), None);
+        store.finish(&done, Some(0), String::new(), String::new(), None, false);
         assert_eq!(store.purge(), 1);
         assert!(store.get(&tenant(), &running.id()).is_ok());
         assert!(store.get(&tenant(), &done.id()).is_err());
@@ -418,7 +422,7 @@ mod tests {
         let store = JobStore::open(dir.path().into(), Duration::ZERO).unwrap();
         for _ in 0..1500 {
             let e = store.submit(&tenant(), "sb-1", CompatCommand::Shell("true".into()));
-            store.finish(&e, Some(0), String::new(), String::new(), None);
+            store.finish(&e, Some(0), String::new(), String::new(), None, false);
             store.purge();
         }
         let kept = store.submit(&tenant(), "sb-1", CompatCommand::Shell("kept".into()));

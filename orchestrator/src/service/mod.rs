@@ -20,7 +20,7 @@ pub mod units;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -60,8 +60,10 @@ pub struct Policy {
     pub reconcile_interval: Duration,
     /// How long finished jobs are kept.
     pub job_retention: Duration,
-    /// Time limit of a compatible job that sets none.
+    /// Time limit of a compatible job that sets none (Orchard's 300 s).
     pub exec_timeout: Duration,
+    /// Whether heartbeats stopping deletes a sandbox (Orchard's switch).
+    pub heartbeat_reaping: bool,
 }
 
 impl Default for Policy {
@@ -69,12 +71,13 @@ impl Default for Policy {
         Policy {
             ready_timeout: Duration::from_secs(300),
             max_ready_timeout: Duration::from_secs(3600),
-            default_ttl: None,
+            default_ttl: Some(Duration::from_secs(2 * 3600)),
             heartbeat_timeout: Duration::from_secs(300),
             interval: Duration::from_secs(1),
             reconcile_interval: Duration::from_secs(30),
             job_retention: Duration::from_secs(3600),
-            exec_timeout: Duration::from_secs(3600),
+            exec_timeout: Duration::from_secs(300),
+            heartbeat_reaping: true,
         }
     }
 }
@@ -88,6 +91,32 @@ pub struct Quotas {
     pub creates_per_minute: usize,
 }
 
+/// What a sandbox gets when its create does not say (an operator's settings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxDefaults {
+    /// CPU limit, a quantity like `"4"` or `"2000m"` (Orchard's default: 4).
+    pub cpu: String,
+    /// Memory limit, a quantity like `"16Gi"` (Orchard's default: 16Gi).
+    pub memory: String,
+    /// Working directory of commands and base of relative paths; made at create when
+    /// the image lacks it (as Orchard's pods have it as their working directory).
+    pub working_dir: String,
+}
+
+impl Default for SandboxDefaults {
+    fn default() -> Self {
+        SandboxDefaults {
+            cpu: "4".into(),
+            memory: "16Gi".into(),
+            working_dir: "/workspace".into(),
+        }
+    }
+}
+
+/// Per-stream cap of a compatible job's output by default: 64 MiB (Orchard does not
+/// truncate; a cap keeps one job from holding the server's memory).
+pub const DEFAULT_JOB_OUTPUT_CAP: u64 = 64 << 20;
+
 /// How the service is set up.
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
@@ -97,8 +126,30 @@ pub struct ServiceConfig {
     pub policy: Policy,
     /// Quotas.
     pub quotas: Quotas,
-    /// Creates in progress at once across all keys before answering 503.
-    pub max_pending_creates: usize,
+    /// What a create that does not say gets.
+    pub defaults: SandboxDefaults,
+    /// Creates running at the backend at once, across all keys; more wait in a queue.
+    pub max_concurrent_creates: usize,
+    /// Creates that may wait for a slot; beyond it a create answers 503 with
+    /// `Retry-After`.
+    pub create_queue: usize,
+    /// Per-stream output cap of a compatible job, in bytes.
+    pub job_output_cap: u64,
+}
+
+impl ServiceConfig {
+    /// The defaults for a service keeping its state in `data_dir`.
+    pub fn new(data_dir: PathBuf) -> ServiceConfig {
+        ServiceConfig {
+            data_dir,
+            policy: Policy::default(),
+            quotas: Quotas::default(),
+            defaults: SandboxDefaults::default(),
+            max_concurrent_creates: 64,
+            create_queue: 4096,
+            job_output_cap: DEFAULT_JOB_OUTPUT_CAP,
+        }
+    }
 }
 
 /// Where a sandbox is.
@@ -136,8 +187,9 @@ pub struct Live {
     pub ready_ms: u64,
     /// `bash` when the image has it, else `sh`.
     pub shell: String,
-    /// Whether `/workspace` existed when last checked.
-    pub workspace: AtomicBool,
+    /// Default working directory: the configured one, made at create; `/` when it
+    /// could not be made (a read-only image).
+    pub workdir: String,
 }
 
 /// One sandbox record.
@@ -148,10 +200,13 @@ pub struct Record {
     pub tenant: Tenant,
     /// The image as asked for.
     pub image: String,
-    /// CPU as asked for.
-    pub cpu: Option<String>,
-    /// Memory as asked for.
-    pub memory: Option<String>,
+    /// CPU limit, as asked for or the default.
+    pub cpu: String,
+    /// Memory limit, as asked for or the default.
+    pub memory: String,
+    /// Default working directory as configured (see [`Live::workdir`] for the one in
+    /// force).
+    pub working_dir: String,
     /// Egress denied.
     pub block_network: bool,
     /// Readiness limit.
@@ -189,6 +244,7 @@ impl Record {
         let ttl = self.ttl.map(|t| self.created_ms.saturating_add(ms(t)));
         let hb = self
             .heartbeat_ms()
+            .filter(|_| policy.heartbeat_reaping)
             .map(|t| t.saturating_add(ms(policy.heartbeat_timeout)));
         match (ttl, hb) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -228,7 +284,10 @@ struct Inner {
     jobs: JobStore,
     metrics: Arc<Metrics>,
     creates: Mutex<HashMap<Tenant, VecDeque<Instant>>>,
+    /// Creates accepted and not finished (queued or running at the backend).
     pending: AtomicU64,
+    /// Creates running at the backend at once ([`ServiceConfig::max_concurrent_creates`]).
+    create_slots: tokio::sync::Semaphore,
     started: Instant,
 }
 
@@ -285,6 +344,13 @@ pub fn now_iso() -> String {
     iso(now_ms())
 }
 
+/// Now, Unix epoch seconds (the compatible API's timestamps).
+pub fn now_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// `ms` since the epoch, ISO-8601 UTC.
 pub fn iso(ms: u64) -> String {
     crate::backend::local::state::rfc3339(ms)
@@ -309,6 +375,7 @@ impl Service {
         metrics: Arc<Metrics>,
     ) -> Result<Service, Error> {
         let jobs = JobStore::open(config.data_dir.join("jobs"), config.policy.job_retention)?;
+        let slots = config.max_concurrent_creates.max(1);
         let service = Service {
             inner: Arc::new(Inner {
                 backend,
@@ -319,6 +386,7 @@ impl Service {
                 metrics,
                 creates: Mutex::new(HashMap::new()),
                 pending: AtomicU64::new(0),
+                create_slots: tokio::sync::Semaphore::new(slots),
                 started: Instant::now(),
             }),
         };
@@ -394,8 +462,9 @@ impl Service {
                 Tenant(tenant),
                 CreateRequest {
                     image: meta("image").unwrap_or_else(|| sb.image.clone()),
-                    cpu: meta("cpu"),
-                    memory: meta("memory"),
+                    cpu: meta("cpu").or_else(|| Some(self.inner.config.defaults.cpu.clone())),
+                    memory: meta("memory")
+                        .or_else(|| Some(self.inner.config.defaults.memory.clone())),
                     block_network: meta("block_network").as_deref() != Some("false"),
                     ..Default::default()
                 },
@@ -428,12 +497,14 @@ impl Service {
         created_ms: u64,
     ) -> Arc<Record> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let defaults = &self.inner.config.defaults;
         let record = Arc::new(Record {
             id,
             tenant,
             image: req.image,
-            cpu: req.cpu,
-            memory: req.memory,
+            cpu: req.cpu.unwrap_or_else(|| defaults.cpu.clone()),
+            memory: req.memory.unwrap_or_else(|| defaults.memory.clone()),
+            working_dir: defaults.working_dir.clone(),
             block_network: req.block_network,
             ready_timeout,
             ttl,
@@ -462,10 +533,20 @@ impl Service {
         let agent = AgentClient::new(endpoint, sb.token.clone());
         let bash =
             agent.stat("/bin/bash").await.is_ok() || agent.stat("/usr/bin/bash").await.is_ok();
-        let workspace = agent
-            .stat("/workspace")
-            .await
-            .is_ok_and(|s| s.kind == orchard_protocol::files::FileKind::Directory);
+        let wanted = &self.inner.config.defaults.working_dir;
+        let workdir = match agent.stat(wanted).await {
+            Ok(s) if s.kind == orchard_protocol::files::FileKind::Directory => wanted.clone(),
+            _ => match agent.mkdir(wanted).await {
+                Ok(_) => wanted.clone(),
+                Err(e) => {
+                    crate::log::warn(
+                        "cannot make the default working directory; commands run in /",
+                        &[("path", wanted), ("error", &e.to_string())],
+                    );
+                    "/".into()
+                }
+            },
+        };
         Arc::new(Live {
             agent,
             endpoint: AgentEndpoint {
@@ -475,7 +556,7 @@ impl Service {
             },
             ready_ms: now_ms(),
             shell: if bash { "bash" } else { "sh" }.into(),
-            workspace: AtomicBool::new(workspace),
+            workdir,
         })
     }
 
@@ -524,8 +605,13 @@ impl Service {
         // create task, it would be a sandbox that failed to start (502).
         crate::image::Reference::parse(&req.image).map_err(|e| Error::BadRequest(e.to_string()))?;
         validate_env_and_labels(&req.env, &req.labels)?;
-        let cpus = req.cpu.as_deref().map(units::parse_cpu).transpose()?;
-        let memory = req.memory.as_deref().map(units::parse_memory).transpose()?;
+        let defaults = &self.inner.config.defaults;
+        let cpus = Some(units::parse_cpu(
+            req.cpu.as_deref().unwrap_or(&defaults.cpu),
+        )?);
+        let memory = Some(units::parse_memory(
+            req.memory.as_deref().unwrap_or(&defaults.memory),
+        )?);
         let policy = &self.inner.config.policy;
         let ready_timeout = match req.ready_timeout_s {
             None | Some(0) => policy.ready_timeout,
@@ -559,10 +645,12 @@ impl Service {
             }
             None => format!("sb-{}", random_hex(6)),
         };
-        let max_pending = self.inner.config.max_pending_creates as u64;
-        if max_pending > 0 && self.inner.pending.load(Ordering::Relaxed) >= max_pending {
+        let cfg = &self.inner.config;
+        let room = (cfg.max_concurrent_creates.max(1) + cfg.create_queue) as u64;
+        if self.inner.pending.load(Ordering::Relaxed) >= room {
             return Err(Error::Unavailable(format!(
-                "{max_pending} sandboxes are being created; retry shortly"
+                "{} sandboxes are being created and {} more wait in the queue, which is full; retry shortly",
+                cfg.max_concurrent_creates, cfg.create_queue
             )));
         }
         let created_ms = now_ms();
@@ -597,12 +685,8 @@ impl Service {
             format!("{META}block_network"),
             req.block_network.to_string(),
         );
-        if let Some(c) = &req.cpu {
-            labels.insert(format!("{META}cpu"), c.clone());
-        }
-        if let Some(m) = &req.memory {
-            labels.insert(format!("{META}memory"), m.clone());
-        }
+        labels.insert(format!("{META}cpu"), record.cpu.clone());
+        labels.insert(format!("{META}memory"), record.memory.clone());
         if let Some(t) = ttl {
             labels.insert(format!("{META}ttl_s"), t.as_secs().to_string());
         }
@@ -615,9 +699,20 @@ impl Service {
             let started = Instant::now();
             let mut attempt = {
                 let (service, rec) = (service.clone(), rec.clone());
-                tokio::spawn(
-                    async move { service.start(&rec, image, cpus, memory, env, labels).await },
-                )
+                tokio::spawn(async move {
+                    // Creates beyond the concurrency limit wait here, in arrival order
+                    // (tokio's semaphore is fair); the readiness limit counts the wait.
+                    let _slot = service
+                        .inner
+                        .create_slots
+                        .acquire()
+                        .await
+                        .map_err(|e| format!("internal error: {e}"))?;
+                    if matches!(*rec.phase.borrow(), Phase::Deleted) {
+                        return Err("the sandbox was deleted before it started".to_string());
+                    }
+                    service.start(&rec, image, cpus, memory, env, labels).await
+                })
             };
             let outcome = match tokio::time::timeout(rec.ready_timeout, &mut attempt).await {
                 Ok(joined) => joined.unwrap_or_else(|e| Err(format!("internal error: {e}"))),
@@ -845,6 +940,7 @@ impl Service {
                 String::new(),
                 String::new(),
                 Some("the sandbox was deleted".into()),
+                false,
             );
         }
         Ok(entry)
@@ -872,12 +968,18 @@ impl Service {
     }
 
     /// Default working directory of compatible commands and paths.
-    pub fn default_dir(live: &Live) -> &'static str {
-        if live.workspace.load(Ordering::Relaxed) {
-            "/workspace"
-        } else {
-            "/"
-        }
+    pub fn default_dir(live: &Live) -> &str {
+        &live.workdir
+    }
+
+    /// The service's configuration.
+    pub fn config(&self) -> &ServiceConfig {
+        &self.inner.config
+    }
+
+    /// Creates accepted and not yet finished (queued or starting).
+    pub fn pending_creates(&self) -> u64 {
+        self.inner.pending.load(Ordering::Relaxed)
     }
 
     /// `path` made absolute against the default working directory.

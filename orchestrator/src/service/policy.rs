@@ -44,9 +44,9 @@ pub(super) async fn expire(service: &Service) {
         .cloned()
         .collect();
     for r in expired {
-        let why = if r
-            .heartbeat_ms()
-            .is_some_and(|h| h + policy.heartbeat_timeout.as_millis() as u64 <= now)
+        let why = if policy.heartbeat_reaping
+            && r.heartbeat_ms()
+                .is_some_and(|h| h + policy.heartbeat_timeout.as_millis() as u64 <= now)
         {
             "no heartbeat within the heartbeat period"
         } else {

@@ -357,7 +357,7 @@ fn a_server_killed_with_sigkill_restarts_adopting_sandboxes_and_failing_jobs_in_
 
     let mut second = ServerProcess::start(data.path(), &[]);
     let (s, sb) = blocking_json("GET", &format!("{}/sandboxes/survivor", second.url), None);
-    assert_eq!((s, sb["status"].as_str()), (200, Some("running")), "{sb}");
+    assert_eq!((s, sb["status"].as_str()), (200, Some("ready")), "{sb}");
     let (s, job) = blocking_json("GET", &format!("{}/jobs/{in_flight}", second.url), None);
     assert_eq!(s, 200);
     assert_eq!(job["status"], "failed", "{job}");

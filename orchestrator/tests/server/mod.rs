@@ -4,6 +4,7 @@
 
 mod bad_input;
 mod bench;
+mod defaults;
 mod lifecycle;
 mod v1_routes;
 
@@ -35,6 +36,7 @@ const STATUS_FIELDS: &[&str] = &[
     "ready",
     "status",
     "status_message",
+    "working_dir",
 ];
 
 const JOB_FIELDS: &[&str] = &[
@@ -49,6 +51,7 @@ const JOB_FIELDS: &[&str] = &[
     "started_at",
     "completed_at",
     "error",
+    "output_truncated",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,7 +59,8 @@ async fn compatible_routes_answer_the_documented_shapes() {
     let srv = TestServer::start().await;
     let (s, banner) = send(srv.http.get(format!("{}/", srv.url))).await;
     assert_eq!(s, 200, "GET / needs no key");
-    assert!(banner.is_object());
+    assert_eq!(keys(&banner), set(&["service", "version", "status"]));
+    assert_eq!(banner["status"], "running");
     let (s, health) = send(srv.http.get(format!("{}/health", srv.url))).await;
     assert_eq!((s, health["status"].as_str()), (200, Some("healthy")));
 
@@ -77,7 +81,8 @@ async fn compatible_routes_answer_the_documented_shapes() {
             "cpu",
             "memory",
             "timeout",
-            "status"
+            "status",
+            "working_dir"
         ])
     );
     assert_eq!(created["status"], "pending");
@@ -90,23 +95,92 @@ async fn compatible_routes_answer_the_documented_shapes() {
         (Some("500m"), Some("256Mi"))
     );
     assert_eq!(created["timeout"], 60);
+    assert_eq!(created["working_dir"], "/workspace");
     let id = created["sandbox_id"].as_str().unwrap().to_string();
+    // A create that gives no limits is answered with the defaults (Orchard's).
+    let (s, bare) = srv
+        .post("/sandboxes", json!({"image": "busybox:latest"}))
+        .await;
+    assert_eq!(s, 200, "{bare}");
+    assert_eq!(
+        (bare["cpu"].as_str(), bare["memory"].as_str()),
+        (Some("4"), Some("16Gi"))
+    );
+    let bare_id = bare["sandbox_id"].as_str().unwrap().to_string();
+    let (s, pending) = srv.get(&format!("/sandboxes/{bare_id}")).await;
+    assert_eq!(s, 200);
+    assert!(
+        pending["status"] == "pending" || pending["status"] == "ready",
+        "{pending}"
+    );
+    assert!(pending["status_message"].is_string(), "always a string");
+    assert!(pending["created_at"].is_f64(), "epoch seconds: {pending}");
 
     let (s, ready) = srv.get(&format!("/sandboxes/{id}/wait?timeout=60")).await;
     assert_eq!(s, 200, "{ready}");
     assert_eq!(keys(&ready), set(STATUS_FIELDS));
     assert_eq!(
         (ready["ready"].as_bool(), ready["status"].as_str()),
-        (Some(true), Some("running"))
+        (Some(true), Some("ready"))
+    );
+    assert_eq!(
+        ready["status_message"], "",
+        "a string even with nothing to say"
     );
     assert_eq!(ready["pod_name"], id.as_str());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let created_at = ready["created_at"].as_f64().expect("epoch seconds");
+    assert!((now - created_at).abs() < 120.0, "{ready}");
     let (s, got) = srv.get(&format!("/sandboxes/{id}")).await;
     assert_eq!((s, keys(&got)), (200, set(STATUS_FIELDS)));
 
+    srv.get(&format!("/sandboxes/{bare_id}/wait?timeout=60"))
+        .await;
     let (s, res) = srv.get("/resources").await;
     assert_eq!(s, 200);
-    assert_eq!(res["sandboxes"]["running"], 1, "{res}");
-    assert_eq!(res["cpu"]["allocated"], 0.5);
+    assert_eq!(
+        keys(&res),
+        set(&[
+            "status",
+            "nodes",
+            "total_capacity",
+            "total_allocatable",
+            "total_requested",
+            "available",
+            "sandbox_pods"
+        ])
+    );
+    assert_eq!(res["status"], "ok");
+    let node = &res["nodes"][0];
+    assert_eq!(keys(node), set(&["name", "capacity", "allocatable"]));
+    assert!(node["capacity"]["cpu"].as_f64().unwrap() >= 1.0, "{res}");
+    assert!(node["capacity"]["memory_bytes"].as_u64().unwrap() > 1 << 20);
+    assert_eq!(res["total_requested"]["cpu"], 4.5, "{res}");
+    assert_eq!(
+        res["total_requested"]["memory_bytes"],
+        (256u64 << 20) + (16u64 << 30)
+    );
+    let pods = res["sandbox_pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 2, "{res}");
+    let pod = pods.iter().find(|p| p["name"] == id.as_str()).unwrap();
+    assert_eq!(
+        keys(pod),
+        set(&[
+            "name",
+            "namespace",
+            "phase",
+            "cpu_request",
+            "memory_request_bytes"
+        ])
+    );
+    assert_eq!(
+        (pod["phase"].as_str(), pod["cpu_request"].as_f64()),
+        (Some("Running"), Some(0.5))
+    );
+    srv.delete(&format!("/sandboxes/{bare_id}")).await;
 
     // A queued job, then its wait.
     let (s, q) = srv
@@ -132,10 +206,13 @@ async fn compatible_routes_answer_the_documented_shapes() {
     assert_eq!(job["error"], Value::Null);
     for t in ["created_at", "started_at", "completed_at"] {
         assert!(
-            job[t].as_str().is_some_and(|s| s.ends_with('Z')),
-            "{t}: {job}"
+            job[t].as_f64().is_some_and(|s| (now - s).abs() < 120.0),
+            "{t} in epoch seconds: {job}"
         );
     }
+    assert!(job["created_at"].as_f64() <= job["started_at"].as_f64());
+    assert!(job["started_at"].as_f64() <= job["completed_at"].as_f64());
+    assert_eq!(job["output_truncated"], false);
     let (s, again) = srv.get(&format!("/jobs/{job_id}")).await;
     assert_eq!((s, &again), (200, &job));
 
@@ -155,20 +232,20 @@ async fn compatible_routes_answer_the_documented_shapes() {
         job["stdout"], "it's a b|y z\n",
         "list elements are quoted one by one"
     );
-    // A timeout sets `error`.
+    // A timeout is reported as Orchard does: 124, a last stderr line, `error`.
     let (_, job) = srv
         .post(
             &format!("/sandboxes/{id}/exec"),
-            json!({"command": "sleep 30", "timeout_seconds": 0.3, "wait": true}),
+            json!({"command": "echo before >&2; sleep 30", "timeout_seconds": 0.5, "wait": true}),
         )
         .await;
     assert_eq!(job["status"], "failed");
-    assert!(
-        job["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("timed out")),
+    assert_eq!(job["exit_code"], 124, "{job}");
+    assert_eq!(
+        job["stderr"], "before\nCommand timed out after 0.5s and was killed\n",
         "{job}"
     );
+    assert_eq!(job["error"], "Command timed out after 0.5s", "{job}");
     // login_shell runs `sh -lc` in an image without bash.
     let (_, job) = srv
         .post(
@@ -198,10 +275,9 @@ async fn compatible_routes_answer_the_documented_shapes() {
         down,
         json!({"path": "/workspace/dir/a.txt", "content": "aGVsbG8gd29ybGQ=", "size": 11})
     );
-    let (s, list) = srv
-        .get(&format!("/sandboxes/{id}/files/list?path=/workspace"))
-        .await;
+    let (s, list) = srv.get(&format!("/sandboxes/{id}/files/list")).await;
     assert_eq!(s, 200);
+    assert_eq!(list["path"], "/workspace", "the default path is /workspace");
     assert_eq!(keys(&list), set(&["path", "files"]));
     let entry = &list["files"][0];
     assert_eq!(keys(entry), set(&["name", "type", "size", "modified"]));

@@ -71,6 +71,9 @@ impl Backend for SwitchableBackend {
     }
 }
 
+/// A change to a test server's resolved configuration.
+pub type Configure = Arc<dyn Fn(&mut Config) + Send + Sync>;
+
 /// Options of a test server.
 #[derive(Clone)]
 pub struct Options {
@@ -84,6 +87,8 @@ pub struct Options {
     pub no_auth: bool,
     /// Where the backend's creates stop (readiness time-out tests).
     pub fail_point: Option<orchard::backend::local::FailPoint>,
+    /// Changes the resolved configuration before the server starts.
+    pub configure: Option<Configure>,
 }
 
 impl Default for Options {
@@ -99,6 +104,7 @@ impl Default for Options {
             creates_per_minute: 0,
             no_auth: false,
             fail_point: None,
+            configure: None,
         }
     }
 }
@@ -159,6 +165,9 @@ impl TestServer {
         config.policy = opts.policy.clone();
         config.quotas.max_sandboxes = opts.max_sandboxes;
         config.quotas.creates_per_minute = opts.creates_per_minute;
+        if let Some(f) = &opts.configure {
+            f(&mut config);
+        }
         let keys = if opts.no_auth {
             Keys::disabled()
         } else {

@@ -43,7 +43,7 @@ async def test_client_server_calls(any_client: Any) -> None:
     health = await aw(any_client.health())
     assert health["status"] == "healthy"
     resources = await aw(any_client.resources())
-    assert {"cpu", "memory", "sandboxes"} <= set(resources)
+    assert {"status", "nodes", "total_capacity", "available", "sandbox_pods"} <= set(resources)
     images = await aw(any_client.list_images())
     assert any(i.reference.endswith("busybox:latest") for i in images)
 
@@ -52,10 +52,10 @@ async def test_lifecycle(any_client: Any) -> None:
     sb = await aw(any_client.create_sandbox(BUSYBOX, cpu="500m", memory="256Mi", timeout=120))
     sid = sb.sandbox_id
     assert sid.startswith("sdktest-") and sb.id == sid
-    assert sb.info.status == "running" and sb.info.ready
+    assert sb.info.status == "ready" and sb.info.ready
     assert sb.info.cpu == "500m" and sb.info.memory == "256Mi"
     assert sid in any_client.owned_sandboxes
-    assert (await aw(sb.refresh())).status == "running"
+    assert (await aw(sb.refresh())).status == "ready"
     assert (await aw(sb.wait_ready(30))).ready
     assert (await aw(sb.heartbeat()))["status"] == "ok"
     again = await aw(any_client.get_sandbox(sid))
@@ -75,7 +75,7 @@ async def test_create_without_wait_then_cleanup_all(any_client: Any) -> None:
     b = await aw(
         any_client.create_sandbox(BUSYBOX, sandbox_id=any_client.prefix + "-chosen-" + a.id[-4:])
     )
-    assert a.info.status in ("pending", "running")
+    assert a.info.status in ("pending", "ready")
     await aw(a.wait_ready(60))
     assert b.sandbox_id.startswith("sdktest-chosen-")
     assert sorted(await aw(any_client.cleanup_all())) == sorted([a.id, b.id])

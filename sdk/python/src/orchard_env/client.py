@@ -149,7 +149,7 @@ class SandboxClient:
 
         >>> with client.create_sandbox("busybox:latest", memory="256Mi") as sb:
         ...     sb.info.status, sb.sandbox_id.startswith(client.prefix)
-        ('running', True)
+        ('ready', True)
         """
         del poll_interval  # waits block server-side
         sid = sandbox_id or new_sandbox_id(self.prefix)

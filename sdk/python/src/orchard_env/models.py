@@ -84,8 +84,9 @@ class AgentEndpoint:
 class SandboxInfo:
     """A sandbox as the server describes it (compatible or ``/v1`` shape).
 
-    ``status`` is ``"pending"``, ``"running"`` or ``"failed"`` (``status_message`` says
-    why); ``agent`` is set only by ``/v1`` answers once the sandbox is ready.
+    ``status`` is ``"pending"``, ``"ready"`` (``"running"`` on ``/v1``) or ``"failed"``
+    (``status_message`` says why); ``agent`` is set only by ``/v1`` answers once the
+    sandbox is ready.
     """
 
     sandbox_id: str
