@@ -217,6 +217,7 @@ impl Inner {
                 nofile: self.nofile,
             },
             annotations,
+            user_namespaces: self.config.allow_user_namespaces,
         })?;
         spec::write(&oci, &paths.config)?;
         save(state_slot)?;

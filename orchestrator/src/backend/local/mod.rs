@@ -51,6 +51,7 @@ pub mod process;
 mod request;
 pub mod rootfs;
 pub mod runc;
+pub mod seccomp;
 pub mod spec;
 pub mod state;
 pub mod sys;

@@ -106,6 +106,8 @@ pub struct LocalConfig {
     pub agent_args: Vec<String>,
     /// Limits of sandboxes that set none.
     pub default_limits: Limits,
+    /// Let sandboxes make user namespaces (the seccomp filter refuses them by default).
+    pub allow_user_namespaces: bool,
     /// Test hook.
     #[doc(hidden)]
     pub fail_point: Option<FailPoint>,
@@ -124,6 +126,7 @@ impl LocalConfig {
             ready_timeout: Duration::from_secs(30),
             agent_args: Vec::new(),
             default_limits: Limits::DEFAULT,
+            allow_user_namespaces: false,
             fail_point: None,
         }
     }

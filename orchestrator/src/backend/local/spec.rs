@@ -97,6 +97,8 @@ pub struct SpecInput<'a> {
     pub limits: ResourceLimits,
     /// Annotations (labels).
     pub annotations: HashMap<String, String>,
+    /// Let the sandbox make user namespaces (off by default: see `seccomp`).
+    pub user_namespaces: bool,
 }
 
 /// Docker's default capability set.
@@ -252,6 +254,7 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
         .namespaces(namespaces)
         .resources(resources.build()?)
         .cgroups_path(input.cgroups_path)
+        .seccomp(super::seccomp::profile(input.user_namespaces)?)
         .masked_paths(get_default_maskedpaths())
         .readonly_paths(get_default_readonly_paths())
         .build()?;
@@ -308,11 +311,22 @@ mod tests {
             cgroups_path: "orchard-abc-sb-1",
             limits,
             annotations: HashMap::from([("org.orchard.sandbox.id".into(), "sb-1".into())]),
+            user_namespaces: false,
         }
     }
 
     fn json(limits: ResourceLimits) -> Value {
         serde_json::to_value(build(&input(limits, &[])).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn every_sandbox_gets_the_seccomp_filter() {
+        let v = json(ResourceLimits::default());
+        assert_eq!(v["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ALLOW");
+        assert!(v["linux"]["seccomp"]["syscalls"][0]["names"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("keyctl")));
     }
 
     #[test]

@@ -1,0 +1,112 @@
+//! Attacks from inside a sandbox, each written as the attack it stops (issue 12's
+//! hardening). Code in a sandbox is written by models under training: it probes the
+//! kernel for whatever it can reach.
+
+use orchard::backend::local::SandboxSpec;
+use orchard::image::{ImageStore, StoreConfig};
+
+use crate::util::sandbox::{sh, unique_id, TestBackend};
+use crate::util::server::image_layout;
+
+/// A python:3.11-slim sandbox (Debian: python3, pip, git, util-linux).
+async fn python_sandbox(
+    tb: &TestBackend,
+) -> (tempfile::TempDir, orchard::backend::local::SandboxInfo) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(dir.path().join("store"), StoreConfig::default()).unwrap();
+    store
+        .import(&image_layout("python"), Some("python:3.11-slim"))
+        .unwrap();
+    let image = store.get("python:3.11-slim").unwrap().unwrap();
+    let mut spec = SandboxSpec::new(image);
+    spec.id = Some(unique_id("adv"));
+    let sb = tb.create(spec).await;
+    (dir, sb)
+}
+
+/// Calls each system call with arguments that are harmless when it is allowed (null
+/// pointers, an unknown command) and prints `name errno`: EPERM (1) or ENOSYS (38) only
+/// come from the filter; an allowed call fails with EFAULT, EINVAL or EBADF instead.
+const PROBE: &str = r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {
+    "add_key": (248, 0, 0, 0, 0, 0),
+    "request_key": (249, 0, 0, 0, 0),
+    "keyctl": (250, 0, -4, 0),
+    "bpf": (321, 0, 0, 0),
+    "perf_event_open": (298, 0, 0, -1, -1, 0),
+    "io_uring_setup": (425, 1, 0),
+    "userfaultfd": (323, 0),
+    "unshare_newuser": (272, 0x10000000),
+    "clone3": (435, 0, 0),
+    "setns": (308, -1, 0),
+    "open_by_handle_at": (304, -1, 0, 0),
+    "fsopen": (430, 0, 0),
+}
+for name, (nr, *args) in calls.items():
+    ctypes.set_errno(0)
+    r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    print(name, r, ctypes.get_errno())
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_sandbox_code_cannot_reach_keyrings_bpf_io_uring_or_user_namespaces() {
+    let tb = TestBackend::new();
+    let (_dir, sb) = python_sandbox(&tb).await;
+    let r = sh(&sb, &format!("python3 -c '{PROBE}'")).await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let out = r.stdout.text_lossy();
+    for line in out.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (name, ret, errno) = (f[0], f[1], f[2]);
+        let expected = if name == "clone3" { "38" } else { "1" };
+        assert_eq!(
+            (ret, errno),
+            ("-1", expected),
+            "{name} must be refused by the filter: {out}"
+        );
+    }
+    assert_eq!(out.lines().count(), 12, "{out}");
+    // The tool an attacker would use: `unshare -U -r -m` then mount a tmpfs.
+    let r = sh(
+        &sb,
+        "unshare -U -r -m sh -c 'mount -t tmpfs none /mnt && echo MOUNTED'",
+    )
+    .await;
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    assert!(!r.stdout.text_lossy().contains("MOUNTED"));
+    tb.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordinary_workloads_still_run_under_the_filter() {
+    let tb = TestBackend::new();
+    let (_dir, sb) = python_sandbox(&tb).await;
+    // Threads, processes (fork/clone without new namespaces), pip, git, a venv.
+    let r = sh(
+        &sb,
+        "set -e; cd /tmp
+python3 - <<'PY'
+import concurrent.futures, multiprocessing, subprocess, threading
+with multiprocessing.Pool(2) as p:
+    assert p.map(abs, [-1, -2]) == [1, 2]
+with concurrent.futures.ThreadPoolExecutor(4) as ex:
+    assert list(ex.map(abs, [-3])) == [3]
+assert subprocess.run(['true']).returncode == 0
+print('python ok')
+PY
+pip --version >/dev/null && echo pip ok
+git init -q repo && cd repo && echo hi > f && git add f \
+  && git -c user.email=a@b -c user.name=a commit -qm one && git log --oneline | wc -l
+python3 -m venv --without-pip /tmp/venv && /tmp/venv/bin/python -c 'print(\"venv ok\")'",
+    )
+    .await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(
+        r.stdout.text_lossy(),
+        "python ok\npip ok\n1\nvenv ok\n",
+        "{r:?}"
+    );
+    tb.finish().await;
+}
