@@ -20,6 +20,9 @@ if [ -f "$state/server.pid" ] && kill -0 "$(cat "$state/server.pid")" 2>/dev/nul
 fi
 scripts/stop.sh >/dev/null 2>&1 || true
 mkdir -p "$state"
+# The log holds the generated API key: readable by this user only.
+chmod 700 "$state"
+umask 077
 # Sandbox sockets live under the data directory and a socket path must stay under 108
 # bytes, so the data directory is short and outside the checkout.
 data=/var/tmp/orchard-run-$(printf %s "$top" | sha256sum | cut -c1-8)

@@ -3,7 +3,7 @@
 //! SIGINT, then deletes the sandboxes (unless told to keep them for a restart).
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -98,6 +98,9 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     crate::log::set_level(&config.log_level);
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServeError::Setup(format!("creating {}: {e}", config.data_dir.display())))?;
+    // It holds the generated key, every tenant's jobs and the sandboxes' tokens.
+    std::fs::set_permissions(&config.data_dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| ServeError::Setup(format!("securing {}: {e}", config.data_dir.display())))?;
     let keys = if config.no_auth {
         crate::log::warn("auth is disabled: every request is accepted", &[]);
         Keys::disabled()

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -106,12 +107,15 @@ impl JobStore {
     /// Opens the store in `dir`, loading the jobs a previous process left: those that
     /// had not finished become `failed` with [`RESTART_ERROR`].
     pub fn open(dir: PathBuf, retention: Duration) -> Result<JobStore, Error> {
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            Error::internal(
-                "cannot open the job store",
-                format!("{}: {e}", dir.display()),
-            )
-        })?;
+        // Every tenant's commands and output: readable by the server's user only.
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)))
+            .map_err(|e| {
+                Error::internal(
+                    "cannot open the job store",
+                    format!("{}: {e}", dir.display()),
+                )
+            })?;
         let store = JobStore {
             jobs: Mutex::new(HashMap::new()),
             dir,
@@ -179,7 +183,15 @@ impl JobStore {
                 out.extend_from_slice(&bytes);
             }
         }
-        std::fs::write(&tmp, &out)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&out))?;
+        // A journal left by an older server may have been readable by others.
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
         std::fs::rename(&tmp, &path)?;
         journal.file = Some(std::fs::OpenOptions::new().append(true).open(&path)?);
         journal.lines = entries.len();
@@ -390,6 +402,21 @@ mod tests {
             (d.status, d.exit_code, d.error),
             (JobStatus::Failed, Some(1), None)
         );
+    }
+
+    #[test]
+    fn regression_the_journal_is_private_to_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = dir.path().join("jobs");
+        let store = JobStore::open(jobs.clone(), Duration::from_secs(60)).unwrap();
+        store.submit(
+            &tenant(),
+            "sb-1",
+            CompatCommand::Shell("echo secret".into()),
+        );
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&jobs), 0o700);
+        assert_eq!(mode(&jobs.join("jobs.ndjson")), 0o600);
     }
 
     #[test]

@@ -623,8 +623,44 @@ async fn recovery_after_the_backend_was_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_backend_on_the_same_root_is_refused() {
     let tb = TestBackend::new();
-    let e = LocalBackend::open(test_config(&tb.root)).unwrap_err();
+    let mut config = test_config(&tb.root);
+    config.lock_wait = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let e = LocalBackend::open(config).unwrap_err();
     assert!(matches!(e, LocalError::Busy(_)), "{e}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "it waited first"
+    );
+    tb.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_restart_waits_for_the_lock_of_a_process_still_dying() {
+    // A server killed with SIGKILL keeps its flock until the kernel has torn it down
+    // (seconds, with a large heap): the restart must wait, not exit "lock is held".
+    use std::os::fd::AsRawFd;
+    let root = fresh_root();
+    std::fs::create_dir_all(&root).unwrap();
+    let held = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join("lock"))
+        .unwrap();
+    // SAFETY: flock on an fd this test owns.
+    assert_eq!(
+        unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let dying = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        drop(held);
+    });
+    let started = std::time::Instant::now();
+    let tb = TestBackend::with_config(test_config(&root));
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    dying.join().unwrap();
     tb.finish().await;
 }
 

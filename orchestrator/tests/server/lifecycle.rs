@@ -452,6 +452,12 @@ fn a_server_without_keys_generates_one_prints_it_and_keeps_it_across_restarts() 
     };
     assert_eq!(get(&first.url, Some(&key)), 200);
     assert_eq!(get(&first.url, None), 401, "auth is on by default");
+    // The key, the tokens and every tenant's jobs are readable by the server's user only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(data.path()), 0o700);
+    assert_eq!(mode(&data.path().join("api-key")), 0o600);
+    assert_eq!(mode(&data.path().join("jobs/jobs.ndjson")), 0o600);
     assert!(first.stop().success());
     let second = ServerProcess::start_with_keys(data.path(), &[], &[]);
     assert_eq!(

@@ -184,9 +184,24 @@ impl LocalBackend {
             .write(true)
             .open(&lock_path)
             .map_err(root_err(&lock_path))?;
+        let deadline = std::time::Instant::now() + config.lock_wait;
+        let mut said = false;
         // SAFETY: flock on an fd we own.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(LocalError::Busy(root));
+        while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            if std::time::Instant::now() >= deadline {
+                return Err(LocalError::Busy(root));
+            }
+            if !said {
+                crate::log::warn(
+                    "another process holds the backend's lock; waiting for it",
+                    &[
+                        ("path", &lock_path.display().to_string()),
+                        ("wait_s", &config.lock_wait.as_secs().to_string()),
+                    ],
+                );
+                said = true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         let backend_file = root.join("backend.json");
         let tag = match fs::read(&backend_file)

@@ -108,6 +108,10 @@ pub struct LocalConfig {
     pub default_limits: Limits,
     /// Let sandboxes make user namespaces (the seccomp filter refuses them by default).
     pub allow_user_namespaces: bool,
+    /// How long `open` waits for the root's lock: a server killed with SIGKILL holds
+    /// it until the kernel has torn the process down, which takes a while when it held
+    /// much memory.
+    pub lock_wait: Duration,
     /// Test hook.
     #[doc(hidden)]
     pub fail_point: Option<FailPoint>,
@@ -127,6 +131,7 @@ impl LocalConfig {
             agent_args: Vec::new(),
             default_limits: Limits::DEFAULT,
             allow_user_namespaces: false,
+            lock_wait: Duration::from_secs(30),
             fail_point: None,
         }
     }
