@@ -1413,7 +1413,8 @@ async fn fork_bomb_under_a_pids_limit_times_out_and_the_agent_recovers() {
     assert!(r.timed_out, "{r:?}");
     assert!(took < Duration::from_secs(8), "took {took:?}");
     match during {
-        Err(e) => assert_api_error(&e, 500, ErrorCode::SpawnFailed),
+        // Regression: the sandbox's own process limit was answered as a server error.
+        Err(e) => assert_api_error(&e, 429, ErrorCode::SpawnFailed),
         // A pid may have been free for a moment.
         Ok(r) => assert_eq!(r.exit_code, Some(0)),
     }

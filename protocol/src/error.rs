@@ -89,8 +89,9 @@ impl ErrorCode {
             NotFound | RouteNotFound => 404,
             AlreadyExists | DirectoryNotEmpty | ProcessExited | StdinClosed => 409,
             BodyTooLarge => 413,
-            TooManyExecs | TooManyProcesses => 429,
-            SpawnFailed | Internal => 500,
+            // The sandbox's own pids or memory limit: its code's doing, not the agent's.
+            TooManyExecs | TooManyProcesses | SpawnFailed => 429,
+            Internal => 500,
             ShuttingDown => 503,
         }
     }

@@ -77,6 +77,35 @@ pub struct BackendSandbox {
     pub labels: BTreeMap<String, String>,
 }
 
+/// The most one sandbox can be given: the host's (or the largest node's) CPUs and
+/// memory.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    /// CPU cores.
+    pub cpus: f64,
+    /// Memory in bytes.
+    pub memory_bytes: u64,
+}
+
+impl Capacity {
+    /// This host: the CPUs this process may use and its physical memory.
+    pub fn of_host() -> Option<Capacity> {
+        let cpus = std::thread::available_parallelism().ok()?.get() as f64;
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kb: u64 = meminfo
+            .lines()
+            .find(|l| l.starts_with("MemTotal:"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some(Capacity {
+            cpus,
+            memory_bytes: kb * 1024,
+        })
+    }
+}
+
 /// What the server needs of a backend.
 pub trait Backend: Send + Sync + 'static {
     /// Short name (`local`), reported as the compatible API's `namespace`.
@@ -91,4 +120,9 @@ pub trait Backend: Send + Sync + 'static {
     fn recover(&self) -> BackendFuture<'_, Vec<String>>;
     /// Deletes every sandbox (shutdown).
     fn shutdown(&self) -> BackendFuture<'_, ()>;
+    /// The most one sandbox can be given, when the backend knows; creates asking for
+    /// more are refused up front (400) instead of failing later.
+    fn capacity(&self) -> Option<Capacity> {
+        Capacity::of_host()
+    }
 }

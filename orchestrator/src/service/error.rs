@@ -17,6 +17,10 @@ pub enum Error {
     /// No or wrong API key.
     #[error("{0}")]
     Unauthorized(String),
+    /// The sandbox's filesystem refused (a read-only path, a file the image user may
+    /// not write).
+    #[error("{0}")]
+    Forbidden(String),
     /// No such sandbox, job, image or route (or not the caller's).
     #[error("{0}")]
     NotFound(String),
@@ -54,6 +58,7 @@ impl Error {
         match self {
             Error::BadRequest(_) => 400,
             Error::Unauthorized(_) => 401,
+            Error::Forbidden(_) => 403,
             Error::NotFound(_) => 404,
             Error::Timeout(_) => 408,
             Error::Conflict(_) => 409,
@@ -71,6 +76,7 @@ impl Error {
         match self {
             Error::BadRequest(_) => "bad_request",
             Error::Unauthorized(_) => "unauthorized",
+            Error::Forbidden(_) => "permission_denied",
             Error::NotFound(_) => "not_found",
             Error::Timeout(_) => "timeout",
             Error::Conflict(_) => "conflict",
@@ -127,6 +133,8 @@ impl From<orchard_client::ClientError> for Error {
             orchard_client::ClientError::Api { status, body } => match status.as_u16() {
                 404 => Error::NotFound(body.message),
                 400 | 422 => Error::BadRequest(body.message),
+                // Regression: a write to a read-only path was a 502.
+                403 => Error::Forbidden(body.message),
                 408 => Error::Timeout(body.message),
                 409 => Error::Conflict(body.message),
                 413 => Error::TooLarge(body.message),

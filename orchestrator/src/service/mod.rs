@@ -332,6 +332,29 @@ fn validate_env_and_labels(
     Ok(())
 }
 
+/// Lowers default limits the backend cannot give (Orchard's 4 CPUs and 16 GiB on a
+/// smaller host) to what it can, so a create that asks for nothing still starts; the
+/// create answer echoes the lowered values.
+fn fit_defaults(defaults: &mut SandboxDefaults, cap: Option<crate::backend::Capacity>) {
+    let Some(cap) = cap else { return };
+    if units::parse_cpu(&defaults.cpu).is_ok_and(|c| c > cap.cpus) {
+        let fitted = format!("{}", cap.cpus);
+        crate::log::warn(
+            "the default CPU limit is more than a sandbox here can have; lowered",
+            &[("default_cpu", &defaults.cpu), ("now", &fitted)],
+        );
+        defaults.cpu = fitted;
+    }
+    if units::parse_memory(&defaults.memory).is_ok_and(|m| m > cap.memory_bytes) {
+        let fitted = format!("{}Mi", cap.memory_bytes >> 20);
+        crate::log::warn(
+            "the default memory limit is more than a sandbox here can have; lowered",
+            &[("default_memory", &defaults.memory), ("now", &fitted)],
+        );
+        defaults.memory = fitted;
+    }
+}
+
 /// Milliseconds since the epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -412,6 +435,8 @@ impl Service {
         config: ServiceConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Service, Error> {
+        let mut config = config;
+        fit_defaults(&mut config.defaults, backend.capacity());
         let jobs = JobStore::open(config.data_dir.join("jobs"), config.policy.job_retention)?;
         let slots = config.max_concurrent_creates.max(1);
         let service = Service {
@@ -598,6 +623,27 @@ impl Service {
         })
     }
 
+    /// Refuses limits no sandbox here can have (a client's mistake: 400).
+    fn check_capacity(&self, cpus: Option<f64>, memory: Option<u64>) -> Result<(), Error> {
+        let Some(cap) = self.inner.backend.capacity() else {
+            return Ok(());
+        };
+        if let Some(c) = cpus.filter(|c| *c > cap.cpus) {
+            return Err(Error::BadRequest(format!(
+                "cpu {c}: a sandbox here can have at most {} CPUs",
+                cap.cpus
+            )));
+        }
+        if let Some(m) = memory.filter(|m| *m > cap.memory_bytes) {
+            return Err(Error::BadRequest(format!(
+                "memory of {m} bytes: a sandbox here can have at most {} bytes ({} MiB)",
+                cap.memory_bytes,
+                cap.memory_bytes >> 20
+            )));
+        }
+        Ok(())
+    }
+
     fn check_quota(&self, tenant: &Tenant) -> Result<(), Error> {
         let q = self.inner.config.quotas;
         if q.max_sandboxes > 0 {
@@ -650,6 +696,7 @@ impl Service {
         let memory = Some(units::parse_memory(
             req.memory.as_deref().unwrap_or(&defaults.memory),
         )?);
+        self.check_capacity(cpus, memory)?;
         let policy = &self.inner.config.policy;
         let ready_timeout = match req.ready_timeout_s {
             None | Some(0) => policy.ready_timeout,

@@ -49,9 +49,10 @@ pub fn parse_memory(s: &str) -> Result<u64, Error> {
         _ => return Err(bad()),
     };
     let bytes = n * mult;
-    if !bytes.is_finite() || bytes < (4 << 20) as f64 || bytes > (1u64 << 50) as f64 {
+    // Below 16 MiB the sandbox's own init and agent cannot start.
+    if !bytes.is_finite() || bytes < (16 << 20) as f64 || bytes > (1u64 << 50) as f64 {
         return Err(Error::BadRequest(format!(
-            "memory {s:?}: must be between 4Mi and 1Pi"
+            "memory {s:?}: must be between 16Mi and 1Pi"
         )));
     }
     Ok(bytes as u64)
@@ -76,7 +77,11 @@ mod tests {
         assert_eq!(parse_memory("16Gi").unwrap(), 16 << 30);
         assert_eq!(parse_memory("512Mi").unwrap(), 512 << 20);
         assert_eq!(parse_memory("1G").unwrap(), 1_000_000_000);
-        assert_eq!(parse_memory("8388608").unwrap(), 8 << 20);
+        assert_eq!(parse_memory("16777216").unwrap(), 16 << 20);
+        assert!(
+            parse_memory("8Mi").is_err(),
+            "regression: 8Mi passed and failed later"
+        );
         assert!(parse_memory("12 parsecs").is_err());
         assert!(parse_memory("1Ki").is_err(), "too small to run anything");
         assert!(parse_memory("").is_err());

@@ -161,6 +161,11 @@ async fn bad_values_are_400_with_a_detail_that_names_them() {
         (json!({"image": img, "cpu": "-2"}), "cpu"),
         (json!({"image": img, "memory": "12 parsecs"}), "memory"),
         (json!({"image": img, "memory": "1Ki"}), "memory"),
+        // Regression: 8Mi passed validation and failed later with a 502.
+        (json!({"image": img, "memory": "8Mi"}), "memory"),
+        // Regression: more than the host has was accepted.
+        (json!({"image": img, "memory": "512Gi"}), "at most"),
+        (json!({"image": img, "cpu": "64"}), "at most"),
         (json!({"image": img, "memory": ""}), "memory"),
         (json!({"image": ""}), "image"),
         (json!({"image": "  "}), "image"),
@@ -277,6 +282,14 @@ async fn bad_values_are_400_with_a_detail_that_names_them() {
         400,
         "empty path",
     );
+    // Regression: a write to a read-only path was answered 502, as if the server failed.
+    let d = assert_detail(
+        srv.post(&files, json!({"path": "/.orchard/evil", "content": "aGk="}))
+            .await,
+        403,
+        "read-only path",
+    );
+    assert!(!d.is_empty());
     // A download must name its file; a listing without ?path lists /workspace.
     let d = assert_detail(srv.get(&files).await, 400, "download without ?path");
     assert!(d.contains("path"), "{d}");
