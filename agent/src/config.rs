@@ -31,6 +31,8 @@ pub const MAX_TRACKED_PROCESSES: usize = 1024;
 pub struct Config {
     /// Unix socket path to listen on.
     pub unix: Option<PathBuf>,
+    /// An inherited, listening Unix socket to serve on.
+    pub listen_fd: Option<i32>,
     /// TCP address to listen on.
     pub tcp: Option<SocketAddr>,
     /// The sandbox token every request must carry.
@@ -51,6 +53,7 @@ impl Config {
     pub fn new(token: impl Into<String>) -> Self {
         Self {
             unix: None,
+            listen_fd: None,
             tcp: None,
             token: token.into(),
             limits: default_limits(),

@@ -16,6 +16,10 @@ struct Args {
     /// Unix socket to listen on.
     #[arg(long)]
     unix: Option<PathBuf>,
+    /// Serve on this already-listening Unix socket descriptor (the sandbox backend binds
+    /// the socket outside the sandbox and passes it in, e.g. as fd 3).
+    #[arg(long)]
+    listen_fd: Option<i32>,
     /// TCP address to listen on, e.g. 0.0.0.0:7070.
     #[arg(long)]
     tcp: Option<SocketAddr>,
@@ -85,6 +89,13 @@ fn token(args: &Args) -> anyhow::Result<String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Not dumpable: processes of the sandbox, root included, cannot ptrace the agent,
+    // take its descriptors (pidfd_getfd: the listening socket) or read its memory and
+    // its first environment (/proc/1/environ still holds the token removed below);
+    // all of that needs CAP_SYS_PTRACE now, which sandboxes do not have. Commands the
+    // agent starts are dumpable again after their execve.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     let args = Args::parse();
     let mut config = Config::new(token(&args)?);
     // Commands must not see the token in their environment.
@@ -93,6 +104,7 @@ fn main() -> anyhow::Result<()> {
         orchard_agent::spawn::set_run_as(user);
     }
     config.unix = args.unix.clone();
+    config.listen_fd = args.listen_fd;
     config.tcp = args.tcp;
     config.kill_grace = Duration::from_millis(args.kill_grace_ms);
     config.keepalive = Duration::from_millis(args.keepalive_ms.max(10));

@@ -30,7 +30,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// Neither a Unix socket nor a TCP address was given.
-    #[error("nothing to listen on: give --unix PATH and/or --tcp ADDR")]
+    #[error("nothing to listen on: give --unix PATH, --listen-fd N and/or --tcp ADDR")]
     NoListener,
     /// A listener could not be bound.
     #[error("cannot listen on {what}: {source}")]
@@ -60,9 +60,37 @@ where
     })
 }
 
+/// The listening Unix socket inherited as `fd`. It is marked close-on-exec first: a
+/// command that inherited it could accept the orchestrator's connections itself.
+fn inherited_listener(fd: i32) -> std::io::Result<UnixListener> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: fstat and fcntl on a descriptor number; failures are reported, not UB.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a socket",
+            ));
+        }
+        if libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // SAFETY: the descriptor is open (fstat succeeded) and nothing else in this process
+    // owns it: it was inherited for this purpose only.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let std_listener = std::os::unix::net::UnixListener::from(owned);
+    std_listener.set_nonblocking(true)?;
+    UnixListener::from_std(std_listener)
+}
+
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<(), RunError> {
-    if config.unix.is_none() && config.tcp.is_none() {
+    if config.unix.is_none() && config.tcp.is_none() && config.listen_fd.is_none() {
         return Err(RunError::NoListener);
     }
     if std::process::id() != 1 {
@@ -105,6 +133,13 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path).map_err(|source| RunError::Bind {
             what: path.display().to_string(),
+            source,
+        })?;
+        servers.push(serve_until(listener, app.clone(), stop_rx.clone()));
+    }
+    if let Some(fd) = config.listen_fd {
+        let listener = inherited_listener(fd).map_err(|source| RunError::Bind {
+            what: format!("inherited descriptor {fd}"),
             source,
         })?;
         servers.push(serve_until(listener, app.clone(), stop_rx.clone()));

@@ -110,3 +110,59 @@ python3 -m venv --without-pip /tmp/venv && /tmp/venv/bin/python -c 'print(\"venv
     );
     tb.finish().await;
 }
+
+/// Steals the agent's listening socket (fd 3 of PID 1) with pidfd_getfd, reads its first
+/// environment (where the token was) and tries to plant a socket or a symlink where the
+/// backend connects: each must fail.
+const CHANNEL_PROBE: &str = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+try:
+    pidfd = os.pidfd_open(1)
+    ctypes.set_errno(0)
+    r = libc.syscall(438, pidfd, 3, 0)
+    print("pidfd_getfd", r, ctypes.get_errno())
+except OSError as e:
+    print("pidfd_open", -1, e.errno)
+try:
+    open("/proc/1/environ", "rb").read()
+    print("environ", 0, 0)
+except OSError as e:
+    print("environ", -1, e.errno)
+for p in ["/.orchard/run/agent.sock", "/.orchard/agent.sock"]:
+    try:
+        os.symlink("/tmp/x", p)
+        print("symlink", 0, 0)
+    except OSError as e:
+        print("symlink", -1, e.errno)
+print("sockets", len([1 for d, _, fs in os.walk("/.orchard") for f in fs if os.path.exists(os.path.join(d, f)) and __import__("stat").S_ISSOCK(os.lstat(os.path.join(d, f)).st_mode)]), 0)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_sandbox_code_cannot_replace_steal_or_redirect_its_agent() {
+    let tb = TestBackend::new();
+    let (_dir, sb) = python_sandbox(&tb).await;
+    let r = sh(&sb, &format!("python3 -c '{CHANNEL_PROBE}'")).await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let out = r.stdout.text_lossy();
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    for l in &lines[..4] {
+        assert_eq!(l[1], "-1", "{} must fail: {out}", l[0]);
+    }
+    // EPERM for the descriptor theft and /proc/1/environ; EROFS (30) for the plants.
+    assert_eq!(lines[0][2], "1", "{out}");
+    assert_eq!(lines[1][2], "13", "EACCES: {out}");
+    assert_eq!((lines[2][2], lines[3][2]), ("30", "30"), "{out}");
+    assert_eq!(
+        lines[4],
+        ["sockets", "0", "0"],
+        "no socket in the sandbox: {out}"
+    );
+    // The agent still answers the backend, through the socket it was handed.
+    assert_eq!(sh(&sb, "echo alive").await.stdout.text_lossy(), "alive\n");
+    tb.finish().await;
+}

@@ -196,8 +196,12 @@ async fn root_and_tmp_are_writable_and_the_injected_volume_is_read_only() {
     // Writes land in the sandbox's upper dir, never in the shared layer.
     assert!(!layers().busybox.join("new-file").exists());
     assert!(sb.bundle.join("upper/new-file").exists());
-    // The socket directory is the only writable part of /.orchard.
-    assert!(sh_ok(&sb, "ls /.orchard/run").await.contains("agent.sock"));
+    // No part of /.orchard is writable, and the agent's socket is not in the sandbox.
+    let r = sh(&sb, "echo x > /.orchard/run/x").await;
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    assert!(!sh_ok(&sb, "ls -A /.orchard/run 2>/dev/null; true")
+        .await
+        .contains("agent.sock"));
     tb.finish().await;
 }
 

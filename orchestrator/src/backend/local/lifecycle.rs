@@ -206,7 +206,6 @@ impl Inner {
             env,
             cwd: &cwd,
             inject_dir: &self.inject_dir,
-            run_dir: &paths.run,
             cgroups_path: &cgroup_name,
             limits: ResourceLimits {
                 cpus: limits.cpus,
@@ -226,15 +225,26 @@ impl Inner {
         // egress, one `runc run --detach` does create and start.
         let split =
             matches!(spec.network, NetworkMode::Egress { .. }) || self.config.fail_point.is_some();
+        // The agent's socket is bound here, on the host, in a directory the sandbox
+        // never sees, and handed to the agent as fd 3: code in the sandbox cannot
+        // replace, remove or redirect it (it used to be a writable bind mount).
+        let _ = fs::remove_file(&paths.socket);
+        let listener = std::os::unix::net::UnixListener::bind(&paths.socket)
+            .map_err(io_err("binding the agent socket", &paths.socket))?;
+        fs::set_permissions(&paths.socket, fs::Permissions::from_mode(0o600))
+            .map_err(io_err("securing the agent socket", &paths.socket))?;
+        let fd = Some(std::os::fd::AsFd::as_fd(&listener));
         if split {
             self.runc
-                .create(id, &paths.dir, &paths.pid_file, &paths.log)
+                .create(id, &paths.dir, &paths.pid_file, &paths.log, fd)
                 .await?;
         } else {
             self.runc
-                .run_detached(id, &paths.dir, &paths.pid_file, &paths.log)
+                .run_detached(id, &paths.dir, &paths.pid_file, &paths.log, fd)
                 .await?;
         }
+        // The agent holds it now; this copy would only keep a dead sandbox's socket open.
+        drop(listener);
         let pid: i32 = fs::read_to_string(&paths.pid_file)
             .map_err(io_err("reading", &paths.pid_file))?
             .trim()

@@ -5,12 +5,12 @@
 //! <root>/lock                  flock: one backend per root at a time
 //! <root>/runc/                 runc --root: runc's state of our containers only
 //! <root>/inject/               the injected volume, mounted read-only at /.orchard:
-//!                              bin/orchard-agent, harness/, manifest.json, run/ (mount point)
+//!                              bin/orchard-agent, harness/, manifest.json
 //! <root>/empty/                the lower layer of an image without layers
 //! <root>/sandboxes/<id>/       one bundle per sandbox:
 //!     state.json config.json   state (token, pids, phase) and the OCI config
 //!     rootfs/ upper/ work/     the overlay and its upper and work dirs
-//!     run/agent.sock           the agent's socket, mounted at /.orchard/run
+//!     run/agent.sock           the agent's socket, bound here and handed to the agent as fd 3
 //!     agent.log slirp4netns.log
 //! ```
 //!

@@ -5,7 +5,10 @@
 //! waits on runc's exec FIFO) then `runc start`; it ends with `runc kill` and
 //! `runc delete --force`. Between create and start the backend attaches the network
 //! (slirp4netns needs the init's pid and must be ready before the agent starts).
+//! The agent's listening socket is made on the host and handed to the container's init
+//! as fd 3 (`--preserve-fds`), so nothing of it is visible inside the sandbox.
 
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -136,14 +139,17 @@ impl Runc {
 
     /// `runc create`: sets the container up with its init waiting to be started. runc's
     /// and the init's output go to `log`, which is also where the agent will write.
+    /// `listener` becomes fd 3 of the container's init (`--preserve-fds 1`).
     pub async fn create(
         &self,
         id: &str,
         bundle: &Path,
         pid_file: &Path,
         log: &Path,
+        listener: Option<BorrowedFd<'_>>,
     ) -> Result<(), RuncError> {
-        self.create_or_run(false, id, bundle, pid_file, log).await
+        self.create_or_run(false, id, bundle, pid_file, log, listener)
+            .await
     }
 
     /// `runc run --detach`: create and start in one runc call, for sandboxes that need
@@ -154,8 +160,10 @@ impl Runc {
         bundle: &Path,
         pid_file: &Path,
         log: &Path,
+        listener: Option<BorrowedFd<'_>>,
     ) -> Result<(), RuncError> {
-        self.create_or_run(true, id, bundle, pid_file, log).await
+        self.create_or_run(true, id, bundle, pid_file, log, listener)
+            .await
     }
 
     async fn create_or_run(
@@ -165,6 +173,7 @@ impl Runc {
         bundle: &Path,
         pid_file: &Path,
         log: &Path,
+        listener: Option<BorrowedFd<'_>>,
     ) -> Result<(), RuncError> {
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -183,6 +192,24 @@ impl Runc {
         cmd.arg(verb);
         if run {
             cmd.arg("--detach");
+        }
+        if let Some(fd) = listener {
+            let raw = fd.as_raw_fd();
+            cmd.arg("--preserve-fds").arg("1");
+            // SAFETY: between fork and exec only async-signal-safe calls: dup2 and fcntl
+            // on descriptors this process owns. fd 3 must be inheritable even when the
+            // listener already was fd 3 (dup2 then changes nothing, CLOEXEC included).
+            unsafe {
+                cmd.pre_exec(move || {
+                    if raw != 3 && libc::dup2(raw, 3) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         cmd.arg("--bundle")
             .arg(bundle)

@@ -1,9 +1,10 @@
 //! The OCI runtime config (`config.json`) of a sandbox, built with the `oci-spec` crate.
 //!
 //! What it holds and why:
-//! - PID 1 is the agent from the read-only injected volume (`/.orchard`), listening on
-//!   `/.orchard/run/agent.sock`, a per-sandbox host directory bind-mounted read-write;
-//!   the token comes in `ORCHARD_AGENT_TOKEN` (the agent removes it from its own
+//! - PID 1 is the agent from the read-only injected volume (`/.orchard`), serving on a
+//!   Unix socket the backend bound on the host and handed over as fd 3 (`--listen-fd 3`):
+//!   no path of it exists in the sandbox, so sandbox code cannot replace or redirect
+//!   it. The token comes in `ORCHARD_AGENT_TOKEN` (the agent removes it from its own
 //!   environment, so commands never see it).
 //! - The agent runs as root (it must bind its socket and serve files anywhere) and runs
 //!   commands as the image's user (`--user`), which is also recorded in the annotations
@@ -31,12 +32,11 @@ use oci_spec::runtime::{
 
 /// Where the injected volume is mounted in every sandbox.
 pub const INJECT_MOUNT: &str = "/.orchard";
-/// Where the per-sandbox socket directory is mounted.
-pub const RUN_MOUNT: &str = "/.orchard/run";
 /// The agent inside the sandbox.
 pub const AGENT_IN_SANDBOX: &str = "/.orchard/bin/orchard-agent";
-/// The agent's socket inside the sandbox.
-pub const SOCKET_IN_SANDBOX: &str = "/.orchard/run/agent.sock";
+/// The descriptor the agent's listening socket has in the sandbox (runc
+/// `--preserve-fds 1` passes the backend's fd as 3).
+pub const LISTEN_FD: &str = "3";
 /// CFS period of the CPU quota, in microseconds.
 pub const CPU_PERIOD_US: u64 = 100_000;
 
@@ -81,7 +81,7 @@ pub struct ResourceLimits {
 pub struct SpecInput<'a> {
     /// Hostname of the sandbox.
     pub hostname: &'a str,
-    /// Arguments of the agent after `--unix SOCKET`.
+    /// Arguments of the agent after `--listen-fd 3`.
     pub agent_args: &'a [String],
     /// The agent's environment, token included.
     pub env: Vec<String>,
@@ -89,8 +89,6 @@ pub struct SpecInput<'a> {
     pub cwd: &'a str,
     /// Host directory of the injected volume.
     pub inject_dir: &'a Path,
-    /// Host directory of the agent's socket.
-    pub run_dir: &'a Path,
     /// Relative cgroups path (see `cgroup`).
     pub cgroups_path: &'a str,
     /// Limits.
@@ -139,8 +137,8 @@ fn i64_limit(what: &str, v: u64) -> Result<i64, SpecError> {
 pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
     let mut args = vec![
         AGENT_IN_SANDBOX.to_string(),
-        "--unix".into(),
-        SOCKET_IN_SANDBOX.into(),
+        "--listen-fd".into(),
+        LISTEN_FD.into(),
     ];
     args.extend(input.agent_args.iter().cloned());
     let caps: oci_spec::runtime::Capabilities = docker_capabilities().into_iter().collect();
@@ -190,20 +188,6 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
                 "ro".into(),
                 "nosuid".into(),
                 "nodev".into(),
-            ])
-            .build()?,
-    );
-    mounts.push(
-        MountBuilder::default()
-            .destination(RUN_MOUNT)
-            .typ("bind")
-            .source(input.run_dir)
-            .options(vec![
-                "bind".to_string(),
-                "rw".into(),
-                "nosuid".into(),
-                "nodev".into(),
-                "noexec".into(),
             ])
             .build()?,
     );
@@ -307,7 +291,6 @@ mod tests {
             env: vec!["PATH=/bin".into(), "ORCHARD_AGENT_TOKEN=t".into()],
             cwd: "/workspace",
             inject_dir: Path::new("/var/lib/orchard/inject"),
-            run_dir: Path::new("/var/lib/orchard/sandboxes/sb-1/run"),
             cgroups_path: "orchard-abc-sb-1",
             limits,
             annotations: HashMap::from([("org.orchard.sandbox.id".into(), "sb-1".into())]),
@@ -339,8 +322,8 @@ mod tests {
             p["args"],
             serde_json::json!([
                 "/.orchard/bin/orchard-agent",
-                "--unix",
-                "/.orchard/run/agent.sock",
+                "--listen-fd",
+                "3",
                 "--workers",
                 "1"
             ])
@@ -369,10 +352,14 @@ mod tests {
         let inject = find("/.orchard");
         assert_eq!(inject["source"], "/var/lib/orchard/inject");
         assert!(inject["options"].as_array().unwrap().contains(&"ro".into()));
-        let run = find("/.orchard/run");
-        assert!(run["options"].as_array().unwrap().contains(&"rw".into()));
-        let orchard_at = |d: &str| mounts.iter().position(|m| m["destination"] == d).unwrap();
-        assert!(orchard_at("/.orchard") < orchard_at("/.orchard/run"));
+        // Regression: the socket directory was mounted writable, so sandbox code could
+        // replace its own agent. Nothing of the agent channel is mounted now.
+        assert!(
+            !mounts.iter().any(|m| m["destination"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("/.orchard/"))),
+            "{mounts:?}"
+        );
         assert_eq!(find("/tmp")["type"], "tmpfs");
         assert!(find("/sys")["options"]
             .as_array()
