@@ -78,7 +78,12 @@ pub struct AgentClient {
     token: String,
     /// Idle keep-alive connections; taken for one request, returned after its body.
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    /// Largest answer read whole; a longer one is an error, never held in memory.
+    max_response: usize,
 }
+
+/// Default of [`AgentClient::with_max_response`]: 1 GiB.
+pub const DEFAULT_MAX_RESPONSE: usize = 1 << 30;
 
 /// A raw answer: status, headers and the whole body.
 #[derive(Debug)]
@@ -98,12 +103,20 @@ impl AgentClient {
             endpoint,
             token: token.into(),
             idle: Mutex::new(Vec::new()),
+            max_response: DEFAULT_MAX_RESPONSE,
         }
     }
 
     /// A client with another token (for auth tests).
     pub fn with_token(&self, token: impl Into<String>) -> Self {
-        Self::new(self.endpoint.clone(), token)
+        Self::new(self.endpoint.clone(), token).with_max_response(self.max_response)
+    }
+
+    /// Caps the answers this client reads whole (JSON results, whole files): a longer
+    /// answer fails with [`ClientError::Transport`] after reading at most `bytes`.
+    pub fn with_max_response(mut self, bytes: usize) -> Self {
+        self.max_response = bytes;
+        self
     }
 
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>> {
@@ -190,7 +203,16 @@ impl AgentClient {
         let mut sender = self.sender().await?;
         let resp = sender.send_request(req).await.map_err(transport)?;
         let (parts, body) = resp.into_parts();
-        let body = body.collect().await.map_err(transport)?.to_bytes();
+        let body = http_body_util::Limited::new(body, self.max_response)
+            .collect()
+            .await
+            .map_err(|e| {
+                ClientError::Transport(format!(
+                    "the agent's answer could not be read whole (at most {} bytes): {e}",
+                    self.max_response
+                ))
+            })?
+            .to_bytes();
         self.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -419,6 +441,31 @@ impl AgentClient {
     /// `GET /v1/files`: the whole file.
     pub async fn read_file(&self, path: &str) -> Result<Bytes> {
         self.read_range(path, None, None).await
+    }
+
+    /// `GET /v1/files` as a stream: the agent's error when it answers one, else the
+    /// body unread (for callers that must not hold the file in memory).
+    pub async fn read_stream(&self, path: &str) -> Result<Incoming> {
+        let q = format!("/v1/files?path={}", encode(path));
+        let resp = self
+            .send_streaming(Method::GET, &q, Bytes::new(), "application/json")
+            .await?;
+        let (parts, body) = resp.into_parts();
+        if parts.status.is_success() {
+            return Ok(body);
+        }
+        let body = http_body_util::Limited::new(body, 1 << 20)
+            .collect()
+            .await
+            .map_err(|e| ClientError::Transport(e.to_string()))?
+            .to_bytes();
+        Err(Self::decode::<serde_json::Value>(RawResponse {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+        .err()
+        .unwrap_or_else(|| ClientError::Decode("an error status with a success body".into())))
     }
 
     /// `GET /v1/files` with a byte range.

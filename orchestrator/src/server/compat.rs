@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use orchard_protocol::compat::{
-    ApplyPatch, CreateSandbox, CreatedSandbox, ExecJob, FileContent, FileListing, ListedFile,
-    PatchResult, QueuedJob, SandboxAck, SandboxPhase, SandboxStatus, UploadFile, Uploaded,
+    ApplyPatch, CreateSandbox, CreatedSandbox, ExecJob, FileListing, ListedFile, PatchResult,
+    QueuedJob, SandboxAck, SandboxPhase, SandboxStatus, UploadFile, Uploaded,
 };
 use orchard_protocol::files::FileKind;
 use orchard_protocol::git::GitApplyRequest;
@@ -489,20 +489,86 @@ struct ListQuery {
     path: Option<String>,
 }
 
+/// `{"path", "content", "size"}` (`compat::FileContent`) written as the file streams from
+/// the agent, base64 encoded on the way: memory stays bounded whatever the file's size
+/// (a whole-file answer once took the server to 3.6 GB for a 1 GiB sparse file). An
+/// agent failing mid-file ends the body early, which the client sees as an error.
 async fn download(
     State(state): State<AppState>,
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
-) -> Result<Json<FileContent>, Error> {
+) -> Result<Response, Error> {
     let live = state.service.ready(&tenant, &id)?;
     let path = Service::resolve(&live, &q.path);
-    let bytes = live.agent.read_file(&path).await?;
-    Ok(Json(FileContent {
-        path,
-        size: bytes.len() as u64,
-        content: b64_encode(&bytes),
-    }))
+    let body = live.agent.read_stream(&path).await?;
+    let prefix = format!(
+        "{{\"path\":{},\"content\":\"",
+        serde_json::to_string(&path).unwrap_or_else(|_| "\"\"".into())
+    );
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from_stream(base64_json_stream(prefix, body)),
+    )
+        .into_response())
+}
+
+/// The chunks of `prefix`, the base64 of `body`, then `","size":N}`.
+fn base64_json_stream(
+    prefix: String,
+    body: hyper::body::Incoming,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> {
+    use http_body_util::BodyExt;
+    struct St {
+        body: hyper::body::Incoming,
+        prefix: Option<String>,
+        carry: Vec<u8>,
+        size: u64,
+        done: bool,
+    }
+    let st = St {
+        body,
+        prefix: Some(prefix),
+        carry: Vec::new(),
+        size: 0,
+        done: false,
+    };
+    futures_util::stream::unfold(st, |mut st| async move {
+        if let Some(p) = st.prefix.take() {
+            return Some((Ok(bytes::Bytes::from(p)), st));
+        }
+        if st.done {
+            return None;
+        }
+        loop {
+            match st.body.frame().await {
+                Some(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    st.size += data.len() as u64;
+                    st.carry.extend_from_slice(&data);
+                    // Whole 3-byte groups now; the rest waits for the next frame.
+                    let whole = st.carry.len() / 3 * 3;
+                    if whole == 0 {
+                        continue;
+                    }
+                    let out = b64_encode(&st.carry[..whole]);
+                    st.carry.drain(..whole);
+                    return Some((Ok(bytes::Bytes::from(out)), st));
+                }
+                Some(Err(e)) => {
+                    st.done = true;
+                    return Some((Err(std::io::Error::other(e.to_string())), st));
+                }
+                None => {
+                    st.done = true;
+                    let tail = format!("{}\",\"size\":{}}}", b64_encode(&st.carry), st.size);
+                    return Some((Ok(bytes::Bytes::from(tail)), st));
+                }
+            }
+        }
+    })
 }
 
 async fn list_files(

@@ -166,3 +166,100 @@ async fn regression_sandbox_code_cannot_replace_steal_or_redirect_its_agent() {
     assert_eq!(sh(&sb, "echo alive").await.stdout.text_lossy(), "alive\n");
     tb.finish().await;
 }
+
+/// Peak resident memory of a process, in bytes (`VmHWM`).
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_huge_sparse_file_downloaded_through_the_compatible_route_is_streamed() {
+    use crate::util::server::{ServerProcess, KEY};
+    use futures_util::StreamExt;
+    let data = tempfile::Builder::new()
+        .prefix("orchard-dl-")
+        .tempdir()
+        .unwrap();
+    let srv = ServerProcess::start(data.path(), &[]);
+    let layout = image_layout("busybox");
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.append_dir_all(".", &layout).unwrap();
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{}/v1/images/import?name=busybox:latest", srv.url))
+        .header("X-API-Key", KEY)
+        .body(tar.into_inner().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let sb: serde_json::Value = http
+        .post(format!("{}/v1/sandboxes", srv.url))
+        .header("X-API-Key", KEY)
+        .json(&serde_json::json!({"image": "busybox:latest"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = sb["id"].as_str().unwrap();
+    // 512 MiB that take no disk: the attack that took the server to 3.6 GB.
+    let size: u64 = 512 << 20;
+    let job: serde_json::Value = http
+        .post(format!("{}/sandboxes/{id}/exec", srv.url))
+        .header("X-API-Key", KEY)
+        .json(&serde_json::json!({"command": format!("truncate -s {size} /tmp/sparse"), "wait": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(job["status"], "succeeded", "{job}");
+    let before = peak_rss(srv.child.id());
+    let resp = http
+        .get(format!("{}/sandboxes/{id}/files?path=/tmp/sparse", srv.url))
+        .header("X-API-Key", KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Read as a stream, keeping only the ends: the client must not hold it either.
+    let (mut total, mut head, mut tail) = (0usize, Vec::new(), Vec::new());
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.unwrap();
+        total += chunk.len();
+        if head.len() < 64 {
+            head.extend_from_slice(&chunk[..chunk.len().min(64)]);
+        }
+        tail.extend_from_slice(&chunk);
+        let keep = tail.len().saturating_sub(64);
+        tail.drain(..keep);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let tail = String::from_utf8(tail).unwrap();
+    assert!(
+        head.starts_with(r#"{"path":"/tmp/sparse","content":"AAAA"#),
+        "{head}"
+    );
+    assert!(tail.ends_with(&format!(r#"","size":{size}}}"#)), "{tail}");
+    let base64_len = (size as usize).div_ceil(3) * 4;
+    assert!(total > base64_len && total < base64_len + 100, "{total}");
+    let grew = peak_rss(srv.child.id()).saturating_sub(before);
+    assert!(
+        grew < 128 << 20,
+        "the server's peak memory grew by {} MiB for a {} MiB file",
+        grew >> 20,
+        size >> 20
+    );
+    drop(srv);
+}
