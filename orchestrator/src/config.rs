@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// and the job says `output_truncated` [default: 67108864 = 64 MiB].
     #[arg(long, env = "ORCHARD_JOB_OUTPUT_CAP_BYTES")]
     pub job_output_cap_bytes: Option<u64>,
+    /// Output all finished jobs may hold together, in bytes; past it the oldest jobs'
+    /// output is dropped [default: 1073741824 = 1 GiB].
+    #[arg(long, env = "ORCHARD_JOB_OUTPUT_BUDGET_BYTES")]
+    pub job_output_budget_bytes: Option<u64>,
     /// Sandboxes one key may hold at once, 0 for no limit [default: 0].
     #[arg(long, env = "ORCHARD_MAX_SANDBOXES_PER_KEY")]
     pub max_sandboxes_per_key: Option<usize>,
@@ -147,6 +151,7 @@ pub struct FileConfig {
     default_memory: Option<String>,
     default_working_dir: Option<String>,
     job_output_cap_bytes: Option<u64>,
+    job_output_budget_bytes: Option<u64>,
     max_sandboxes_per_key: Option<usize>,
     creates_per_minute_per_key: Option<usize>,
     max_concurrent_creates: Option<usize>,
@@ -209,6 +214,8 @@ pub struct Config {
     pub create_queue: usize,
     /// Per-stream output cap of a compatible job.
     pub job_output_cap: u64,
+    /// Output all finished jobs may hold together.
+    pub job_output_budget: u64,
     /// Keep sandboxes on exit.
     pub keep_sandboxes_on_exit: bool,
     /// Registry mirrors: (registry, URL).
@@ -388,6 +395,10 @@ impl Config {
                 .or(file.job_output_cap_bytes)
                 .unwrap_or(DEFAULT_JOB_OUTPUT_CAP)
                 .max(1024),
+            job_output_budget: args
+                .job_output_budget_bytes
+                .or(file.job_output_budget_bytes)
+                .unwrap_or(crate::service::jobs::DEFAULT_OUTPUT_BUDGET),
             keep_sandboxes_on_exit: args
                 .keep_sandboxes_on_exit
                 .or(file.keep_sandboxes_on_exit)

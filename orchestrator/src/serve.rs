@@ -66,6 +66,7 @@ pub async fn app(
             max_concurrent_creates: config.max_concurrent_creates,
             create_queue: config.create_queue,
             job_output_cap: config.job_output_cap,
+            job_output_budget: config.job_output_budget,
         },
         Arc::new(Metrics::default()),
     )

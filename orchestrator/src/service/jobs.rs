@@ -10,6 +10,12 @@
 //! Waiters block on a watch channel woken when the job finishes: no polling. Finished
 //! jobs are kept for the retention period, then dropped by [`JobStore::purge`] (a
 //! `{"purged": id}` line).
+//!
+//! Output is bounded twice: per job by the exec's cap (the job says `output_truncated`),
+//! and across jobs by a budget ([`DEFAULT_OUTPUT_BUDGET`]): past it the output of the
+//! oldest finished jobs is dropped (their status, exit code and times stay, and their
+//! stdout says what happened). The journal therefore holds at most about twice the
+//! budget, and a restart replays it line by line in bounded time and memory.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -29,6 +35,13 @@ use super::{now_secs, random_hex, Error};
 /// Error of a job that was queued or running when the server stopped.
 pub const RESTART_ERROR: &str =
     "the orchestrator restarted before this job finished; the command may have run in part";
+
+/// Default of the output budget across all jobs: 1 GiB.
+pub const DEFAULT_OUTPUT_BUDGET: u64 = 1 << 30;
+
+/// What a job's stdout says once its output was dropped for the budget.
+pub const DROPPED_NOTE: &str =
+    "[orchard: this job's output was dropped: the server's job output budget was full]\n";
 
 /// One job and its waiters.
 pub struct JobEntry {
@@ -97,6 +110,17 @@ pub struct JobStore {
     dir: PathBuf,
     retention: Duration,
     journal: Mutex<Journal>,
+    /// Bytes of output held by finished jobs, and the most that may be.
+    held: std::sync::atomic::AtomicU64,
+    budget: u64,
+}
+
+/// Output a job holds against the budget (a dropped job's short note does not count).
+fn output_len(job: &Job) -> u64 {
+    if job.stdout == DROPPED_NOTE && job.stderr.is_empty() {
+        return 0;
+    }
+    (job.stdout.len() + job.stderr.len()) as u64
 }
 
 fn journal_path(dir: &Path) -> PathBuf {
@@ -107,6 +131,15 @@ impl JobStore {
     /// Opens the store in `dir`, loading the jobs a previous process left: those that
     /// had not finished become `failed` with [`RESTART_ERROR`].
     pub fn open(dir: PathBuf, retention: Duration) -> Result<JobStore, Error> {
+        Self::open_with_budget(dir, retention, DEFAULT_OUTPUT_BUDGET)
+    }
+
+    /// [`JobStore::open`] with an output budget across all jobs, in bytes.
+    pub fn open_with_budget(
+        dir: PathBuf,
+        retention: Duration,
+        budget: u64,
+    ) -> Result<JobStore, Error> {
         // Every tenant's commands and output: readable by the server's user only.
         std::fs::create_dir_all(&dir)
             .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)))
@@ -124,10 +157,17 @@ impl JobStore {
                 file: None,
                 lines: 0,
             }),
+            held: std::sync::atomic::AtomicU64::new(0),
+            budget,
         };
         let mut last: HashMap<String, JobFile> = HashMap::new();
-        if let Ok(text) = std::fs::read_to_string(journal_path(&store.dir)) {
-            for line in text.lines() {
+        // Line by line: the journal may be large, only the live jobs are kept.
+        if let Ok(file) = File::open(journal_path(&store.dir)) {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(file).lines() {
+                // A torn or unreadable line is skipped like a bad one.
+                let Ok(line) = line else { continue };
+                let line = line.as_str();
                 match serde_json::from_str::<Line>(line) {
                     Ok(Line::Job(f)) => {
                         last.insert(f.job.job_id.clone(), *f);
@@ -147,6 +187,9 @@ impl JobStore {
                 job.error = Some(RESTART_ERROR.into());
                 job.completed_at = Some(now_secs());
             }
+            store
+                .held
+                .fetch_add(output_len(&job), std::sync::atomic::Ordering::Relaxed);
             let entry = Arc::new(JobEntry {
                 tenant: Tenant(file.tenant),
                 status: watch::Sender::new(job.status),
@@ -155,6 +198,7 @@ impl JobStore {
             });
             store.lock().insert(entry.id(), entry);
         }
+        store.enforce_budget(false);
         let mut journal = store.journal();
         store
             .compact(&mut journal)
@@ -310,8 +354,56 @@ impl JobStore {
             }
         }
         *entry.finished_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.held.fetch_add(
+            output_len(&entry.snapshot()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.persist(entry);
         entry.status.send_replace(entry.snapshot().status);
+        self.enforce_budget(true);
+    }
+
+    /// Bytes of output held by finished jobs.
+    pub fn held_output(&self) -> u64 {
+        self.held.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Drops the output of the oldest finished jobs until the held output fits the
+    /// budget; `persist` writes the emptied jobs to the journal.
+    fn enforce_budget(&self, persist: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.held.load(Relaxed) <= self.budget {
+            return;
+        }
+        let mut finished: Vec<(Instant, Arc<JobEntry>)> = self
+            .lock()
+            .values()
+            .filter_map(|e| {
+                let at = *e.finished_at.lock().unwrap_or_else(|p| p.into_inner());
+                at.map(|t| (t, e.clone()))
+            })
+            .collect();
+        finished.sort_by_key(|(t, _)| *t);
+        for (_, entry) in finished {
+            if self.held.load(Relaxed) <= self.budget {
+                break;
+            }
+            let freed = {
+                let mut job = entry.job.lock().unwrap_or_else(|p| p.into_inner());
+                let before = output_len(&job);
+                if before == 0 {
+                    continue;
+                }
+                job.stdout = DROPPED_NOTE.to_string();
+                job.stderr.clear();
+                job.output_truncated = true;
+                before
+            };
+            self.held.fetch_sub(freed, Relaxed);
+            if persist {
+                self.persist(&entry);
+            }
+        }
     }
 
     /// Removes finished jobs older than the retention period; returns how many.
@@ -331,7 +423,12 @@ impl JobStore {
         {
             let mut jobs = self.lock();
             for id in &expired {
-                jobs.remove(id);
+                if let Some(e) = jobs.remove(id) {
+                    self.held.fetch_sub(
+                        output_len(&e.snapshot()),
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
             }
         }
         for id in &expired {
@@ -417,6 +514,50 @@ mod tests {
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&jobs), 0o700);
         assert_eq!(mode(&jobs.join("jobs.ndjson")), 0o600);
+    }
+
+    #[test]
+    fn regression_output_past_the_budget_drops_the_oldest_jobs_output_not_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let open =
+            || JobStore::open_with_budget(dir.path().into(), Duration::from_secs(60), 250).unwrap();
+        let store = open();
+        let ids: Vec<String> = (0..3)
+            .map(|i| {
+                let e = store.submit(&tenant(), "sb-1", CompatCommand::Shell("x".into()));
+                store.finish(
+                    &e,
+                    Some(0),
+                    format!("{i}").repeat(100),
+                    String::new(),
+                    None,
+                    false,
+                );
+                e.id()
+            })
+            .collect();
+        assert!(store.held_output() <= 250, "{}", store.held_output());
+        let first = store.get(&tenant(), &ids[0]).unwrap().snapshot();
+        assert_eq!(first.stdout, DROPPED_NOTE, "the oldest output goes first");
+        assert!(first.output_truncated);
+        assert_eq!(
+            (first.status, first.exit_code),
+            (JobStatus::Succeeded, Some(0))
+        );
+        let last = store.get(&tenant(), &ids[2]).unwrap().snapshot();
+        assert_eq!(last.stdout, "2".repeat(100), "the newest is whole");
+        drop(store);
+        // The journal says the same after a restart, within the budget.
+        let store = open();
+        assert!(store.held_output() <= 250);
+        assert_eq!(
+            store.get(&tenant(), &ids[0]).unwrap().snapshot().stdout,
+            DROPPED_NOTE
+        );
+        assert_eq!(
+            store.get(&tenant(), &ids[2]).unwrap().snapshot().stdout,
+            "2".repeat(100)
+        );
     }
 
     #[test]

@@ -135,6 +135,8 @@ pub struct ServiceConfig {
     pub create_queue: usize,
     /// Per-stream output cap of a compatible job, in bytes.
     pub job_output_cap: u64,
+    /// Output all finished jobs may hold together, in bytes.
+    pub job_output_budget: u64,
 }
 
 impl ServiceConfig {
@@ -148,6 +150,7 @@ impl ServiceConfig {
             max_concurrent_creates: 64,
             create_queue: 4096,
             job_output_cap: DEFAULT_JOB_OUTPUT_CAP,
+            job_output_budget: jobs::DEFAULT_OUTPUT_BUDGET,
         }
     }
 }
@@ -437,7 +440,11 @@ impl Service {
     ) -> Result<Service, Error> {
         let mut config = config;
         fit_defaults(&mut config.defaults, backend.capacity());
-        let jobs = JobStore::open(config.data_dir.join("jobs"), config.policy.job_retention)?;
+        let jobs = JobStore::open_with_budget(
+            config.data_dir.join("jobs"),
+            config.policy.job_retention,
+            config.job_output_budget,
+        )?;
         let slots = config.max_concurrent_creates.max(1);
         let service = Service {
             inner: Arc::new(Inner {
