@@ -278,6 +278,10 @@ pub struct FileListing {
     pub path: String,
     /// Its entries, sorted by name.
     pub files: Vec<ListedFile>,
+    /// An extra of ours: true when the directory holds more entries than one listing
+    /// returns (10,000); the list is then cut, never silently.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// Answer of `DELETE /sandboxes/{id}` and `POST /sandboxes/{id}/heartbeat`.

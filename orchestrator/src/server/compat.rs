@@ -583,6 +583,7 @@ async fn list_files(
         _ => Service::default_dir(&live).to_string(),
     };
     let list = live.agent.list_dir(&path, 1).await?;
+    let truncated = list.truncated;
     let mut files: Vec<ListedFile> = list
         .entries
         .into_iter()
@@ -599,12 +600,16 @@ async fn list_files(
         })
         .collect();
     files.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Json(FileListing { path, files }))
+    Ok(Json(FileListing {
+        path,
+        files,
+        truncated,
+    }))
 }
 
 /// The API key of a WebSocket upgrade: header, `?api_key=`, or subprotocol
 /// `api_key.<key>` (answered back as the chosen subprotocol).
-fn ws_key(headers: &HeaderMap, query: Option<&str>) -> (Option<String>, Option<String>) {
+pub fn ws_key(headers: &HeaderMap, query: Option<&str>) -> (Option<String>, Option<String>) {
     if let Some(k) = super::presented_key(headers) {
         return (Some(k.to_string()), None);
     }

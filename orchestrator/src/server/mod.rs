@@ -196,6 +196,14 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.strip_prefix("Bearer "))
 }
 
+/// Whether a request asks for a WebSocket upgrade.
+pub fn is_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
 /// The caller, authenticated.
 pub struct Auth(pub Tenant);
 
@@ -206,7 +214,14 @@ impl FromRequestParts<AppState> for Auth {
         parts: &mut axum::http::request::Parts,
         state: &AppState,
     ) -> Result<Self, Error> {
-        let key = presented_key(&parts.headers);
+        let ws_key;
+        let mut key = presented_key(&parts.headers);
+        // Browsers cannot set headers on a WebSocket: `?api_key=` and the `api_key.<key>`
+        // subprotocol are accepted there, on every WebSocket route (docs/api.md).
+        if key.is_none() && is_websocket(&parts.headers) {
+            ws_key = compat::ws_key(&parts.headers, parts.uri.query()).0;
+            key = ws_key.as_deref();
+        }
         match state.keys.authenticate(key) {
             Some(t) => Ok(Auth(t)),
             None if key.is_none() => Err(Error::Unauthorized(

@@ -14,7 +14,7 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{FromRequestParts, Request, State};
-use axum::http::{header, HeaderName, HeaderValue, Method, Uri};
+use axum::http::{HeaderName, HeaderValue, Method, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
@@ -134,18 +134,28 @@ async fn forward(
     let live = state.service.ready(&tenant, &id)?;
     let agent_path = format!("/v1/{rest}");
     let (mut parts, body) = req.into_parts();
-    let is_upgrade = parts
-        .headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    if is_upgrade {
-        let ws = WebSocketUpgrade::from_request_parts(&mut parts, &state)
+    if super::is_websocket(&parts.headers) {
+        let (_, protocol) = super::compat::ws_key(&parts.headers, parts.uri.query());
+        let mut ws = WebSocketUpgrade::from_request_parts(&mut parts, &state)
             .await
             .map_err(|e| Error::BadRequest(format!("bad WebSocket upgrade: {}", e.body_text())))?;
-        let path = match parts.uri.query() {
-            Some(q) => format!("{agent_path}?{q}"),
-            None => agent_path,
+        if let Some(p) = protocol {
+            // The client offered its key as a subprotocol; the handshake names it back.
+            ws = ws.protocols([p]);
+        }
+        // The caller's key stays here: the agent has its own token.
+        let query: Vec<String> = parts
+            .uri
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty() && !p.starts_with("api_key="))
+            .map(str::to_string)
+            .collect();
+        let path = if query.is_empty() {
+            agent_path
+        } else {
+            format!("{agent_path}?{}", query.join("&"))
         };
         return Ok(ws.on_upgrade(move |socket| async move { bridge(socket, &live, &path).await }));
     }

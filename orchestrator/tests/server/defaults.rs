@@ -235,3 +235,23 @@ async fn heartbeat_reaping_can_be_switched_off() {
     }
     srv.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_listing_cut_at_its_limit_says_so() {
+    let srv = TestServer::start().await;
+    let (id, _) = compat_sandbox(&srv, json!({"image": "busybox:latest"})).await;
+    let made = job(
+        &srv,
+        &id,
+        json!({"command": "mkdir /tmp/many && cd /tmp/many && seq 1 10050 | xargs touch && ls | wc -l", "wait": true}),
+    )
+    .await;
+    assert_eq!(made["stdout"], "10050\n", "{made}");
+    let (s, list) = srv
+        .get(&format!("/sandboxes/{id}/files/list?path=/tmp/many"))
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(list["truncated"], true, "never cut silently");
+    assert_eq!(list["files"].as_array().unwrap().len(), 10_000);
+    srv.finish().await;
+}

@@ -285,7 +285,8 @@ async fn compatible_routes_answer_the_documented_shapes() {
     let (s, list) = srv.get(&format!("/sandboxes/{id}/files/list")).await;
     assert_eq!(s, 200);
     assert_eq!(list["path"], "/workspace", "the default path is /workspace");
-    assert_eq!(keys(&list), set(&["path", "files"]));
+    assert_eq!(keys(&list), set(&["path", "files", "truncated"]));
+    assert_eq!(list["truncated"], false);
     let entry = &list["files"][0];
     assert_eq!(keys(entry), set(&["name", "type", "size", "modified"]));
     assert_eq!(

@@ -1019,3 +1019,38 @@ async fn compatible_terminal_websocket_auth_frames_and_close_codes() {
     assert_eq!(close_code(&mut ws).await, Some(4400));
     srv.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_terminal_attach_takes_the_key_as_a_query_or_a_subprotocol() {
+    let srv = TestServer::start().await;
+    let id = srv.sandbox().await;
+    let base = format!("/v1/sandboxes/{id}/pty");
+    let (s, pty) = srv.post(&base, json!({"command": ["sh"]})).await;
+    assert_eq!(s, 200, "{pty}");
+    let attach = format!("{base}/{}/attach", pty["id"].as_str().unwrap());
+    // A browser cannot set X-API-Key on a WebSocket: `?api_key=` ...
+    let (mut ws, _) = ws_connect(&srv, &format!("{attach}?api_key={KEY}"), &[]).await;
+    assert_eq!(next_json(&mut ws).await["type"], "attached");
+    drop(ws);
+    // ... or the `api_key.<key>` subprotocol, which the handshake names back.
+    let (mut ws, resp) = ws_connect(
+        &srv,
+        &attach,
+        &[("Sec-WebSocket-Protocol", &format!("api_key.{KEY}"))],
+    )
+    .await;
+    assert_eq!(
+        resp.headers()["sec-websocket-protocol"],
+        format!("api_key.{KEY}").as_str()
+    );
+    assert_eq!(next_json(&mut ws).await["type"], "attached");
+    drop(ws);
+    // A wrong key is still refused before any upgrade.
+    let url = format!(
+        "{}{attach}?api_key=wrong",
+        srv.url.replacen("http://", "ws://", 1)
+    );
+    let e = tokio_tungstenite::connect_async(url).await.unwrap_err();
+    assert!(e.to_string().contains("401"), "{e}");
+    srv.finish().await;
+}
