@@ -104,6 +104,16 @@ pub struct ServeArgs {
     /// Creates per minute one key may make, 0 for no limit [default: 0].
     #[arg(long, env = "ORCHARD_CREATES_PER_MINUTE_PER_KEY")]
     pub creates_per_minute_per_key: Option<usize>,
+    /// Size of each sandbox's writable layer, a quantity like "10Gi": its own sparse
+    /// filesystem image, full is ENOSPC inside it and nothing outside [default: none,
+    /// writes go to the data directory's filesystem unbounded; each create costs about
+    /// 40 ms more with it].
+    #[arg(long, env = "ORCHARD_SANDBOX_DISK")]
+    pub sandbox_disk: Option<String>,
+    /// Files and directories each sandbox may make when --sandbox-disk is set
+    /// [default: 1048576].
+    #[arg(long, env = "ORCHARD_SANDBOX_DISK_INODES")]
+    pub sandbox_disk_inodes: Option<u64>,
     /// Creates running at the backend at once; more wait in the queue [default: 64].
     #[arg(long, env = "ORCHARD_MAX_CONCURRENT_CREATES")]
     pub max_concurrent_creates: Option<usize>,
@@ -156,6 +166,8 @@ pub struct FileConfig {
     creates_per_minute_per_key: Option<usize>,
     max_concurrent_creates: Option<usize>,
     create_queue: Option<usize>,
+    sandbox_disk: Option<String>,
+    sandbox_disk_inodes: Option<u64>,
     keep_sandboxes_on_exit: Option<bool>,
     registry_mirrors: Option<Vec<String>>,
     log_level: Option<String>,
@@ -216,6 +228,8 @@ pub struct Config {
     pub job_output_cap: u64,
     /// Output all finished jobs may hold together.
     pub job_output_budget: u64,
+    /// Each sandbox's writable-layer limit, if any.
+    pub sandbox_disk: Option<crate::backend::local::disk::DiskLimit>,
     /// Keep sandboxes on exit.
     pub keep_sandboxes_on_exit: bool,
     /// Registry mirrors: (registry, URL).
@@ -314,6 +328,24 @@ impl Config {
                 "exec_timeout_s must be at least 1".into(),
             ));
         }
+        let sandbox_disk = match args.sandbox_disk.clone().or(file.sandbox_disk) {
+            None => None,
+            Some(q) => {
+                let bytes = crate::service::units::parse_memory(&q)
+                    .map_err(|e| ConfigError::Invalid(format!("sandbox_disk: {e}")))?;
+                let limit = crate::backend::local::disk::DiskLimit {
+                    bytes,
+                    inodes: args
+                        .sandbox_disk_inodes
+                        .or(file.sandbox_disk_inodes)
+                        .unwrap_or(1 << 20),
+                };
+                limit
+                    .validate()
+                    .map_err(|e| ConfigError::Invalid(format!("sandbox_disk: {e}")))?;
+                Some(limit)
+            }
+        };
         let builtin = SandboxDefaults::default();
         let defaults = SandboxDefaults {
             cpu: args.default_cpu.or(file.default_cpu).unwrap_or(builtin.cpu),
@@ -395,6 +427,7 @@ impl Config {
                 .or(file.job_output_cap_bytes)
                 .unwrap_or(DEFAULT_JOB_OUTPUT_CAP)
                 .max(1024),
+            sandbox_disk,
             job_output_budget: args
                 .job_output_budget_bytes
                 .or(file.job_output_budget_bytes)

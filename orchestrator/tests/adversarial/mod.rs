@@ -263,3 +263,59 @@ async fn regression_a_huge_sparse_file_downloaded_through_the_compatible_route_i
     );
     drop(srv);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_sandbox_filling_its_disk_or_inodes_hits_enospc_and_nothing_outside() {
+    use crate::util::sandbox::{fresh_root, test_config};
+    use orchard::backend::local::disk::DiskLimit;
+    let mut config = test_config(&fresh_root());
+    config.disk = Some(DiskLimit {
+        bytes: 64 << 20,
+        inodes: 4096,
+    });
+    let tb = TestBackend::with_config(config);
+    let sb = tb.busybox().await;
+    // 200 MiB into a 64 MiB writable layer: cut short with ENOSPC.
+    let r = sh(
+        &sb,
+        "dd if=/dev/zero of=/big bs=1M count=200 2>&1; ls -l /big",
+    )
+    .await;
+    let out = r.stdout.text_lossy();
+    assert!(out.contains("No space left on device"), "{out}");
+    let written: u64 = out
+        .lines()
+        .last()
+        .and_then(|l| l.split_whitespace().nth(4))
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(written <= 64 << 20, "{written}");
+    // The host holds no more than the image's size for it.
+    let image = sb.bundle.join("disk.img");
+    let meta = std::fs::metadata(&image).unwrap();
+    let on_host = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
+    assert!(on_host <= 64 << 20, "{on_host} bytes on the host disk");
+    // An inode flood stops at the image's inode count.
+    let r = sh(
+        &sb,
+        "rm /big; mkdir /flood; i=0; while touch /flood/f$i 2>/dev/null; do i=$((i+1)); done; echo $i",
+    )
+    .await;
+    let made: u64 = r.stdout.text_lossy().trim().parse().unwrap();
+    assert!((3000..4096).contains(&made), "{made} files made: {r:?}");
+    // The agent keeps serving a full sandbox, and room comes back when files go.
+    let r = sh(&sb, "rm -r /flood && echo ok > /after && cat /after").await;
+    assert_eq!(r.stdout.text_lossy(), "ok\n", "{r:?}");
+    tb.finish().await;
+    // Teardown left no loop device on the image.
+    let loops = std::process::Command::new("losetup")
+        .arg("-j")
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(
+        loops.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&loops.stdout)
+    );
+}

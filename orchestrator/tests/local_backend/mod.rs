@@ -195,7 +195,7 @@ async fn root_and_tmp_are_writable_and_the_injected_volume_is_read_only() {
     assert!(sh(&sb, "echo x > /sys/x").await.exit_code != Some(0));
     // Writes land in the sandbox's upper dir, never in the shared layer.
     assert!(!layers().busybox.join("new-file").exists());
-    assert!(sb.bundle.join("upper/new-file").exists());
+    assert!(sb.bundle.join("disk/upper/new-file").exists());
     // No part of /.orchard is writable, and the agent's socket is not in the sandbox.
     let r = sh(&sb, "echo x > /.orchard/run/x").await;
     assert_ne!(r.exit_code, Some(0), "{r:?}");

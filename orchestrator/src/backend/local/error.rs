@@ -48,6 +48,9 @@ pub enum LocalError {
     /// Runtime config.
     #[error(transparent)]
     Spec(#[from] SpecError),
+    /// The sandbox's size-limited filesystem.
+    #[error(transparent)]
+    Disk(#[from] super::disk::DiskError),
     /// runc.
     #[error(transparent)]
     Runc(#[from] RuncError),

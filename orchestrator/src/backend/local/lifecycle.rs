@@ -118,6 +118,10 @@ impl Inner {
         fs::create_dir(&paths.dir).map_err(io_err("creating", &paths.dir))?;
         fs::set_permissions(&paths.dir, fs::Permissions::from_mode(0o700))
             .map_err(io_err("setting the mode of", &paths.dir))?;
+        fs::create_dir(&paths.disk).map_err(io_err("creating", &paths.disk))?;
+        if let Some(limit) = self.config.disk {
+            super::disk::make_and_mount(&paths.disk_image, &paths.disk, limit).await?;
+        }
         for d in [&paths.rootfs, &paths.upper, &paths.work, &paths.run] {
             fs::create_dir(d).map_err(io_err("creating", d))?;
         }

@@ -9,9 +9,10 @@
 //! <root>/empty/                the lower layer of an image without layers
 //! <root>/sandboxes/<id>/       one bundle per sandbox:
 //!     state.json config.json   state (token, pids, phase) and the OCI config
-//!     rootfs/ upper/ work/     the overlay and its upper and work dirs
+//!     rootfs/ disk/{upper,work}/  the overlay; disk/ is the size-limited image (disk.img)
+//!                              when the backend has a disk limit, else a directory
 //!     run/agent.sock           the agent's socket, bound here and handed to the agent as fd 3
-//!     agent.log slirp4netns.log
+//!     disk/agent.log slirp4netns.log
 //! ```
 //!
 //! [`LocalBackend::create`] returns once the agent answers `/v1/health`; on any failure
@@ -44,6 +45,7 @@
 pub mod audit;
 pub mod bench;
 pub mod cgroup;
+pub mod disk;
 mod error;
 mod lifecycle;
 pub mod network;
@@ -90,6 +92,10 @@ pub const MAX_NOFILE: u64 = 1 << 20;
 struct Paths {
     dir: PathBuf,
     rootfs: PathBuf,
+    /// The writable layer's filesystem: a plain directory, or the mount point of the
+    /// sandbox's size-limited image (`disk`).
+    disk: PathBuf,
+    disk_image: PathBuf,
     upper: PathBuf,
     work: PathBuf,
     run: PathBuf,
@@ -173,6 +179,9 @@ impl LocalBackend {
             let path = path.to_path_buf();
             move |source| LocalError::Root { path, source }
         };
+        if let Some(limit) = &config.disk {
+            limit.validate()?;
+        }
         fs::create_dir_all(&config.root).map_err(root_err(&config.root))?;
         let root = fs::canonicalize(&config.root).map_err(root_err(&config.root))?;
         // It holds tokens.
@@ -365,13 +374,16 @@ impl Inner {
         let run = dir.join("run");
         Paths {
             rootfs: dir.join("rootfs"),
-            upper: dir.join("upper"),
-            work: dir.join("work"),
+            disk: dir.join("disk"),
+            disk_image: dir.join("disk.img"),
+            upper: dir.join("disk/upper"),
+            work: dir.join("disk/work"),
             socket: run.join("agent.sock"),
             run,
             state: dir.join("state.json"),
             config: dir.join("config.json"),
-            log: dir.join("agent.log"),
+            // On the sandbox's own filesystem: a chatty agent fills its disk, not ours.
+            log: dir.join("disk/agent.log"),
             slirp_log: dir.join("slirp4netns.log"),
             pid_file: dir.join("init.pid"),
             dir,

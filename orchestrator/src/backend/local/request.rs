@@ -108,6 +108,9 @@ pub struct LocalConfig {
     pub default_limits: Limits,
     /// Let sandboxes make user namespaces (the seccomp filter refuses them by default).
     pub allow_user_namespaces: bool,
+    /// A size-limited filesystem per sandbox for its writable layer (`disk`); `None`:
+    /// writes land on the backend root's filesystem unbounded.
+    pub disk: Option<super::disk::DiskLimit>,
     /// How long `open` waits for the root's lock: a server killed with SIGKILL holds
     /// it until the kernel has torn the process down, which takes a while when it held
     /// much memory.
@@ -131,6 +134,7 @@ impl LocalConfig {
             agent_args: Vec::new(),
             default_limits: Limits::DEFAULT,
             allow_user_namespaces: false,
+            disk: None,
             lock_wait: Duration::from_secs(30),
             fail_point: None,
         }
