@@ -12,11 +12,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use orchard_protocol::compat::{
     ApplyPatch, CreateSandbox, CreatedSandbox, ExecJob, FileListing, ListedFile, PatchResult,
-    QueuedJob, SandboxAck, SandboxPhase, SandboxStatus, UploadFile, Uploaded,
+    QueuedJob, SandboxAck, SandboxPhase, SandboxStatus, Uploaded,
 };
 use orchard_protocol::files::FileKind;
 use orchard_protocol::git::GitApplyRequest;
-use orchard_protocol::output::{b64_decode, b64_encode};
+use orchard_protocol::output::b64_encode;
 use orchard_protocol::pty::close_code;
 use serde::Deserialize;
 
@@ -456,26 +456,84 @@ async fn patch_with_tools(
     })
 }
 
+/// Streams the body through [`super::upload::UploadParser`] into a private spool file,
+/// then the spool to the agent: bounded memory whatever the file's size.
 async fn upload(
     State(state): State<AppState>,
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
-    ApiJson(req): ApiJson<UploadFile, MAX_UPLOAD_JSON>,
+    body: axum::body::Body,
 ) -> Result<Json<Uploaded>, Error> {
+    use http_body_util::BodyExt;
     let live = state.service.ready(&tenant, &id)?;
-    let bytes = b64_decode(&req.content)
-        .map_err(|e| Error::BadRequest(format!("content is not valid base64: {e}")))?;
-    if req.path.is_empty() {
+    let spool = Spool::new(&state.service.config().data_dir)?;
+    let file = std::fs::File::options()
+        .write(true)
+        .open(&spool.0)
+        .map_err(|e| Error::internal("cannot spool the upload", e))?;
+    let mut parser = super::upload::UploadParser::new(std::io::BufWriter::new(file));
+    let mut body = body;
+    let mut read = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Error::BadRequest(format!("reading the body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        read += data.len();
+        if read > MAX_UPLOAD_JSON {
+            return Err(Error::TooLarge(format!(
+                "the body is larger than {MAX_UPLOAD_JSON} bytes"
+            )));
+        }
+        parser.push(&data)?;
+    }
+    let (parsed, sink) = parser.finish()?;
+    sink.into_inner()
+        .map_err(|e| Error::internal("cannot spool the upload", e.error().to_string()))?;
+    if parsed.path.is_empty() {
         return Err(Error::BadRequest("path must not be empty".into()));
     }
-    let path = Service::resolve(&live, &req.path);
-    let size = bytes.len() as u64;
-    live.agent.write_file(&path, bytes, None).await?;
+    let path = Service::resolve(&live, &parsed.path);
+    let file = tokio::fs::File::open(&spool.0)
+        .await
+        .map_err(|e| Error::internal("cannot read the spooled upload", e))?;
+    let stream = tokio_util::io::ReaderStream::new(file);
+    state
+        .proxy
+        .put_file(&live, &path, axum::body::Body::from_stream(stream))
+        .await?;
     Ok(Json(Uploaded {
         success: true,
         path,
-        size,
+        size: parsed.size,
     }))
+}
+
+/// A private file under `<data_dir>/spool`, removed when dropped.
+struct Spool(std::path::PathBuf);
+
+impl Spool {
+    fn new(data_dir: &std::path::Path) -> Result<Spool, Error> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let dir = data_dir.join("spool");
+        let fail = |e: std::io::Error| Error::internal("cannot spool the upload", e);
+        std::fs::create_dir_all(&dir).map_err(fail)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(fail)?;
+        let path = dir.join(format!("upload-{}", crate::service::random_hex(8)));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(fail)?;
+        Ok(Spool(path))
+    }
+}
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 #[derive(Deserialize)]

@@ -11,6 +11,7 @@ pub mod compat;
 pub mod images;
 pub mod openapi;
 pub mod proxy;
+pub mod upload;
 pub mod v1;
 
 use std::sync::Arc;

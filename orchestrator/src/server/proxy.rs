@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
 use futures_util::{SinkExt, StreamExt};
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use orchard_client::Endpoint;
@@ -104,6 +105,44 @@ impl AgentProxy {
             .entry(host.clone())
             .or_insert_with(|| endpoint.clone());
         host
+    }
+}
+
+impl AgentProxy {
+    /// `PUT /v1/files?path=` on the sandbox's agent with a streamed body: the file is
+    /// written atomically by the agent, never held whole here.
+    pub async fn put_file(&self, live: &Live, path: &str, body: Body) -> Result<(), Error> {
+        let host = self.host(live.agent.endpoint());
+        let uri = format!(
+            "http://{host}/v1/files?path={}",
+            orchard_client::encode(path)
+        );
+        let mut req = Request::builder()
+            .method(Method::PUT)
+            .uri(uri)
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .map_err(|e| Error::BadRequest(format!("cannot send this file: {e}")))?;
+        if let Ok(token) = HeaderValue::from_str(live.agent.token()) {
+            req.headers_mut()
+                .insert(HeaderName::from_static(TOKEN_HEADER), token);
+        }
+        let resp = self.client.request(req).await.map_err(|e| {
+            Error::Sandbox(format!("the sandbox's agent could not be reached: {e}"))
+        })?;
+        let status = resp.status();
+        let body = http_body_util::Limited::new(resp.into_body(), 1 << 20)
+            .collect()
+            .await
+            .map_err(|e| Error::Sandbox(format!("the sandbox's agent failed mid-answer: {e}")))?
+            .to_bytes();
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(match serde_json::from_slice(&body) {
+            Ok(body) => orchard_client::ClientError::Api { status, body }.into(),
+            Err(_) => Error::Sandbox(format!("the sandbox's agent answered {status}")),
+        })
     }
 }
 

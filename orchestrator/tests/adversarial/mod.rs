@@ -180,7 +180,7 @@ fn peak_rss(pid: u32) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn regression_a_huge_sparse_file_downloaded_through_the_compatible_route_is_streamed() {
+async fn regression_huge_files_through_the_compatible_routes_stream_with_bounded_memory() {
     use crate::util::server::{ServerProcess, KEY};
     use futures_util::StreamExt;
     let data = tempfile::Builder::new()
@@ -261,6 +261,50 @@ async fn regression_a_huge_sparse_file_downloaded_through_the_compatible_route_i
         grew >> 20,
         size >> 20
     );
+
+    // The other way: 256 MiB uploaded as one JSON body, generated as it is sent.
+    let up: u64 = 256 << 20;
+    let groups = up / 3;
+    let chunk = bytes::Bytes::from("AAAA".repeat(16 << 10));
+    let per_chunk = 16u64 << 10;
+    let chunks = groups / per_chunk;
+    let stream = futures_util::stream::iter(
+        std::iter::once(bytes::Bytes::from(r#"{"path": "/tmp/up", "content": ""#))
+            .chain(std::iter::repeat_n(chunk, chunks as usize))
+            .chain(std::iter::once(bytes::Bytes::from(r#""}"#)))
+            .map(Ok::<_, std::io::Error>),
+    );
+    let before = peak_rss(srv.child.id());
+    let resp: serde_json::Value = http
+        .post(format!("{}/sandboxes/{id}/files", srv.url))
+        .header("X-API-Key", KEY)
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let expected = chunks * per_chunk * 3;
+    assert_eq!(resp["size"], expected, "{resp}");
+    let grew = peak_rss(srv.child.id()).saturating_sub(before);
+    assert!(
+        grew < 128 << 20,
+        "the server's peak memory grew by {} MiB for a {} MiB upload",
+        grew >> 20,
+        expected >> 20
+    );
+    let job: serde_json::Value = http
+        .post(format!("{}/sandboxes/{id}/exec", srv.url))
+        .header("X-API-Key", KEY)
+        .json(&serde_json::json!({"command": "wc -c < /tmp/up", "wait": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(job["stdout"], format!("{expected}\n"), "{job}");
     drop(srv);
 }
 
