@@ -758,13 +758,9 @@ async fn pull_through(
 ) -> Result<Image, ImageError> {
     let mut config = StoreConfig::default();
     if let Some((username, password)) = credentials {
-        config.credentials.insert(
-            proxy.host.clone(),
-            Credentials {
-                username: username.into(),
-                password: password.into(),
-            },
-        );
+        config
+            .credentials
+            .insert(proxy.host.clone(), Credentials::basic(username, password));
     }
     let (_dir, store) = new_store(config);
     store
