@@ -339,15 +339,14 @@ impl Inner {
         Ok(evicted)
     }
 
-    /// When an image was last used: its record's mtime (touched by `get`), else its
-    /// creation.
-    fn last_used(&self, record: &Record) -> u64 {
-        let mtime = fs::metadata(self.record_path(&record.reference))
-            .ok()
-            .and_then(|m| m.modified().ok())
-            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs());
-        mtime.max(record.created)
+    /// When an image was last used: its record's mtime (written at the pull or
+    /// import, touched by `get`; nanoseconds, so two pulls in one second are ordered),
+    /// else its creation.
+    fn last_used(&self, record: &Record) -> SystemTime {
+        let created = SystemTime::UNIX_EPOCH + Duration::from_secs(record.created);
+        fs::metadata(self.record_path(&record.reference))
+            .and_then(|m| m.modified())
+            .map_or(created, |mtime| mtime.max(created))
     }
 }
 
