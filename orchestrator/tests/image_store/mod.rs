@@ -3,8 +3,8 @@
 //! corrupted blobs, imports, shared concurrent pulls, gc, the python image, and the
 //! Bearer and Basic authentication flows through an in-test proxy.
 
-mod budget;
-mod registry_auth;
+pub mod budget;
+pub mod registry_auth;
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
