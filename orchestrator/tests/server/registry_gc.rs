@@ -39,6 +39,9 @@ fn docker_config(dir: &Path, host: &str, password: &str) -> std::path::PathBuf {
     crate::image_store::registry_auth::docker_config(dir, host, password)
 }
 
+/// A server start: its name, environment, flags, and whether the pull is allowed.
+type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Vec<&'a str>, bool);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orchard_serve_pulls_from_a_private_registry_with_configured_credentials() {
     let private = auth_registry();
@@ -55,7 +58,7 @@ async fn orchard_serve_pulls_from_a_private_registry_with_configured_credentials
     let wrong_config = docker_config(&wrong, &private.host, "not-the-password");
     let flag = format!("{}={AUTH_USER}:{AUTH_PASSWORD}", private.host);
     let no_docker_env = no_docker.to_str().unwrap();
-    let cases: [(&str, Vec<(&str, &str)>, Vec<&str>, bool); 4] = [
+    let cases: [Case; 4] = [
         (
             "none",
             vec![("DOCKER_CONFIG", no_docker_env)],
