@@ -604,6 +604,64 @@ mod tests {
     }
 
     #[test]
+    fn registry_credentials_merge_per_host_and_the_budget_parses() {
+        let dir = tempfile::tempdir().unwrap();
+        let docker = dir.path().join("config.json");
+        // base64("a:from-docker"), base64("b:from-docker")
+        std::fs::write(
+            &docker,
+            r#"{"auths": {"one.io": {"auth": "YTpmcm9tLWRvY2tlcg=="}, "two.io": {"auth": "Yjpmcm9tLWRvY2tlcg=="}}}"#,
+        )
+        .unwrap();
+        let file = dir.path().join("orchard.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "registry_config = {:?}\nregistry_auth = [\"two.io=b:from-toml\", \"three.io=c:from-toml\"]\nimage_disk_budget = \"20Gi\"\n",
+                docker.display()
+            ),
+        )
+        .unwrap();
+        let c = Config::resolve(ServeArgs {
+            config: Some(file.clone()),
+            registry_auth: vec![Secret("three.io=c:from-flag".into())],
+            image_gc_interval_s: Some(60),
+            ..Default::default()
+        })
+        .unwrap();
+        let creds = &c.registry.credentials;
+        assert_eq!(creds["one.io"], Credentials::basic("a", "from-docker"));
+        assert_eq!(creds["two.io"], Credentials::basic("b", "from-toml"));
+        assert_eq!(creds["three.io"], Credentials::basic("c", "from-flag"));
+        let gc = c.registry.gc.unwrap();
+        assert_eq!(gc.budget, Budget::Bytes(20 << 30));
+        assert_eq!(gc.interval, Duration::from_secs(60));
+        // Nothing secret in the configuration's debug form.
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("from-") && !debug.contains("Ynpm"),
+            "{debug}"
+        );
+        assert!(!format!("{:?}", Secret("x=u:pw".into())).contains("pw"));
+        let missing = Config::resolve(ServeArgs {
+            registry_config: Some(dir.path().join("nope.json")),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(missing.to_string().contains("nope.json"), "{missing}");
+        let off = Config::resolve(ServeArgs {
+            registry_config: Some(docker),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            off.registry.gc.unwrap().budget,
+            Budget::Off,
+            "off by default"
+        );
+    }
+
+    #[test]
     fn flags_beat_the_file_and_the_file_beats_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("orchard.toml");
