@@ -147,6 +147,7 @@ pub struct ServeArgs {
     pub registry_config: Option<PathBuf>,
     /// Registry credentials, `HOST=USER:PASSWORD` (repeatable); ORCHARD_REGISTRY_AUTH
     /// takes a list separated by spaces or newlines. They override the config.json's.
+    /// Flags show in the process list: prefer the environment or a file for secrets.
     #[arg(long = "registry-auth")]
     pub registry_auth: Vec<Secret>,
     /// Disk budget of the image store: 0 (off), a size like "20Gi", or a percentage of

@@ -9,7 +9,7 @@ use orchard::image::credentials;
 use orchard::image::{ImageError, StoreConfig};
 
 use super::{new_store, no_progress};
-use crate::util::registry::{auth_registry, AUTH_PASSWORD, AUTH_USER};
+use crate::util::registry::{auth_registry, registry, Proxy, ProxyAuth, AUTH_PASSWORD, AUTH_USER};
 
 /// A Docker `config.json` for the private registry, written under `dir`.
 pub fn docker_config(dir: &Path, host: &str, password: &str) -> std::path::PathBuf {
@@ -80,4 +80,50 @@ async fn a_private_registry_needs_the_credentials_of_a_docker_config() {
     let (_dir, store) = new_store(config);
     let image = store.pull("busybox", no_progress).await.unwrap();
     assert_eq!(image.reference, "docker.io/library/busybox:latest");
+}
+
+#[tokio::test]
+async fn an_identity_token_is_traded_for_access_tokens_and_never_sent_in_a_url() {
+    registry().push_image("whiteout", "latest", "whiteout:latest");
+    let proxy = Proxy::start(&registry().host, ProxyAuth::Refresh("refresh-me".into())).await;
+    let files = tempfile::tempdir().unwrap();
+    let path = files.path().join("config.json");
+    let json = serde_json::json!({"auths": {proxy.host.clone(): {"identitytoken": "refresh-me"}}});
+    std::fs::write(&path, json.to_string()).unwrap();
+    let config = credentials::load_docker_config(&path).unwrap();
+    let (_dir, store) = new_store(StoreConfig {
+        credentials: config.auths,
+        ..StoreConfig::default()
+    });
+    let reference = format!("{}/whiteout:latest", proxy.host);
+    store.pull(&reference, no_progress).await.unwrap();
+    let seen = proxy.seen();
+    let tokens: Vec<_> = seen
+        .iter()
+        .filter(|s| s.path.starts_with("/token"))
+        .collect();
+    assert!(!tokens.is_empty() && tokens.iter().all(|s| s.method == "POST" && s.status == 200));
+    assert!(
+        seen.iter().all(|s| !s.path.contains("refresh-me")),
+        "{seen:?}"
+    );
+
+    // A wrong identity token is refused, and the refusal does not show it.
+    let (_dir, store) = new_store(StoreConfig {
+        credentials: [(
+            proxy.host.clone(),
+            orchard::image::Credentials {
+                identity_token: Some("stale-token".into()),
+                ..orchard::image::Credentials::basic("", "")
+            },
+        )]
+        .into(),
+        ..StoreConfig::default()
+    });
+    let err = store.pull(&reference, no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::AuthFailed { .. }), "{err}");
+    assert!(
+        err.to_string().contains("identity token") && !err.to_string().contains("stale-token"),
+        "{err}"
+    );
 }

@@ -505,6 +505,10 @@ pub enum ProxyAuth {
     /// The Bearer challenge flow: the token endpoint `/token` wants this user and
     /// password as basic auth and hands out a token the registry routes then require.
     Bearer(String, String),
+    /// The Bearer flow with an OAuth2 refresh token (Docker's `identitytoken`): the
+    /// token endpoint wants a `POST` form with `grant_type=refresh_token` and this
+    /// `refresh_token`, and answers an `access_token`.
+    Refresh(String),
 }
 
 /// One request a [`Proxy`] saw.
@@ -606,17 +610,38 @@ impl ProxyState {
         let path = first.next().unwrap_or("/").to_string();
         let mut authorization = None;
         let mut accept = None;
+        let mut length = 0usize;
         for line in lines {
             if let Some((name, value)) = line.split_once(':') {
                 match name.trim().to_ascii_lowercase().as_str() {
                     "authorization" => authorization = Some(value.trim().to_string()),
                     "accept" => accept = Some(value.trim().to_string()),
+                    "content-length" => length = value.trim().parse().unwrap_or(0),
                     _ => {}
                 }
             }
         }
+        let start = head
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or(head.len(), |i| i + 4);
+        let mut form = head[start..].to_vec();
+        while form.len() < length.min(64 << 10) {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            form.extend_from_slice(&buf[..n]);
+        }
+        let form = String::from_utf8_lossy(&form).to_string();
         let (status, headers, body) = self
-            .answer(&method, &path, authorization.as_deref(), accept.as_deref())
+            .answer(
+                &method,
+                &path,
+                authorization.as_deref(),
+                accept.as_deref(),
+                &form,
+            )
             .await;
         self.seen.lock().unwrap().push(Seen {
             method: method.clone(),
@@ -645,6 +670,7 @@ impl ProxyState {
         path: &str,
         authorization: Option<&str>,
         accept: Option<&str>,
+        form: &str,
     ) -> (u16, Vec<(String, String)>, Vec<u8>) {
         let basic = |user: &str, password: &str| {
             format!(
@@ -668,6 +694,30 @@ impl ProxyState {
             ProxyAuth::Basic(user, password) => {
                 if authorization != Some(basic(user, password).as_str()) {
                     return unauthorized(r#"Basic realm="orchard-test""#.to_string());
+                }
+            }
+            ProxyAuth::Refresh(refresh) => {
+                if path.starts_with("/token") {
+                    let fields: Vec<&str> = form.split('&').collect();
+                    let wanted = format!("refresh_token={refresh}");
+                    if method != "POST"
+                        || !fields.contains(&"grant_type=refresh_token")
+                        || !fields.contains(&wanted.as_str())
+                    {
+                        return (401, Vec::new(), br#"{"error":"invalid_grant"}"#.to_vec());
+                    }
+                    let body = json!({"access_token": TOKEN, "expires_in": 300}).to_string();
+                    return (
+                        200,
+                        vec![("Content-Type".into(), "application/json".into())],
+                        body.into_bytes(),
+                    );
+                }
+                if authorization != Some(format!("Bearer {TOKEN}").as_str()) {
+                    return unauthorized(format!(
+                        r#"Bearer realm="http://{}/token",service="orchard-test""#,
+                        self.host
+                    ));
                 }
             }
             ProxyAuth::Bearer(user, password) => {
