@@ -15,6 +15,8 @@ command -v curl >/dev/null || need+=(curl)
 # and a Debian root file system for the python image.
 command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v skopeo >/dev/null || need+=(skopeo)
+# htpasswd: the registry-auth tests protect a registry with a bcrypt htpasswd file.
+command -v htpasswd >/dev/null || need+=(apache2-utils)
 command -v umoci >/dev/null || need+=(umoci)
 [ -x /usr/sbin/debootstrap ] || command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then

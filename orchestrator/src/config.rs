@@ -7,11 +7,15 @@
 //! its state under the data directory, and generates an API key (saved there, printed
 //! once) unless auth is explicitly disabled.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::image::credentials::{self, CredentialsError};
+use crate::image::gc::{Budget, GcPolicy};
+use crate::image::Credentials;
 use crate::service::{Policy, Quotas, SandboxDefaults, DEFAULT_JOB_OUTPUT_CAP};
 
 /// A list of keys as Orchard's `API_KEYS` takes them: separated by commas, spaces or
@@ -136,6 +140,114 @@ pub struct ServeArgs {
     /// Log level: debug, info, warn, off [default: info].
     #[arg(long, env = "ORCHARD_LOG")]
     pub log_level: Option<String>,
+    // --- Registry credentials and image GC (see `RegistryAndGc`). ---
+    /// Docker `config.json` with registry credentials [default: $DOCKER_CONFIG/config.json
+    /// or ~/.docker/config.json, when present].
+    #[arg(long, env = "ORCHARD_REGISTRY_CONFIG")]
+    pub registry_config: Option<PathBuf>,
+    /// Registry credentials, `HOST=USER:PASSWORD` (repeatable); ORCHARD_REGISTRY_AUTH
+    /// takes a list separated by spaces or newlines. They override the config.json's.
+    /// Flags show in the process list: prefer the environment or a file for secrets.
+    #[arg(long = "registry-auth")]
+    pub registry_auth: Vec<Secret>,
+    /// Disk budget of the image store: 0 (off), a size like "20Gi", or a percentage of
+    /// its file system like "50%". Over it, unused images go, least recently used
+    /// first [default: 0, off].
+    #[arg(long, env = "ORCHARD_IMAGE_DISK_BUDGET")]
+    pub image_disk_budget: Option<String>,
+    /// Seconds between two image GC passes besides those after each pull or import
+    /// [default: 300].
+    #[arg(long, env = "ORCHARD_IMAGE_GC_INTERVAL_S")]
+    pub image_gc_interval_s: Option<u64>,
+}
+
+/// A flag value that is a secret: its `Debug` shows no value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
+    }
+}
+
+/// Registry credentials and the image GC policy, resolved.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryAndGc {
+    /// Credentials per registry or mirror host.
+    pub credentials: HashMap<String, Credentials>,
+    /// Where credentials came from (files, flags), for the start-up log.
+    pub credential_sources: Vec<String>,
+    /// Credential helpers of the config.json that are not run (warned about).
+    pub ignored_helpers: Vec<String>,
+    /// The image store's disk budget and pass interval.
+    pub gc: Option<GcPolicy>,
+}
+
+impl RegistryAndGc {
+    /// Merges, lowest precedence first: the config.json, the file's `registry_auth`,
+    /// `ORCHARD_REGISTRY_AUTH`, `--registry-auth`.
+    fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<RegistryAndGc, ConfigError> {
+        let mut out = RegistryAndGc::default();
+        let docker_config = args
+            .registry_config
+            .clone()
+            .or_else(|| file.registry_config.clone())
+            .or_else(credentials::default_docker_config);
+        if let Some(path) = docker_config {
+            let parsed = credentials::load_docker_config(&path)?;
+            out.credentials.extend(parsed.auths);
+            out.ignored_helpers = parsed.helpers;
+            out.credential_sources.push(path.display().to_string());
+        }
+        let env: Vec<String> = std::env::var("ORCHARD_REGISTRY_AUTH")
+            .map(|v| v.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default();
+        let flags: Vec<String> = args.registry_auth.iter().map(|s| s.0.clone()).collect();
+        for (entries, what) in [
+            (
+                file.registry_auth.clone().unwrap_or_default(),
+                "registry_auth in the config file",
+            ),
+            (env, "ORCHARD_REGISTRY_AUTH"),
+            (flags, "--registry-auth"),
+        ] {
+            if !entries.is_empty() {
+                out.credentials
+                    .extend(credentials::parse_auth_entries(&entries, what)?);
+                out.credential_sources.push(what.to_string());
+            }
+        }
+        let budget = match args
+            .image_disk_budget
+            .as_deref()
+            .or(file.image_disk_budget.as_deref())
+        {
+            Some(text) => Budget::parse(text).map_err(ConfigError::Invalid)?,
+            None => Budget::Off,
+        };
+        let interval = args
+            .image_gc_interval_s
+            .or(file.image_gc_interval_s)
+            .unwrap_or(300);
+        if interval == 0 {
+            return Err(ConfigError::Invalid(
+                "image_gc_interval_s must be at least 1".into(),
+            ));
+        }
+        out.gc = Some(GcPolicy {
+            budget,
+            interval: Duration::from_secs(interval),
+        });
+        Ok(out)
+    }
 }
 
 /// The file form: the same settings, snake_case.
@@ -171,6 +283,10 @@ pub struct FileConfig {
     keep_sandboxes_on_exit: Option<bool>,
     registry_mirrors: Option<Vec<String>>,
     log_level: Option<String>,
+    registry_config: Option<PathBuf>,
+    registry_auth: Option<Vec<String>>,
+    image_disk_budget: Option<String>,
+    image_gc_interval_s: Option<u64>,
 }
 
 /// A configuration problem.
@@ -195,6 +311,9 @@ pub enum ConfigError {
     /// A value is not valid.
     #[error("{0}")]
     Invalid(String),
+    /// Registry credentials could not be loaded.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
 }
 
 /// The resolved configuration.
@@ -236,6 +355,8 @@ pub struct Config {
     pub registry_mirrors: Vec<(String, String)>,
     /// Log level.
     pub log_level: String,
+    /// Registry credentials and image GC.
+    pub registry: RegistryAndGc,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -290,6 +411,7 @@ impl Config {
             }
             None => FileConfig::default(),
         };
+        let registry = RegistryAndGc::resolve(&args, &file)?;
         let mut api_keys = args.api_keys.clone();
         if api_keys.is_empty() {
             let env = std::env::var("ORCHARD_API_KEYS").or_else(|_| std::env::var("API_KEYS"));
@@ -441,6 +563,7 @@ impl Config {
                 .log_level
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".into()),
+            registry,
         })
     }
 }
@@ -479,6 +602,64 @@ mod tests {
                 Err(ConfigError::Invalid(_))
             ));
         }
+    }
+
+    #[test]
+    fn registry_credentials_merge_per_host_and_the_budget_parses() {
+        let dir = tempfile::tempdir().unwrap();
+        let docker = dir.path().join("config.json");
+        // base64("a:from-docker"), base64("b:from-docker")
+        std::fs::write(
+            &docker,
+            r#"{"auths": {"one.io": {"auth": "YTpmcm9tLWRvY2tlcg=="}, "two.io": {"auth": "Yjpmcm9tLWRvY2tlcg=="}}}"#,
+        )
+        .unwrap();
+        let file = dir.path().join("orchard.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "registry_config = {:?}\nregistry_auth = [\"two.io=b:from-toml\", \"three.io=c:from-toml\"]\nimage_disk_budget = \"20Gi\"\n",
+                docker.display()
+            ),
+        )
+        .unwrap();
+        let c = Config::resolve(ServeArgs {
+            config: Some(file.clone()),
+            registry_auth: vec![Secret("three.io=c:from-flag".into())],
+            image_gc_interval_s: Some(60),
+            ..Default::default()
+        })
+        .unwrap();
+        let creds = &c.registry.credentials;
+        assert_eq!(creds["one.io"], Credentials::basic("a", "from-docker"));
+        assert_eq!(creds["two.io"], Credentials::basic("b", "from-toml"));
+        assert_eq!(creds["three.io"], Credentials::basic("c", "from-flag"));
+        let gc = c.registry.gc.unwrap();
+        assert_eq!(gc.budget, Budget::Bytes(20 << 30));
+        assert_eq!(gc.interval, Duration::from_secs(60));
+        // Nothing secret in the configuration's debug form.
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("from-") && !debug.contains("Ynpm"),
+            "{debug}"
+        );
+        assert!(!format!("{:?}", Secret("x=u:pw".into())).contains("pw"));
+        let missing = Config::resolve(ServeArgs {
+            registry_config: Some(dir.path().join("nope.json")),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(missing.to_string().contains("nope.json"), "{missing}");
+        let off = Config::resolve(ServeArgs {
+            registry_config: Some(docker),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            off.registry.gc.unwrap().budget,
+            Budget::Off,
+            "off by default"
+        );
     }
 
     #[test]

@@ -64,6 +64,58 @@ pub struct Metrics {
     pub exec_v1_seconds: Histogram,
     requests: Mutex<BTreeMap<u16, u64>>,
     errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// The image store's GC: see [`ImageGcMetrics`].
+    pub image_gc: ImageGcMetrics,
+}
+
+/// The image store's size and what its GC removed.
+#[derive(Default)]
+pub struct ImageGcMetrics {
+    /// Allocated bytes of layers and blobs, as of the last pass.
+    pub store_bytes: AtomicU64,
+    /// Bytes the GC freed.
+    pub bytes_total: AtomicU64,
+    /// Images the GC forgot to meet the budget.
+    pub images_total: AtomicU64,
+    /// Layers the GC removed.
+    pub layers_total: AtomicU64,
+}
+
+impl ImageGcMetrics {
+    fn render(&self, out: &mut String) {
+        for (name, kind, help, value) in [
+            (
+                "orchard_image_store_bytes",
+                "gauge",
+                "Allocated bytes of the image store's layers and blobs, as of the last GC pass.",
+                &self.store_bytes,
+            ),
+            (
+                "orchard_image_gc_bytes_total",
+                "counter",
+                "Bytes the image GC freed.",
+                &self.bytes_total,
+            ),
+            (
+                "orchard_image_gc_images_total",
+                "counter",
+                "Images the image GC removed to meet the disk budget.",
+                &self.images_total,
+            ),
+            (
+                "orchard_image_gc_layers_total",
+                "counter",
+                "Unpacked layers the image GC removed.",
+                &self.layers_total,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+                value.load(Ordering::Relaxed)
+            );
+        }
+    }
 }
 
 impl Metrics {
@@ -117,6 +169,7 @@ impl Metrics {
         for (code, n) in self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = writeln!(out, "orchard_errors_total{{code=\"{code}\"}} {n}");
         }
+        self.image_gc.render(&mut out);
         out
     }
 }

@@ -5,11 +5,13 @@
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::backend::local::{LocalBackend, LocalConfig};
 use crate::backend::Backend;
 use crate::config::Config;
+use crate::image::gc::{self, InUse};
 use crate::image::{ImageStore, StoreConfig};
 use crate::metrics::Metrics;
 use crate::server::{proxy::AgentProxy, router, AppState};
@@ -90,8 +92,83 @@ pub fn open_images(config: &Config) -> Result<ImageStore, ServeError> {
             .or_default()
             .push(url.clone());
     }
+    store_config.credentials = config.registry.credentials.clone();
     ImageStore::open(config.data_dir.join("images"), store_config)
         .map_err(|e| ServeError::Setup(format!("opening the image store: {e}")))
+}
+
+/// Logs where registry credentials come from (hosts only, never a secret) and starts
+/// the image GC task: a pass after every pull or import and every interval, keeping
+/// the images of the service's sandboxes and every layer a mounted overlay uses.
+pub fn start_image_gc(config: &Config, service: &Service) {
+    let registry = &config.registry;
+    if !registry.credentials.is_empty() {
+        let mut hosts: Vec<&str> = registry.credentials.keys().map(String::as_str).collect();
+        hosts.sort();
+        crate::log::info(
+            "registry credentials loaded",
+            &[
+                ("hosts", &hosts.join(",")),
+                ("from", &registry.credential_sources.join(", ")),
+            ],
+        );
+    }
+    if !registry.ignored_helpers.is_empty() {
+        crate::log::warn(
+            "credential helpers are not run; configure those registries with --registry-auth",
+            &[("helpers", &registry.ignored_helpers.join(", "))],
+        );
+    }
+    let Some(policy) = registry.gc else {
+        return;
+    };
+    let store = service.images().clone();
+    let root = store.root().to_path_buf();
+    let users = service.clone();
+    let in_use = move || InUse {
+        references: users.all().iter().map(|r| r.image.clone()).collect(),
+        layers: gc::mounted_layers(&root),
+    };
+    let metrics = service.metrics().clone();
+    let report = move |outcome: &gc::BudgetReport| {
+        let m = &metrics.image_gc;
+        m.store_bytes.store(outcome.bytes_after, Ordering::Relaxed);
+        let removed = &outcome.removed;
+        m.bytes_total
+            .fetch_add(removed.bytes_freed, Ordering::Relaxed);
+        m.images_total
+            .fetch_add(removed.images_removed.len() as u64, Ordering::Relaxed);
+        m.layers_total
+            .fetch_add(removed.layers_removed as u64, Ordering::Relaxed);
+        if removed.layers_removed + removed.blobs_removed + removed.images_removed.len() > 0 {
+            crate::log::info(
+                "image gc",
+                &[
+                    ("images_removed", &removed.images_removed.join(",")),
+                    ("layers_removed", &removed.layers_removed.to_string()),
+                    ("bytes_freed", &removed.bytes_freed.to_string()),
+                    ("store_bytes", &outcome.bytes_after.to_string()),
+                ],
+            );
+        }
+        if let Some(budget) = outcome.budget.filter(|b| outcome.bytes_after > *b) {
+            crate::log::warn(
+                "image store over its disk budget; what is left is in use",
+                &[
+                    ("store_bytes", &outcome.bytes_after.to_string()),
+                    ("budget_bytes", &budget.to_string()),
+                ],
+            );
+        }
+    };
+    crate::log::info(
+        "image gc",
+        &[
+            ("budget", &policy.budget.to_string()),
+            ("interval_s", &policy.interval.as_secs().to_string()),
+        ],
+    );
+    tokio::spawn(gc::run(store, policy, in_use, report));
 }
 
 /// Runs the server until SIGTERM or SIGINT.
@@ -129,6 +206,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let backend = LocalBackend::open(local)
         .map_err(|e| ServeError::Setup(format!("opening the local backend: {e}")))?;
     let (router, service) = app(Arc::new(backend), images, &config, keys).await?;
+    start_image_gc(&config, &service);
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|e| ServeError::Setup(format!("listening on {}: {e}", config.listen)))?;

@@ -20,9 +20,13 @@
 //! - [`manifest`]: manifests, indexes and configs.
 //! - [`unpack`]: one layer tar into one directory, whiteouts as overlayfs wants them.
 //! - [`store`]: the store, its on-disk layout and its locking; `import`: archives.
+//! - [`credentials`]: Docker `config.json` and `HOST=USER:PASSWORD` credentials.
+//! - [`gc`]: keeping the store under a disk budget.
 
+pub mod credentials;
 pub mod digest;
 mod error;
+pub mod gc;
 mod import;
 pub mod manifest;
 pub mod reference;

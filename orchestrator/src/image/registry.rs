@@ -481,6 +481,9 @@ impl RegistryClient {
         let (realm, service, challenge_scope) = match challenge {
             Some(Challenge::Basic) => {
                 return match &endpoint.credentials {
+                    Some(credentials) if credentials.identity_token.is_some() => Err(failed(
+                        "the registry asks for a user name and password and only an identity token is configured for it".to_string(),
+                    )),
                     // Basic credentials do not expire; re-check them hourly anyway.
                     Some(credentials) => Ok((Auth::Basic(credentials.clone()), Duration::from_secs(3600))),
                     None => Err(failed(
@@ -501,23 +504,53 @@ impl RegistryClient {
         };
         let mut url = reqwest::Url::parse(&realm)
             .map_err(|err| failed(format!("bad token realm {realm:?}: {err}")))?;
-        {
-            let mut query = url.query_pairs_mut();
-            if let Some(service) = &service {
-                query.append_pair("service", service);
+        let scope = challenge_scope.as_deref().unwrap_or(scope);
+        let refresh_token = endpoint
+            .credentials
+            .as_ref()
+            .and_then(|c| c.identity_token.as_deref());
+        let request = match refresh_token {
+            // Docker's identity token is an OAuth2 refresh token: POST it (the token
+            // server's OAuth form), never in a URL where logs would keep it.
+            Some(refresh_token) => {
+                let mut form = reqwest::Url::parse("form:")
+                    .map_err(|err| failed(format!("cannot build the token request: {err}")))?;
+                form.query_pairs_mut()
+                    .append_pair("grant_type", "refresh_token")
+                    .append_pair("service", service.as_deref().unwrap_or_default())
+                    .append_pair("scope", scope)
+                    .append_pair("client_id", "orchard")
+                    .append_pair("refresh_token", refresh_token);
+                self.http
+                    .post(url)
+                    .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                    .body(form.query().unwrap_or_default().to_string())
             }
-            query.append_pair("scope", challenge_scope.as_deref().unwrap_or(scope));
-        }
-        let mut request = self.http.get(url);
-        if let Some(credentials) = &endpoint.credentials {
-            request = request.basic_auth(&credentials.username, Some(&credentials.password));
-        }
+            None => {
+                {
+                    let mut query = url.query_pairs_mut();
+                    if let Some(service) = &service {
+                        query.append_pair("service", service);
+                    }
+                    query.append_pair("scope", scope);
+                }
+                let mut request = self.http.get(url);
+                if let Some(credentials) = &endpoint.credentials {
+                    request =
+                        request.basic_auth(&credentials.username, Some(&credentials.password));
+                }
+                request
+            }
+        };
         let response = request.send().await.map_err(|err| {
             Attempt::Unreachable(format!("token server {realm}: {}", chain(&err)))
         })?;
         let status = response.status();
         if !status.is_success() {
             let who = match &endpoint.credentials {
+                Some(credentials) if credentials.identity_token.is_some() => {
+                    "the configured identity token".to_string()
+                }
                 Some(credentials) => format!("the credentials of {}", credentials.username),
                 None => "anonymous access (no credentials configured)".to_string(),
             };
@@ -670,13 +703,9 @@ mod tests {
             ],
         );
         config.insecure_registries.push("registry.lan:5000".into());
-        config.credentials.insert(
-            "docker.io".into(),
-            Credentials {
-                username: "u".into(),
-                password: "p".into(),
-            },
-        );
+        config
+            .credentials
+            .insert("docker.io".into(), Credentials::basic("u", "p"));
         let hub = Reference::parse("python:3.11-slim").unwrap();
         let urls: Vec<String> = endpoints(&config, &hub)
             .iter()

@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 
 use super::digest::{self, of_bytes, verify_bytes};
+use super::gc::GcState;
 use super::manifest::{
     check_config_type, check_layer_type, parse_manifest, select_platform, ConfigFile, Descriptor,
     Manifest, ManifestDoc,
@@ -64,6 +65,20 @@ pub struct Credentials {
     pub username: String,
     /// Password or access token.
     pub password: String,
+    /// An OAuth2 refresh token (Docker's `identitytoken`), traded at the token server
+    /// for access tokens instead of sending the user name and password.
+    pub identity_token: Option<String>,
+}
+
+impl Credentials {
+    /// A user name and password.
+    pub fn basic(username: impl Into<String>, password: impl Into<String>) -> Credentials {
+        Credentials {
+            username: username.into(),
+            password: password.into(),
+            identity_token: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for Credentials {
@@ -72,6 +87,10 @@ impl std::fmt::Debug for Credentials {
         f.debug_struct("Credentials")
             .field("username", &self.username)
             .field("password", &"<redacted>")
+            .field(
+                "identity_token",
+                &self.identity_token.as_ref().map(|_| "<redacted>"),
+            )
             .finish()
     }
 }
@@ -127,24 +146,26 @@ pub struct GcReport {
     pub layers_removed: usize,
     /// Blobs (manifests, configs) removed.
     pub blobs_removed: usize,
-    /// Bytes of regular files freed.
+    /// Bytes freed (allocated blocks).
     pub bytes_freed: u64,
+    /// Images forgotten to meet the disk budget, least recently used first.
+    pub images_removed: Vec<String>,
 }
 
 /// What `ROOT/images/<name>.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Record {
-    reference: String,
+pub(crate) struct Record {
+    pub(crate) reference: String,
     /// The platform manifest's digest.
-    digest: String,
+    pub(crate) digest: String,
     /// The index's digest, when the name pointed at one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    index_digest: Option<String>,
-    config_digest: String,
-    diff_ids: Vec<String>,
+    pub(crate) index_digest: Option<String>,
+    pub(crate) config_digest: String,
+    pub(crate) diff_ids: Vec<String>,
     config: ImageConfig,
     /// Unix seconds of the pull or import.
-    created: u64,
+    pub(crate) created: u64,
 }
 
 type Listener = Arc<dyn Fn(Progress) + Send + Sync>;
@@ -177,7 +198,7 @@ struct Flight<T> {
     finished: bool,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere must not make the store unusable: the guarded data (maps of
     // in-flight work, pins) stays consistent at every step.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -382,7 +403,7 @@ impl Read for ChannelReader {
 /// The image store. Cheap to clone; clones share everything.
 #[derive(Clone)]
 pub struct ImageStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 pub(crate) struct Inner {
@@ -390,9 +411,11 @@ pub(crate) struct Inner {
     config: StoreConfig,
     registry: RegistryClient,
     /// Held while image records are written or removed, and through a gc scan.
-    records: Mutex<()>,
+    pub(crate) records: Mutex<()>,
     /// Pin counts of `layers/<hex>` and `blobs/<hex>` keys.
-    pins: Mutex<HashMap<String, usize>>,
+    pub(crate) pins: Mutex<HashMap<String, usize>>,
+    /// Disk budget bookkeeping.
+    pub(crate) gc_state: GcState,
     pulls: Flights<Image>,
     layers: Flights<()>,
     downloads: Semaphore,
@@ -425,6 +448,7 @@ impl ImageStore {
             pulls: Flights::new(),
             layers: Flights::new(),
             work_counter: AtomicU64::new(0),
+            gc_state: GcState::new(),
         };
         inner.clean_tmp();
         Ok(ImageStore {
@@ -495,11 +519,15 @@ impl ImageStore {
             return Ok(None);
         };
         let image = self.inner.image_of(&record)?;
-        Ok(image
-            .layers
-            .iter()
-            .all(|layer| layer.is_dir())
-            .then_some(image))
+        let complete = image.layers.iter().all(|layer| layer.is_dir());
+        if complete {
+            // A budget pass running now must not take it from under the caller.
+            self.inner.gc_state.handed_out(
+                &record.reference,
+                &self.inner.record_path(&record.reference),
+            );
+        }
+        Ok(complete.then_some(image))
     }
 
     /// Every stored image, sorted by name.
@@ -573,7 +601,7 @@ impl Inner {
         Ok(self.root.join("blobs/sha256").join(digest::hex_of(digest)?))
     }
 
-    fn record_path(&self, reference: &str) -> PathBuf {
+    pub(crate) fn record_path(&self, reference: &str) -> PathBuf {
         let mut name = String::new();
         for byte in reference.bytes() {
             if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {
@@ -669,6 +697,7 @@ impl Inner {
             let _records = lock(&self.records);
             self.write_atomic(&path, &json)?;
         }
+        self.gc_state.changed();
         self.image_of(&record)
     }
 
@@ -688,7 +717,7 @@ impl Inner {
 
     /// All records. With `strict`, an unreadable record is an error (gc must not
     /// delete the layers of an image it could not read); without, it is skipped.
-    fn read_records(&self, strict: bool) -> Result<Vec<Record>, ImageError> {
+    pub(crate) fn read_records(&self, strict: bool) -> Result<Vec<Record>, ImageError> {
         let dir = self.root.join("images");
         let mut records = Vec::new();
         for entry in fs::read_dir(&dir).map_err(ImageError::io("cannot list", &dir))? {
@@ -1073,7 +1102,7 @@ impl Inner {
             }
         }
         for path in doomed {
-            report.bytes_freed += tree_size(&path);
+            report.bytes_freed += super::gc::allocated(&path, &mut HashSet::new());
             let removed = if path.is_dir() {
                 fs::remove_dir_all(&path)
             } else {
@@ -1105,24 +1134,4 @@ pub(crate) fn check_manifest(manifest: &Manifest, name: &str) -> Result<(), Imag
         digest::hex_of(&layer.digest)?;
     }
     Ok(())
-}
-
-/// Bytes of the regular files under `path` (not following links).
-fn tree_size(path: &Path) -> u64 {
-    let Ok(meta) = fs::symlink_metadata(path) else {
-        return 0;
-    };
-    if meta.is_file() {
-        return meta.len();
-    }
-    if !meta.is_dir() {
-        return 0;
-    }
-    let Ok(entries) = fs::read_dir(path) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|entry| tree_size(&entry.path()))
-        .sum()
 }

@@ -3,6 +3,9 @@
 //! corrupted blobs, imports, shared concurrent pulls, gc, the python image, and the
 //! Bearer and Basic authentication flows through an in-test proxy.
 
+pub mod budget;
+pub mod registry_auth;
+
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
@@ -758,13 +761,9 @@ async fn pull_through(
 ) -> Result<Image, ImageError> {
     let mut config = StoreConfig::default();
     if let Some((username, password)) = credentials {
-        config.credentials.insert(
-            proxy.host.clone(),
-            Credentials {
-                username: username.into(),
-                password: password.into(),
-            },
-        );
+        config
+            .credentials
+            .insert(proxy.host.clone(), Credentials::basic(username, password));
     }
     let (_dir, store) = new_store(config);
     store

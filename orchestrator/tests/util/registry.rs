@@ -10,6 +10,9 @@
 //! the spawning thread, so a test thread would kill it when that test ends); directories
 //! of dead test processes are then removed when the next one starts.
 //!
+//! [`auth_registry`] is a second one that demands Basic auth from an `htpasswd` file
+//! (bcrypt, written by Apache's `htpasswd`), as a private registry would.
+//!
 //! [`Proxy`] is a small HTTP server in front of the registry that counts requests and can
 //! demand authentication: Basic, or the Bearer token flow with its own token endpoint.
 
@@ -54,15 +57,29 @@ pub struct Registry {
     pub storage: PathBuf,
     /// Destinations already pushed (`repo:tag`), so each push happens once per process.
     pushed: Mutex<HashSet<String>>,
+    /// The user and password it demands, if any.
+    pub credentials: Option<(String, String)>,
 }
+
+/// The user of [`auth_registry`].
+pub const AUTH_USER: &str = "orchard-tester";
+/// The password of [`auth_registry`] (with the characters that break naive parsing).
+pub const AUTH_PASSWORD: &str = "pa:ss=w0rd,x";
 
 /// The registry of this test process, started on first use.
 pub fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(start)
+    REGISTRY.get_or_init(|| start("plain", None))
 }
 
-fn start() -> Registry {
+/// A registry of this test process that demands [`AUTH_USER`] and [`AUTH_PASSWORD`]
+/// (Basic auth checked against a bcrypt `htpasswd` file), started on first use.
+pub fn auth_registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| start("auth", Some((AUTH_USER, AUTH_PASSWORD))))
+}
+
+fn start(kind: &str, credentials: Option<(&str, &str)>) -> Registry {
     for tool in ["/usr/bin/docker-registry", "/usr/bin/skopeo"] {
         assert!(
             Path::new(tool).exists(),
@@ -81,21 +98,35 @@ fn start() -> Registry {
             let _ = fs::remove_dir_all(entry.path());
         }
     }
-    let dir = base.join(std::process::id().to_string());
+    let dir = base.join(std::process::id().to_string()).join(kind);
     let _ = fs::remove_dir_all(&dir);
     let storage = dir.join("storage");
     fs::create_dir_all(&storage).unwrap();
     let port = free_port();
     let host = format!("127.0.0.1:{port}");
     let config = dir.join("config.yml");
-    fs::write(
-        &config,
-        format!(
-            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n",
-            storage.display()
-        ),
-    )
-    .unwrap();
+    let mut yaml = format!(
+        "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n",
+        storage.display()
+    );
+    if let Some((user, password)) = credentials {
+        assert!(
+            Path::new("/usr/bin/htpasswd").exists(),
+            "/usr/bin/htpasswd is missing: run scripts/deps.sh (apache2-utils)"
+        );
+        let htpasswd = dir.join("htpasswd");
+        let output = Command::new("/usr/bin/htpasswd")
+            .args(["-B", "-b", "-n", user, password])
+            .output()
+            .expect("cannot run htpasswd");
+        assert!(output.status.success(), "htpasswd failed");
+        fs::write(&htpasswd, &output.stdout).unwrap();
+        yaml.push_str(&format!(
+            "auth:\n  htpasswd:\n    realm: orchard-test\n    path: {}\n",
+            htpasswd.display()
+        ));
+    }
+    fs::write(&config, yaml).unwrap();
     let log = fs::File::create(dir.join("registry.log")).unwrap();
     let (sender, receiver) = std::sync::mpsc::channel();
     std::thread::Builder::new()
@@ -137,14 +168,20 @@ fn start() -> Registry {
         .recv()
         .unwrap()
         .expect("docker-registry did not start");
-    let _ = CLEANUP.set((pid, dir.clone()));
-    // SAFETY: registering a plain extern "C" function without captured state.
-    unsafe {
-        libc::atexit(cleanup);
+    {
+        let mut started = CLEANUP.lock().unwrap_or_else(|e| e.into_inner());
+        if started.is_empty() {
+            // SAFETY: registering a plain extern "C" function without captured state.
+            unsafe {
+                libc::atexit(cleanup);
+            }
+        }
+        started.push((pid, dir.clone()));
     }
     let deadline = Instant::now() + START_DEADLINE;
+    let up = if credentials.is_some() { 401 } else { 200 };
     loop {
-        if http_status(&host, "/v2/") == Some(200) {
+        if http_status(&host, "/v2/") == Some(up) {
             break;
         }
         assert!(
@@ -158,20 +195,25 @@ fn start() -> Registry {
         host,
         storage,
         pushed: Mutex::new(HashSet::new()),
+        credentials: credentials.map(|(u, p)| (u.to_string(), p.to_string())),
     }
 }
 
-/// The registry's pid and directory, for [`cleanup`].
-static CLEANUP: OnceLock<(u32, PathBuf)> = OnceLock::new();
+/// The registries' pids and directories, for [`cleanup`].
+static CLEANUP: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
 
-/// Runs at process exit: kills the registry and removes its storage.
+/// Runs at process exit: kills the registries and removes their storage.
 extern "C" fn cleanup() {
-    if let Some((pid, dir)) = CLEANUP.get() {
+    let started = CLEANUP.lock().unwrap_or_else(|e| e.into_inner());
+    for (pid, dir) in started.iter() {
         // SAFETY: kill has no memory preconditions; the pid is our own child's.
         unsafe {
             libc::kill(*pid as libc::pid_t, libc::SIGKILL);
         }
         let _ = fs::remove_dir_all(dir);
+        if let Some(parent) = dir.parent() {
+            let _ = fs::remove_dir(parent);
+        }
     }
 }
 
@@ -228,6 +270,9 @@ impl Registry {
             "--insecure-policy",
             "--dest-tls-verify=false",
         ]);
+        if let Some((user, password)) = &self.credentials {
+            command.arg(format!("--dest-creds={user}:{password}"));
+        }
         match format {
             PushFormat::Oci => {}
             PushFormat::Docker => {
@@ -460,6 +505,10 @@ pub enum ProxyAuth {
     /// The Bearer challenge flow: the token endpoint `/token` wants this user and
     /// password as basic auth and hands out a token the registry routes then require.
     Bearer(String, String),
+    /// The Bearer flow with an OAuth2 refresh token (Docker's `identitytoken`): the
+    /// token endpoint wants a `POST` form with `grant_type=refresh_token` and this
+    /// `refresh_token`, and answers an `access_token`.
+    Refresh(String),
 }
 
 /// One request a [`Proxy`] saw.
@@ -561,17 +610,38 @@ impl ProxyState {
         let path = first.next().unwrap_or("/").to_string();
         let mut authorization = None;
         let mut accept = None;
+        let mut length = 0usize;
         for line in lines {
             if let Some((name, value)) = line.split_once(':') {
                 match name.trim().to_ascii_lowercase().as_str() {
                     "authorization" => authorization = Some(value.trim().to_string()),
                     "accept" => accept = Some(value.trim().to_string()),
+                    "content-length" => length = value.trim().parse().unwrap_or(0),
                     _ => {}
                 }
             }
         }
+        let start = head
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or(head.len(), |i| i + 4);
+        let mut form = head[start..].to_vec();
+        while form.len() < length.min(64 << 10) {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            form.extend_from_slice(&buf[..n]);
+        }
+        let form = String::from_utf8_lossy(&form).to_string();
         let (status, headers, body) = self
-            .answer(&method, &path, authorization.as_deref(), accept.as_deref())
+            .answer(
+                &method,
+                &path,
+                authorization.as_deref(),
+                accept.as_deref(),
+                &form,
+            )
             .await;
         self.seen.lock().unwrap().push(Seen {
             method: method.clone(),
@@ -600,6 +670,7 @@ impl ProxyState {
         path: &str,
         authorization: Option<&str>,
         accept: Option<&str>,
+        form: &str,
     ) -> (u16, Vec<(String, String)>, Vec<u8>) {
         let basic = |user: &str, password: &str| {
             format!(
@@ -623,6 +694,30 @@ impl ProxyState {
             ProxyAuth::Basic(user, password) => {
                 if authorization != Some(basic(user, password).as_str()) {
                     return unauthorized(r#"Basic realm="orchard-test""#.to_string());
+                }
+            }
+            ProxyAuth::Refresh(refresh) => {
+                if path.starts_with("/token") {
+                    let fields: Vec<&str> = form.split('&').collect();
+                    let wanted = format!("refresh_token={refresh}");
+                    if method != "POST"
+                        || !fields.contains(&"grant_type=refresh_token")
+                        || !fields.contains(&wanted.as_str())
+                    {
+                        return (401, Vec::new(), br#"{"error":"invalid_grant"}"#.to_vec());
+                    }
+                    let body = json!({"access_token": TOKEN, "expires_in": 300}).to_string();
+                    return (
+                        200,
+                        vec![("Content-Type".into(), "application/json".into())],
+                        body.into_bytes(),
+                    );
+                }
+                if authorization != Some(format!("Bearer {TOKEN}").as_str()) {
+                    return unauthorized(format!(
+                        r#"Bearer realm="http://{}/token",service="orchard-test""#,
+                        self.host
+                    ));
                 }
             }
             ProxyAuth::Bearer(user, password) => {

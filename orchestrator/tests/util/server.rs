@@ -176,6 +176,14 @@ impl TestServer {
         let (router, service) = orchard::serve::app(backend.clone(), store, &config, keys)
             .await
             .unwrap();
+        // Only servers given a disk budget run the image GC (it logs and keeps a task).
+        if config
+            .registry
+            .gc
+            .is_some_and(|gc| gc.budget != orchard::image::gc::Budget::Off)
+        {
+            orchard::serve::start_image_gc(&config, &service);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let task = tokio::spawn(async move {
@@ -280,6 +288,16 @@ impl ServerProcess {
 
     /// [`ServerProcess::start`] accepting `keys` (none: the server generates one).
     pub fn start_with_keys(data_dir: &Path, keys: &[&str], extra: &[&str]) -> ServerProcess {
+        Self::start_with_env(data_dir, keys, &[], extra)
+    }
+
+    /// [`ServerProcess::start_with_keys`] with `env` added to its environment.
+    pub fn start_with_env(
+        data_dir: &Path,
+        keys: &[&str],
+        env: &[(&str, &str)],
+        extra: &[&str],
+    ) -> ServerProcess {
         let ready = data_dir.join("ready-url");
         let _ = std::fs::remove_file(&ready);
         std::fs::create_dir_all(data_dir).unwrap();
@@ -292,6 +310,7 @@ impl ServerProcess {
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(keys.iter().flat_map(|k| ["--api-key", k]))
             .env_remove("ORCHARD_API_KEYS")
+            .envs(env.iter().copied())
             .arg("--data-dir")
             .arg(data_dir)
             .arg("--agent")
