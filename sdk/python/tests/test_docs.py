@@ -17,17 +17,18 @@ from orchard_env import (
     AsyncSandboxClient,
     SandboxClient,
     _config,
+    _envcheck,
     _retry,
     _streams,
+    _sync,
     aio,
-    client,
     errors,
     models,
     pty,
 )
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-MODULES = [orchard_env, client, aio, pty, errors, models, _retry, _streams, _config]
+MODULES = [orchard_env, _sync, aio, pty, errors, models, _retry, _streams, _config, _envcheck]
 
 
 def run_async(main: Callable[[Any], Awaitable[Any]], image: str = "busybox:latest") -> Any:

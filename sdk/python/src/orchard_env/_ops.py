@@ -281,6 +281,23 @@ def submit_job(
     return str(reply.json()["job_id"])
 
 
+def queued_job(job_id: str, sandbox_id: str, command: Command) -> JobResult:
+    """What ``exec(wait=False)`` returns: the job just submitted, as Orchard's SDK builds it.
+
+    >>> queued_job("j1", "sb", ["echo", "hi"]).status
+    'queued'
+    """
+    return JobResult(
+        {
+            "job_id": job_id,
+            "sandbox_id": sandbox_id,
+            "command": command if isinstance(command, str) else list(command),
+            "status": "queued",
+            "created_at": time.time(),
+        }
+    )
+
+
 def get_job(job_id: str) -> Op[JobResult]:
     """``GET /jobs/{job_id}``."""
     reply = yield Request("GET", f"/jobs/{_seg(job_id)}")

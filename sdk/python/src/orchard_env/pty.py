@@ -22,6 +22,7 @@ import asyncio
 import base64
 import builtins
 import json
+import select
 import socket
 import ssl
 import time
@@ -255,6 +256,20 @@ class SyncWebSocket:
         self._flush()
         return events
 
+    def has_input(self) -> bool:
+        """Whether a message, or bytes of one, can be had without waiting."""
+        if self._frames:
+            return True
+        if self._proto.state is State.CLOSED:
+            return False
+        if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+            return True
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True  # a closed socket: reading it reports the end
+        return bool(readable)
+
     def send(self, text: str) -> None:
         """Sends a text frame (raises ``ConnectionClosed`` when closed)."""
         if self._proto.state is not State.OPEN:
@@ -336,6 +351,15 @@ class _Buffered:
         return out
 
 
+#: Seconds :meth:`ContainerProcess.poll` waits for the rest of a message it saw begin.
+_POLL_SLICE = 1.0
+
+
+def _exit_status(protocol: PtyProtocol) -> int:
+    """The exit code ``wait`` returns: the program's, or -1 when none was reported."""
+    return protocol.exit_code if protocol.exit_code is not None else -1
+
+
 def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
@@ -411,6 +435,39 @@ class ContainerProcess(_Buffered):
         """Types ``data`` (text is sent as UTF-8)."""
         self._ws.send(PtyProtocol.stdin(data))
 
+    def write_stdin(self, data: bytes | str) -> None:
+        """Orchard's name of :meth:`write`."""
+        self.write(data)
+
+    def poll(self) -> int | None:
+        """The exit code if the program has exited, else ``None``; never blocks.
+
+        Frames already sent by the server are taken in first (their output stays
+        readable), so a program that has exited is seen as such.
+        """
+        try:
+            while not self._eof and self._ws.has_input():
+                self._pump(_POLL_SLICE)
+        except OrchardTimeoutError:
+            pass
+        return self._proto.exit_code if self._proto.exited else None
+
+    def read_all(self, timeout: float | None = None) -> bytes:
+        """All output until the program ends (at most ``timeout`` seconds in all;
+        :class:`TimeoutError` after that)."""
+        deadline = _deadline(timeout)
+        while self._pump(_left(deadline)):
+            pass
+        return self.read_available()
+
+    def kill(self, signal_name: str = "TERM") -> None:
+        """Sends ``signal_name`` (``"TERM"``, ``"INT"``, ``"KILL"``...) to the program's
+        process group; best effort (nothing is raised once the connection is gone)."""
+        try:
+            self.send_signal(signal_name)
+        except (ConnectionClosed, OSError):
+            pass
+
     def read(self, timeout: float | None = None) -> bytes:
         """The next output, waiting up to ``timeout`` seconds; ``b""`` once it has ended.
 
@@ -437,12 +494,13 @@ class ContainerProcess(_Buffered):
             if not self._pump(_left(deadline)):
                 raise EOFError(f"terminal ended before {marker!r}")
 
-    def wait(self, timeout: float | None = None) -> int | None:
-        """Waits for the program to end and returns its exit code; output stays readable."""
+    def wait(self, timeout: float | None = None) -> int:
+        """Waits for the program to end and returns its exit code (-1 if none was
+        reported); output stays readable. :class:`TimeoutError` after ``timeout``."""
         deadline = _deadline(timeout)
         while self._pump(_left(deadline)):
             pass
-        return self._proto.exit_code
+        return _exit_status(self._proto)
 
     def communicate(self, input: str | bytes | None = None, timeout: float | None = None) -> bytes:
         """Types ``input``, waits for the end, and returns all output not read yet."""
@@ -579,9 +637,54 @@ class AsyncContainerProcess(_Buffered):
             self._eof = True
         return True
 
+    @classmethod
+    async def connect(
+        cls,
+        ws_url: str,
+        init_frame: str | Mapping[str, Any],
+        *,
+        connect_timeout: float = 10.0,
+        session: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> AsyncContainerProcess:
+        """Connects to a compatible PTY WebSocket (``ws://.../sandboxes/{id}/exec/pty?api_key=K``)
+        and starts the program of ``init_frame`` (JSON text or a dict), as Orchard's
+        ``AsyncContainerProcess.connect`` does. ``session`` is accepted for
+        compatibility and not used (the connection is the ``websockets`` library's)."""
+        del session
+        init = json.loads(init_frame) if isinstance(init_frame, str) else dict(init_frame)
+        target = WsTarget(ws_url, dict(headers or {}))
+        return await cls.open(target, init=init, timeout=connect_timeout)
+
     async def write(self, data: str | bytes) -> None:
         """Types ``data``."""
         await self._ws.send(PtyProtocol.stdin(data))
+
+    async def write_stdin(self, data: bytes | str) -> None:
+        """Orchard's name of :meth:`write`."""
+        await self.write(data)
+
+    def poll(self) -> int | None:
+        """The exit code if the program's exit has been received, else ``None``.
+
+        Not a coroutine (as in Orchard's SDK). Frames are taken in by the awaiting
+        calls (``read``, ``wait``...), so poll between them.
+        """
+        return self._proto.exit_code if self._proto.exited else None
+
+    async def read_all(self, timeout: float | None = None) -> bytes:
+        """All output until the program ends (:class:`TimeoutError` after ``timeout``)."""
+        deadline = _deadline(timeout)
+        while await self._pump(_left(deadline)):
+            pass
+        return self.read_available()
+
+    async def kill(self, signal_name: str = "TERM") -> None:
+        """Sends ``signal_name`` to the program's process group; best effort."""
+        try:
+            await self.send_signal(signal_name)
+        except (ConnectionClosed, OSError):
+            pass
 
     async def read(self, timeout: float | None = None) -> bytes:
         """The next output; ``b""`` once it has ended (see :meth:`ContainerProcess.read`)."""
@@ -602,12 +705,12 @@ class AsyncContainerProcess(_Buffered):
             if not await self._pump(_left(deadline)):
                 raise EOFError(f"terminal ended before {marker!r}")
 
-    async def wait(self, timeout: float | None = None) -> int | None:
-        """Waits for the program to end and returns its exit code."""
+    async def wait(self, timeout: float | None = None) -> int:
+        """Waits for the program to end and returns its exit code (-1 if none was reported)."""
         deadline = _deadline(timeout)
         while await self._pump(_left(deadline)):
             pass
-        return self._proto.exit_code
+        return _exit_status(self._proto)
 
     async def communicate(
         self, input: str | bytes | None = None, timeout: float | None = None
