@@ -412,6 +412,22 @@ def test_pty_session(server: Any) -> None:
             seen = b""
             while b"hello pty\r\n" not in seen:
                 seen += proc.read(timeout=30)
+            # Orchard's process has a reader thread: reads in one thread while another
+            # types, and poll() never waits for the reader.
+            seen_by_reader: list[bytes] = []
+
+            def reader() -> None:
+                got = b""
+                while b"from main\r\n" not in got:
+                    got += proc.read(timeout=30)
+                seen_by_reader.append(got)
+
+            thread = threading.Thread(target=reader)
+            thread.start()
+            proc.write_stdin("from main\n")
+            assert proc.poll() is None
+            thread.join(60)
+            assert seen_by_reader and b"from main" in seen_by_reader[0]
             proc.kill("TERM")
             assert proc.wait(timeout=30) == 128 + 15
             assert proc.poll() == 143 and proc.returncode == 143

@@ -41,6 +41,7 @@ from .errors import (
     SandboxDeletedError,
     SandboxError,
     ServerError,
+    TerminalError,
     UnavailableError,
 )
 from .models import (
@@ -139,4 +140,5 @@ __all__ = [
     "OrchardConnectionError",
     "RequestTimeoutError",
     "SandboxDeletedError",
+    "TerminalError",
 ]

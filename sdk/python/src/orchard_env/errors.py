@@ -42,6 +42,7 @@ __all__ = [
     "OrchardConnectionError",
     "RequestTimeoutError",
     "SandboxDeletedError",
+    "TerminalError",
     "error_from_response",
     "error_from_close_code",
 ]
@@ -189,6 +190,10 @@ class SandboxError(APIError, RuntimeError):  # type: ignore[misc]
 
     Also a :class:`RuntimeError`, which is what Orchard's SDK raised for a failed sandbox.
     """
+
+
+class TerminalError(OrchardError, RuntimeError):
+    """A terminal session ended with an error instead of an exit (a ``RuntimeError``)."""
 
 
 class SandboxDeletedError(OrchardError, RuntimeError):

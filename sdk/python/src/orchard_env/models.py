@@ -95,7 +95,8 @@ class SandboxInfo:
     status: str | None = None
     ready: bool = False
     status_message: str | None = None
-    created_at: str | None = None
+    #: ISO-8601 on ``/v1``; Unix epoch seconds (a float) on the compatible routes.
+    created_at: str | float | None = None
     block_network: bool | None = None
     cpu: str | None = None
     memory: str | None = None

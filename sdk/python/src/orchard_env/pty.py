@@ -25,6 +25,7 @@ import json
 import select
 import socket
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from .errors import (
     OrchardConnectionError,
     OrchardError,
     OrchardTimeoutError,
+    TerminalError,
     error_from_body,
     error_from_close_code,
 )
@@ -196,13 +198,18 @@ class SyncWebSocket:
         if uri.secure:
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=uri.host)
         self._sock = sock
+        #: Guards ``_proto`` and writes to the socket: a thread may send (keystrokes,
+        #: signals, resizes) while another is blocked reading. Never held while waiting
+        #: for the peer.
+        self._lock = threading.Lock()
         self._proto = ClientProtocol(uri, max_size=None)
         self._frames: list[str] = []
         self._partial: list[bytes] = []
         request = self._proto.connect()
         request.headers.update(target.headers)
-        self._proto.send_request(request)
-        self._flush()
+        with self._lock:
+            self._proto.send_request(request)
+            self._flush()
         response: Response | None = None
         while response is None:
             for event in self._read(_left(deadline)):
@@ -218,6 +225,7 @@ class SyncWebSocket:
             raise ConnectionError("connection closed during the WebSocket handshake")
 
     def _flush(self) -> None:
+        """Writes what the protocol has to send (the caller holds ``_lock``)."""
         for data in self._proto.data_to_send():
             try:
                 if data:
@@ -236,12 +244,15 @@ class SyncWebSocket:
             raise builtins.TimeoutError("timed out") from None
         except OSError:
             data = b""
-        if data:
-            self._proto.receive_data(data)
-        else:
-            self._proto.receive_eof()
+        with self._lock:
+            if data:
+                self._proto.receive_data(data)
+            else:
+                self._proto.receive_eof()
+            received = self._proto.events_received()
+            self._flush()
         events = []
-        for event in self._proto.events_received():
+        for event in received:
             if isinstance(event, Frame) and event.opcode in (
                 Opcode.TEXT,
                 Opcode.BINARY,
@@ -253,7 +264,6 @@ class SyncWebSocket:
                     self._partial = []
             else:
                 events.append(event)
-        self._flush()
         return events
 
     def has_input(self) -> bool:
@@ -272,10 +282,11 @@ class SyncWebSocket:
 
     def send(self, text: str) -> None:
         """Sends a text frame (raises ``ConnectionClosed`` when closed)."""
-        if self._proto.state is not State.OPEN:
-            raise self._closed()
-        self._proto.send_text(text.encode())
-        self._flush()
+        with self._lock:
+            if self._proto.state is not State.OPEN:
+                raise self._closed()
+            self._proto.send_text(text.encode())
+            self._flush()
 
     def recv(self, timeout: float | None = None) -> str:
         """The next text message; ``ConnectionClosed`` at the end of the connection."""
@@ -292,12 +303,13 @@ class SyncWebSocket:
 
     def close(self) -> None:
         """Sends a Close (if still open) and closes the socket."""
-        if self._proto.state is State.OPEN:
-            try:
-                self._proto.send_close(1000)
-                self._flush()
-            except Exception:
-                pass
+        with self._lock:
+            if self._proto.state is State.OPEN:
+                try:
+                    self._proto.send_close(1000)
+                    self._flush()
+                except Exception:
+                    pass
         self._sock.close()
 
 
@@ -356,7 +368,13 @@ _POLL_SLICE = 1.0
 
 
 def _exit_status(protocol: PtyProtocol) -> int:
-    """The exit code ``wait`` returns: the program's, or -1 when none was reported."""
+    """The exit code ``wait`` returns: the program's, or -1 when none was reported.
+
+    A terminal that ended with an ``error`` frame and no exit raises
+    :class:`TerminalError` (a ``RuntimeError``, as Orchard's SDK raises).
+    """
+    if protocol.exit_code is None and protocol.errors:
+        raise TerminalError(f"terminal error: {protocol.errors[-1]}", code="pty_error")
     return protocol.exit_code if protocol.exit_code is not None else -1
 
 
@@ -381,6 +399,9 @@ class ContainerProcess(_Buffered):
     def __init__(self, ws: SyncWebSocket, protocol: PtyProtocol, detach_on_exit: bool) -> None:
         super().__init__(protocol, detach_on_exit)
         self._ws = ws
+        #: One reader at a time (``read``/``wait`` may be called from any thread, as
+        #: with Orchard's reader thread); ``poll`` does not wait for it.
+        self._reading = threading.RLock()
 
     @classmethod
     def open(
@@ -415,6 +436,10 @@ class ContainerProcess(_Buffered):
 
     def _pump(self, timeout: float | None) -> bool:
         """Receives one frame; False at the end of the stream."""
+        with self._reading:
+            return self._pump_locked(timeout)
+
+    def _pump_locked(self, timeout: float | None) -> bool:
         if self._eof:
             return False
         try:
@@ -445,11 +470,14 @@ class ContainerProcess(_Buffered):
         Frames already sent by the server are taken in first (their output stays
         readable), so a program that has exited is seen as such.
         """
-        try:
-            while not self._eof and self._ws.has_input():
-                self._pump(_POLL_SLICE)
-        except OrchardTimeoutError:
-            pass
+        if self._reading.acquire(blocking=False):  # else another thread is reading
+            try:
+                while not self._eof and self._ws.has_input():
+                    self._pump_locked(_POLL_SLICE)
+            except OrchardTimeoutError:
+                pass
+            finally:
+                self._reading.release()
         return self._proto.exit_code if self._proto.exited else None
 
     def read_all(self, timeout: float | None = None) -> bytes:
