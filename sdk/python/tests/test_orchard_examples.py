@@ -534,6 +534,18 @@ async def test_async_pty_session(server: Any) -> None:
             assert await proc.wait(timeout=5) == 0
             await proc.close()
 
+            # poll() needs no await of its own: Orchard code polls between other work.
+            proc = await sandbox.exec("read x; exit 7", pty=True)
+            await proc.write_stdin("go\n")
+
+            async def exited() -> int:
+                while (code := proc.poll()) is None:
+                    await asyncio.sleep(0.05)
+                return code
+
+            assert await asyncio.wait_for(exited(), 30) == 7
+            await proc.close()
+
             # Orchard's way of opening one by hand: the WebSocket URL and the init frame.
             base = client.base_url.replace("http://", "ws://")
             url = f"{base}/sandboxes/{sandbox.sandbox_id}/exec/pty?api_key={client.api_key}"

@@ -595,6 +595,9 @@ class ContainerProcess(_Buffered):
 class AsyncContainerProcess(_Buffered):
     """Async :class:`ContainerProcess`: the same methods, awaitable.
 
+    A reader task takes frames in as they come (as Orchard's does), so :meth:`poll`
+    sees the exit without an ``await`` of its own.
+
     >>> async def main(sb):
     ...     async with await sb.exec("echo hi", pty=True) as proc:
     ...         code = await proc.wait(timeout=30)
@@ -606,6 +609,39 @@ class AsyncContainerProcess(_Buffered):
     def __init__(self, ws: AsyncConnection, protocol: PtyProtocol, detach_on_exit: bool) -> None:
         super().__init__(protocol, detach_on_exit)
         self._ws = ws
+        #: Set by the reader task whenever it took a frame in, or ended.
+        self._arrived = asyncio.Event()
+        #: Why the reader ended, to be raised by the next wait (at most once).
+        self._failure: BaseException | None = None
+        self._reader = asyncio.get_running_loop().create_task(self._read_frames())
+
+    async def _read_frames(self) -> None:
+        """The reader task: frames into the buffer until the exit or the connection's end."""
+        try:
+            while not self._proto.exited:
+                text = await self._ws.recv()
+                self._buf += self._proto.handle(text)
+                self._arrived.set()
+        except ConnectionClosed as err:
+            if not (self._proto.exited or _is_normal_close(err)):
+                self._failure = _closed_error(err)
+        except Exception as err:  # an error frame before the start, a bad frame
+            self._failure = err
+        finally:
+            self._eof = True
+            self._arrived.set()
+
+    async def _stop_reader(self) -> None:
+        """Waits for the reader to see the connection's end (after ``ws.close``)."""
+        if self._reader.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reader), _OPEN_TIMEOUT)
+        except builtins.TimeoutError:
+            self._reader.cancel()
+        except asyncio.CancelledError:
+            self._reader.cancel()
+            raise
 
     @classmethod
     async def open(
@@ -642,27 +678,30 @@ class AsyncContainerProcess(_Buffered):
                     raise OrchardConnectionError("terminal closed before it started")
         except ConnectionClosed as err:
             await ws.close()
+            await proc._stop_reader()
             raise _closed_error(err) from err
         except BaseException:
             await ws.close()
+            await proc._stop_reader()
             raise
         return proc
 
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            err, self._failure = self._failure, None
+            raise err
+
     async def _pump(self, timeout: float | None) -> bool:
+        """Waits until the reader took a frame in; False once nothing more can come."""
+        self._raise_failure()
         if self._eof:
             return False
+        self._arrived.clear()
         try:
-            text = await asyncio.wait_for(self._ws.recv(), timeout)
+            await asyncio.wait_for(self._arrived.wait(), timeout)
         except builtins.TimeoutError:
             raise OrchardTimeoutError("no terminal output in time") from None
-        except ConnectionClosed as err:
-            self._eof = True
-            if self._proto.exited or _is_normal_close(err):
-                return False
-            raise _closed_error(err) from err
-        self._buf += self._proto.handle(text)
-        if self._proto.exited:
-            self._eof = True
+        self._raise_failure()
         return True
 
     @classmethod
@@ -693,11 +732,8 @@ class AsyncContainerProcess(_Buffered):
         await self.write(data)
 
     def poll(self) -> int | None:
-        """The exit code if the program's exit has been received, else ``None``.
-
-        Not a coroutine (as in Orchard's SDK). Frames are taken in by the awaiting
-        calls (``read``, ``wait``...), so poll between them.
-        """
+        """The exit code if the program has exited, else ``None`` (not a coroutine, as in
+        Orchard's SDK: the reader task keeps the state current)."""
         return self._proto.exit_code if self._proto.exited else None
 
     async def read_all(self, timeout: float | None = None) -> bytes:
@@ -778,6 +814,7 @@ class AsyncContainerProcess(_Buffered):
                 pass
         self._eof = True
         await self._ws.close()
+        await self._stop_reader()
 
     async def close(self) -> None:
         """Ends the program and disconnects."""
@@ -788,6 +825,7 @@ class AsyncContainerProcess(_Buffered):
                 pass
         self._eof = True
         await self._ws.close()
+        await self._stop_reader()
 
     async def __aenter__(self) -> AsyncContainerProcess:
         return self
