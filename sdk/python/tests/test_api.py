@@ -268,6 +268,15 @@ def test_exec_submit_is_only_retried_unsent_and_waits_are_safe() -> None:
     assert stop.value.value.succeeded
 
 
+def test_exec_never_returns_a_running_job() -> None:
+    # As in Orchard's SDK: a job unfinished when the wait is over is a TimeoutError.
+    op = exec_job("sb", "sleep 999", timeout=None, wait_limit=0)
+    next(op)
+    op.send(reply(200, {"job_id": "j1", "status": "queued"}))
+    with pytest.raises(TimeoutError, match="did not complete"):
+        op.send(reply(200, {"job_id": "j1", "status": "running"}))
+
+
 def test_delete_404_after_a_retry_is_success() -> None:
     op = delete_sandbox("sb")
     next(op)

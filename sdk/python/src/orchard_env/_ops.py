@@ -334,11 +334,22 @@ def exec_job(
     env: Mapping[str, str] | None = None,
     login_shell: bool = False,
 ) -> Op[JobResult]:
-    """Submits a job, then waits for it (the wait is safe to retry, the submit is not)."""
+    """Submits a job, then waits for it (the wait is safe to retry, the submit is not).
+
+    A job still unfinished after ``wait_limit`` raises :class:`OrchardTimeoutError` (a
+    ``TimeoutError``, as Orchard's SDK raises): ``exec`` never returns a running job as
+    its result.
+    """
     job_id = yield from submit_job(
         sandbox_id, command, timeout=timeout, cwd=cwd, env=env, login_shell=login_shell
     )
-    return (yield from wait_job(job_id, wait_limit))
+    job = yield from wait_job(job_id, wait_limit)
+    if not job.is_complete:
+        raise OrchardTimeoutError(
+            f"job {job_id} did not complete within {wait_limit}s (status {job.status})",
+            code="timeout",
+        )
+    return job
 
 
 def apply_patch(sandbox_id: str, patch: str, timeout: float = 30) -> Op[PatchResult]:
