@@ -407,14 +407,15 @@ class SandboxInstance:
 
     def start_heartbeat(self, interval: float = 60) -> None:
         """Posts a heartbeat every ``interval`` seconds from a daemon thread, until
-        :meth:`stop_heartbeat` or :meth:`delete`. Failed heartbeats are ignored (the
-        next one may get through); a second call while running does nothing."""
+        :meth:`stop_heartbeat`, :meth:`delete` or the client's close. Failed heartbeats
+        are ignored (the next one may get through); a second call while running does
+        nothing."""
         if self._heartbeat_thread is not None and self._heartbeat_thread.is_alive():
             return
         stop = self._heartbeat_stop = threading.Event()
 
         def beat() -> None:
-            while not stop.wait(interval):
+            while not stop.wait(interval) and not self._client._closed:
                 try:
                     self._driver.run(_ops.heartbeat(self.sandbox_id))
                 except Exception:  # best effort, as in Orchard's SDK

@@ -450,7 +450,8 @@ class AsyncSandboxInstance:
 
     def start_heartbeat(self, interval: float = 60) -> None:
         """Posts a heartbeat every ``interval`` seconds from an asyncio task (of the
-        running loop), until :meth:`stop_heartbeat` or :meth:`delete`. Not a coroutine,
+        running loop), until :meth:`stop_heartbeat`, :meth:`delete` or the client's
+        close. Not a coroutine,
         as in Orchard's SDK; failed heartbeats are ignored."""
         if self._heartbeat_task is not None and not self._heartbeat_task.done():
             return
@@ -458,6 +459,8 @@ class AsyncSandboxInstance:
         async def beat() -> None:
             while True:
                 await asyncio.sleep(interval)
+                if self._client._closed:
+                    return  # its connections are gone
                 try:
                     await self._driver.run(_ops.heartbeat(self.sandbox_id))
                 except Exception:  # best effort, as in Orchard's SDK
