@@ -5,10 +5,13 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import pickle
 import tarfile
 
+import aiohttp
 import httpx
 import pytest
+import requests
 
 import orchard_env
 from orchard_env import (
@@ -266,6 +269,30 @@ def test_exec_submit_is_only_retried_unsent_and_waits_are_safe() -> None:
     with pytest.raises(StopIteration) as stop:
         op.send(reply(200, {"job_id": "j1", "status": "succeeded", "stdout": "x", "exit_code": 0}))
     assert stop.value.value.succeeded
+
+
+def test_http_errors_are_requests_and_aiohttp_errors_and_pickle() -> None:
+    e = errors.error_from_body(
+        404,
+        b'{"detail": "no sandbox x", "code": "not_found"}',
+        headers={"Content-Type": "application/json", "x-request-id": "r1"},
+        method="GET",
+        url="http://h/sandboxes/x",
+    )
+    for err in (e, pickle.loads(pickle.dumps(e))):
+        assert isinstance(err, requests.exceptions.HTTPError)
+        assert isinstance(err, aiohttp.ClientResponseError)
+        assert isinstance(err, errors.NotFoundError)
+        assert err.response.status_code == 404 and err.response.json()["detail"] == "no sandbox x"
+        assert "no sandbox x" in err.response.text and err.response.headers["X-Request-Id"] == "r1"
+        assert (err.status, err.message, err.headers["x-request-id"]) == (404, "no sandbox x", "r1")
+        assert err.code == "not_found" and err.request_info.method == "GET"
+    failed = errors.error_from_body(502, b'{"detail": "sandbox x failed"}')
+    assert isinstance(failed, RuntimeError) and isinstance(failed, requests.exceptions.HTTPError)
+    timeout = errors.error_from_body(408, b"{}")
+    assert isinstance(timeout, TimeoutError) and isinstance(timeout, aiohttp.ClientResponseError)
+    assert isinstance(errors.SandboxDeletedError("gone"), RuntimeError)
+    assert isinstance(errors.OrchardConnectionError("x"), requests.exceptions.ConnectionError)
 
 
 def test_exec_never_returns_a_running_job() -> None:

@@ -130,6 +130,7 @@ class APIError(  # type: ignore[misc]
         """Fills the attributes ``requests`` and ``aiohttp`` users read."""
         status = self.status or 0
         hdrs = dict(headers or {})
+        self._wire = (body, hdrs, method, url)
         try:
             reason = http.HTTPStatus(status).phrase
         except ValueError:
@@ -151,6 +152,31 @@ class APIError(  # type: ignore[misc]
         self.request_info = aiohttp.RequestInfo(
             real, method or "", CIMultiDictProxy(CIMultiDict()), real
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (multiprocessing, Ray...) from what it was built of: the multidict
+        # proxies aiohttp's attributes want cannot be pickled themselves.
+        body, hdrs, method, url = self._wire
+        return (
+            _rebuild,
+            (type(self), self.detail, self.status, self.code, self.body, body, hdrs, method, url),
+        )
+
+
+def _rebuild(
+    cls: type[APIError],
+    detail: str,
+    status: int | None,
+    code: str | None,
+    parsed: Any,
+    body: bytes,
+    headers: dict[str, str],
+    method: str | None,
+    url: str | None,
+) -> APIError:
+    err = cls(detail, status=status, code=code, body=parsed)
+    err._attach(body, headers, method, url)
+    return err
 
 
 class BadRequestError(APIError):
