@@ -451,6 +451,16 @@ def test_pty_session(server: Any) -> None:
 # --- async examples ----------------------------------------------------------------------
 
 
+def test_pty_string_commands_run_under_bash(python_image: str) -> None:
+    # Orchard runs a string command on a terminal as ["bash", "-c", command].
+    with SandboxClient() as client:
+        with client.create_sandbox("python:3.11-slim") as sandbox:
+            bashisms = '[[ -n "$BASH_VERSION" ]] && source /dev/null && echo under-bash'
+            proc = sandbox.exec(bashisms, pty=True)
+            assert b"under-bash" in proc.read_all(timeout=30) and proc.wait(timeout=5) == 0
+            proc.close()
+
+
 async def test_async_quick_start_and_jobs(python_image: str) -> None:
     async with AsyncSandboxClient() as client:
         assert (await client.health())["status"] == "healthy"

@@ -383,6 +383,12 @@ def list_files(sandbox_id: str, path: str) -> Op[list[FileEntry]]:
     return list(reply.json().get("files", []))
 
 
+#: How a shell-string command starts on a terminal: under bash where the image has it
+#: (Orchard sends ``["bash", "-c", command]``, so its users write bash: ``source``,
+#: ``[[ ]]``), else under ``/bin/sh`` (busybox, alpine). ``$1`` is the command.
+PTY_SHELL_PICK = 'command -v bash >/dev/null 2>&1 && exec bash -c "$1"; exec /bin/sh -c "$1"'
+
+
 def pty_init_frame(
     command: Command | None,
     *,
@@ -397,7 +403,7 @@ def pty_init_frame(
     if command is None:
         cmd = None
     elif isinstance(command, str):
-        cmd = ["/bin/sh", "-c", command]
+        cmd = ["/bin/sh", "-c", PTY_SHELL_PICK, "sh", command]
     else:
         cmd = [str(c) for c in command]
     return _clean(
