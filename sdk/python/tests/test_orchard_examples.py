@@ -521,6 +521,22 @@ async def test_async_errors_and_delete_sync(server: Any) -> None:
             await client.create_sandbox(UNPULLABLE)
 
 
+def test_async_delete_sync_after_the_loop_closed(server: Any) -> None:
+    # Orchard's delete_sync is for cleanup code that runs when no event loop does.
+    async def make() -> tuple[AsyncSandboxClient, AsyncSandboxInstance]:
+        client = AsyncSandboxClient(auto_cleanup=False)
+        sandbox = await client.create_sandbox(BUSYBOX)
+        sandbox.start_heartbeat(interval=60)
+        return client, sandbox
+
+    client, sandbox = asyncio.run(make())  # the loop is closed when this returns
+    sandbox.delete_sync()
+    with SandboxClient() as sync_client:
+        with pytest.raises(requests.exceptions.HTTPError) as info:
+            sync_client.get_sandbox(sandbox.sandbox_id)
+        assert info.value.response.status_code == 404
+
+
 async def test_async_pty_session(server: Any) -> None:
     async with AsyncSandboxClient() as client:
         async with await client.create_sandbox(BUSYBOX) as sandbox:

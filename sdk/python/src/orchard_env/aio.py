@@ -470,7 +470,10 @@ class AsyncSandboxInstance:
         """Cancels the heartbeat task."""
         task, self._heartbeat_task = self._heartbeat_task, None
         if task is not None and not task.done():
-            task.cancel()
+            try:
+                task.cancel()
+            except RuntimeError:
+                pass  # its event loop is closed (delete_sync at exit): nothing runs it
 
     async def delete(self) -> None:
         """Deletes the sandbox (quietly when it is already gone); stops its heartbeats.
