@@ -67,9 +67,8 @@ class SandboxClient:
     ``http://localhost:8000``), ``SANDBOX_API_KEY`` and ``SANDBOX_PREFIX`` (the start
     of the ids of the sandboxes it creates). ``timeout`` is the HTTP time-out in
     seconds (and how long ``exec`` waits for a command without a time limit of its
-    own). With
-    ``auto_cleanup`` (the default) every sandbox it creates is deleted when the client's
-    ``with`` block ends, at interpreter exit, and on SIGINT/SIGTERM. Transient failures
+    own). With ``auto_cleanup`` (the default) every sandbox it creates is deleted when
+    the client's ``with`` block ends, at interpreter exit, and on SIGINT/SIGTERM. Transient failures
     are retried by ``retry`` (3 times, exponential backoff with jitter; a command is
     never sent twice). ``direct=True`` sends the ``/v1`` sandbox calls to each sandbox's
     agent itself (its Unix socket, or its address) instead of through the server.
