@@ -108,6 +108,7 @@ class FlakyProxy:
                     payload = b'{"detail": "overloaded (test proxy)", "code": "unavailable"}'
                     conn.sendall(
                         b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                        + b"Retry-After: 0\r\n"
                         + f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
                         + payload
                     )

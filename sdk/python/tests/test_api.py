@@ -5,10 +5,13 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import pickle
 import tarfile
 
+import aiohttp
 import httpx
 import pytest
+import requests
 
 import orchard_env
 from orchard_env import (
@@ -51,6 +54,16 @@ NOT_COROUTINES = {  # (and SandboxInstance.detach: no I/O)
     "exec_stream",  # returns an async iterator
     "iter_file",  # an async generator
     "read_available",  # no I/O
+    "poll",  # Orchard's AsyncContainerProcess.poll is a plain method (no I/O)
+    "start_heartbeat",  # starts a task; Orchard's is a plain method
+    "stop_heartbeat",  # cancels the task; Orchard's is a plain method
+    "delete_sync",  # for synchronous cleanup code, by definition
+}
+
+#: Methods only the async classes have (Orchard's async-only calls).
+ASYNC_ONLY = {
+    "delete_sync",  # AsyncSandboxInstance: delete from synchronous code
+    "connect",  # AsyncContainerProcess.connect(ws_url, init_frame)
 }
 
 
@@ -66,7 +79,7 @@ def public(cls: type) -> dict[str, object]:
 def test_sync_and_async_have_the_same_methods(sync_cls: type, async_cls: type) -> None:
     sync_members, async_members = public(sync_cls), public(async_cls)
     renamed = {"close": "aclose"} if sync_cls is ExecStream else {}
-    assert {renamed.get(n, n) for n in sync_members} == set(async_members)
+    assert {renamed.get(n, n) for n in sync_members} == set(async_members) - ASYNC_ONLY
     for name, member in sync_members.items():
         twin = async_members[renamed.get(name, name)]
         if isinstance(member, property):
@@ -114,9 +127,20 @@ def test_compat_signatures() -> None:
         "wait_ready",
         "poll_interval",
     ]
-    assert create.parameters["timeout"].default == 3600
+    assert create.parameters["timeout"].default is None
     exec_ = inspect.signature(SandboxInstance.exec)
-    assert list(exec_.parameters)[1:] == ["command", "timeout", "cwd", "env", "login_shell", "pty"]
+    assert list(exec_.parameters)[1:] == [
+        "command",
+        "timeout",
+        "cwd",
+        "env",
+        "wait",
+        "poll_interval",
+        "login_shell",
+        "pty",
+        "rows",
+        "cols",
+    ]
     assert inspect.signature(SandboxInstance.apply_patch).parameters["timeout"].default == 30
     for name in (
         "upload_file",
@@ -148,8 +172,7 @@ def test_config_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     explicit = resolve_config("http://h", "other", "p", 5, None, False)
     assert (explicit.base_url, explicit.api_key, explicit.prefix) == ("http://h", "other", "p")
     monkeypatch.delenv("SANDBOX_BASE_URL")
-    with pytest.raises(ValueError, match="SANDBOX_BASE_URL"):
-        resolve_config(None, None, None, 5, None, False)
+    assert resolve_config(None, None, None, 5, None, False).base_url == "http://localhost:8000"
 
 
 def test_retry_decisions() -> None:
@@ -175,8 +198,10 @@ def test_backoff_is_exponential_with_jitter() -> None:
         delays = {policy.delay(attempt) for _ in range(50)}
         assert all(top / 2 <= d <= top for d in delays)
         assert len(delays) > 1  # jittered
-    assert policy.delay(1, retry_after="2") == 2.0
-    assert policy.delay(1, retry_after="100") == 3.0
+    # A 503 waits its Retry-After (5 s without one, 60 s at most) plus up to 2 s of jitter.
+    for retry_after, base in [("2", 2.0), (None, 5.0), ("soon", 5.0), ("1e9", 60.0)]:
+        waits = {policy.delay_unavailable(retry_after) for _ in range(50)}
+        assert all(base <= w <= base + 2.0 for w in waits) and len(waits) > 1
 
 
 def test_errors_from_both_bodies() -> None:
@@ -244,6 +269,39 @@ def test_exec_submit_is_only_retried_unsent_and_waits_are_safe() -> None:
     with pytest.raises(StopIteration) as stop:
         op.send(reply(200, {"job_id": "j1", "status": "succeeded", "stdout": "x", "exit_code": 0}))
     assert stop.value.value.succeeded
+
+
+def test_http_errors_are_requests_and_aiohttp_errors_and_pickle() -> None:
+    e = errors.error_from_body(
+        404,
+        b'{"detail": "no sandbox x", "code": "not_found"}',
+        headers={"Content-Type": "application/json", "x-request-id": "r1"},
+        method="GET",
+        url="http://h/sandboxes/x",
+    )
+    for err in (e, pickle.loads(pickle.dumps(e))):
+        assert isinstance(err, requests.exceptions.HTTPError)
+        assert isinstance(err, aiohttp.ClientResponseError)
+        assert isinstance(err, errors.NotFoundError)
+        assert err.response.status_code == 404 and err.response.json()["detail"] == "no sandbox x"
+        assert "no sandbox x" in err.response.text and err.response.headers["X-Request-Id"] == "r1"
+        assert (err.status, err.message, err.headers["x-request-id"]) == (404, "no sandbox x", "r1")
+        assert err.code == "not_found" and err.request_info.method == "GET"
+    failed = errors.error_from_body(502, b'{"detail": "sandbox x failed"}')
+    assert isinstance(failed, RuntimeError) and isinstance(failed, requests.exceptions.HTTPError)
+    timeout = errors.error_from_body(408, b"{}")
+    assert isinstance(timeout, TimeoutError) and isinstance(timeout, aiohttp.ClientResponseError)
+    assert isinstance(errors.SandboxDeletedError("gone"), RuntimeError)
+    assert isinstance(errors.OrchardConnectionError("x"), requests.exceptions.ConnectionError)
+
+
+def test_exec_never_returns_a_running_job() -> None:
+    # As in Orchard's SDK: a job unfinished when the wait is over is a TimeoutError.
+    op = exec_job("sb", "sleep 999", timeout=None, wait_limit=0)
+    next(op)
+    op.send(reply(200, {"job_id": "j1", "status": "queued"}))
+    with pytest.raises(TimeoutError, match="did not complete"):
+        op.send(reply(200, {"job_id": "j1", "status": "running"}))
 
 
 def test_delete_404_after_a_retry_is_success() -> None:

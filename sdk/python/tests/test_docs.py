@@ -16,18 +16,35 @@ import orchard_env
 from orchard_env import (
     AsyncSandboxClient,
     SandboxClient,
+    _aio_handles,
     _config,
+    _envcheck,
     _retry,
     _streams,
+    _sync,
+    _sync_handles,
     aio,
-    client,
     errors,
     models,
     pty,
 )
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-MODULES = [orchard_env, client, aio, pty, errors, models, _retry, _streams, _config]
+MODULES = [
+    orchard_env,
+    _sync,
+    _sync_handles,
+    aio,
+    _aio_handles,
+    pty,
+    errors,
+    models,
+    _retry,
+    _streams,
+    _aio_handles,
+    _config,
+    _envcheck,
+]
 
 
 def run_async(main: Callable[[Any], Awaitable[Any]], image: str = "busybox:latest") -> Any:

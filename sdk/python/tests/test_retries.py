@@ -25,7 +25,7 @@ from orchard_env import (
 )
 
 BUSYBOX = "busybox:latest"
-FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05)
+FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05, retry_after_jitter=0.01)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ processes (:class:`Process`), shell sessions (:class:`Session`) and git. Errors 
 """
 
 from ._retry import RetryPolicy
+from ._sync import ExecStream, Process, SandboxClient, SandboxInstance, Session, Terminal
 from .aio import (
     AsyncExecStream,
     AsyncProcess,
@@ -26,7 +27,6 @@ from .aio import (
     AsyncTerminal,
     SandboxCreation,
 )
-from .client import ExecStream, Process, SandboxClient, SandboxInstance, Session, Terminal
 from .errors import (
     APIError,
     AuthError,
@@ -37,8 +37,11 @@ from .errors import (
     OrchardError,
     OrchardTimeoutError,
     QuotaError,
+    RequestTimeoutError,
+    SandboxDeletedError,
     SandboxError,
     ServerError,
+    TerminalError,
     UnavailableError,
 )
 from .models import (
@@ -71,11 +74,18 @@ from .models import (
 )
 from .pty import AsyncContainerProcess, ContainerProcess
 
+#: Orchard's alias of :class:`SandboxClient`.
+Sandbox = SandboxClient
+#: Orchard's alias of :class:`AsyncSandboxClient`.
+AsyncSandbox = AsyncSandboxClient
+
 __version__ = "0.1.0"
 
 __all__ = [
     "SandboxClient",
     "AsyncSandboxClient",
+    "Sandbox",
+    "AsyncSandbox",
     "SandboxInstance",
     "AsyncSandboxInstance",
     "SandboxCreation",
@@ -128,4 +138,7 @@ __all__ = [
     "ServerError",
     "UnavailableError",
     "OrchardConnectionError",
+    "RequestTimeoutError",
+    "SandboxDeletedError",
+    "TerminalError",
 ]

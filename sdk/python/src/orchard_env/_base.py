@@ -7,6 +7,7 @@ import os
 from . import _cleanup
 from ._config import ClientConfig
 from ._ops import _seg
+from .errors import SandboxError
 from .models import AgentEndpoint, SandboxInfo
 from .pty import WsTarget
 
@@ -93,3 +94,13 @@ def describe(info: SandboxInfo | None, sandbox_id: str, direct: bool) -> str:
     image = info.image if info else None
     extra = ", direct=True" if direct else ""
     return f"<sandbox {sandbox_id} image={image!r} status={status!r}{extra}>"
+
+
+def check_started(info: SandboxInfo) -> None:
+    """Raises :class:`SandboxError` when a wait answered with a sandbox that failed."""
+    if info.status == "failed":
+        raise SandboxError(
+            f"sandbox {info.sandbox_id} failed: {info.status_message or 'no reason given'}",
+            status=502,
+            code="sandbox_failed",
+        )

@@ -12,6 +12,9 @@ ENV_BASE_URL = "SANDBOX_BASE_URL"
 ENV_API_KEY = "SANDBOX_API_KEY"
 ENV_PREFIX = "SANDBOX_PREFIX"
 
+#: The server when neither ``base_url`` nor ``SANDBOX_BASE_URL`` names one (Orchard's default).
+DEFAULT_BASE_URL = "http://localhost:8000"
+
 #: Prefix of the sandbox ids the SDK makes when ``SANDBOX_PREFIX`` is not set.
 DEFAULT_PREFIX = "sandbox"
 
@@ -48,11 +51,7 @@ def resolve_config(
     >>> config.base_url, config.api_key
     ('http://127.0.0.1:9', 'key')
     """
-    url = base_url or os.environ.get(ENV_BASE_URL)
-    if not url:
-        raise ValueError(
-            f"no server URL: pass base_url=... or set {ENV_BASE_URL} (e.g. http://127.0.0.1:8080)"
-        )
+    url = base_url or os.environ.get(ENV_BASE_URL) or DEFAULT_BASE_URL
     key = api_key if api_key is not None else os.environ.get(ENV_API_KEY) or None
     pfx = prefix if prefix is not None else os.environ.get(ENV_PREFIX) or DEFAULT_PREFIX
     return ClientConfig(

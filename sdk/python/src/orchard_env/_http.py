@@ -171,9 +171,16 @@ def transport_error(err: httpx.HTTPError, req: Request) -> OrchardError:
     return OrchardConnectionError(f"{what}: {type(err).__name__}: {err}")
 
 
-def _raise_for(req: Request, status: int, content: bytes) -> None:
+def _raise_for(req: Request, response: httpx.Response) -> None:
+    status = response.status_code
     if status >= 400 and status not in req.ok:
-        raise error_from_body(status, content)
+        raise error_from_body(
+            status,
+            response.content,
+            headers=response.headers,
+            method=req.method,
+            url=str(response.request.url),
+        )
 
 
 class SyncDriver:
@@ -212,7 +219,7 @@ class SyncDriver:
             if self.retry.should_retry_status(response.status_code, attempt):
                 retry_after = response.headers.get("retry-after")
                 response.close()
-                delay = self.retry.delay(attempt, retry_after)
+                delay = self.retry.delay_unavailable(retry_after)
                 self.retry.notify(attempt, None, delay)
                 time.sleep(delay)
                 continue
@@ -221,7 +228,7 @@ class SyncDriver:
     def send(self, req: Request, route: Route | None = None) -> Reply:
         """Sends ``req`` (with retries) and returns the read answer."""
         response, attempts = self._open(req, route, stream=False)
-        _raise_for(req, response.status_code, response.content)
+        _raise_for(req, response)
         return Reply(response.status_code, response.headers, response.content, attempts)
 
     @contextlib.contextmanager
@@ -231,7 +238,7 @@ class SyncDriver:
         try:
             if response.status_code >= 400:
                 response.read()
-                _raise_for(req, response.status_code, response.content)
+                _raise_for(req, response)
             yield response
         finally:
             response.close()
@@ -275,7 +282,7 @@ class AsyncDriver:
             if self.retry.should_retry_status(response.status_code, attempt):
                 retry_after = response.headers.get("retry-after")
                 await response.aclose()
-                delay = self.retry.delay(attempt, retry_after)
+                delay = self.retry.delay_unavailable(retry_after)
                 self.retry.notify(attempt, None, delay)
                 await asyncio.sleep(delay)
                 continue
@@ -284,7 +291,7 @@ class AsyncDriver:
     async def send(self, req: Request, route: Route | None = None) -> Reply:
         """Sends ``req`` (with retries) and returns the read answer."""
         response, attempts = await self._open(req, route, stream=False)
-        _raise_for(req, response.status_code, response.content)
+        _raise_for(req, response)
         return Reply(response.status_code, response.headers, response.content, attempts)
 
     @contextlib.asynccontextmanager
@@ -296,7 +303,7 @@ class AsyncDriver:
         try:
             if response.status_code >= 400:
                 await response.aread()
-                _raise_for(req, response.status_code, response.content)
+                _raise_for(req, response)
             yield response
         finally:
             await response.aclose()

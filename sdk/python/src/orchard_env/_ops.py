@@ -281,6 +281,23 @@ def submit_job(
     return str(reply.json()["job_id"])
 
 
+def queued_job(job_id: str, sandbox_id: str, command: Command) -> JobResult:
+    """What ``exec(wait=False)`` returns: the job just submitted, as Orchard's SDK builds it.
+
+    >>> queued_job("j1", "sb", ["echo", "hi"]).status
+    'queued'
+    """
+    return JobResult(
+        {
+            "job_id": job_id,
+            "sandbox_id": sandbox_id,
+            "command": command if isinstance(command, str) else list(command),
+            "status": "queued",
+            "created_at": time.time(),
+        }
+    )
+
+
 def get_job(job_id: str) -> Op[JobResult]:
     """``GET /jobs/{job_id}``."""
     reply = yield Request("GET", f"/jobs/{_seg(job_id)}")
@@ -317,11 +334,22 @@ def exec_job(
     env: Mapping[str, str] | None = None,
     login_shell: bool = False,
 ) -> Op[JobResult]:
-    """Submits a job, then waits for it (the wait is safe to retry, the submit is not)."""
+    """Submits a job, then waits for it (the wait is safe to retry, the submit is not).
+
+    A job still unfinished after ``wait_limit`` raises :class:`OrchardTimeoutError` (a
+    ``TimeoutError``, as Orchard's SDK raises): ``exec`` never returns a running job as
+    its result.
+    """
     job_id = yield from submit_job(
         sandbox_id, command, timeout=timeout, cwd=cwd, env=env, login_shell=login_shell
     )
-    return (yield from wait_job(job_id, wait_limit))
+    job = yield from wait_job(job_id, wait_limit)
+    if not job.is_complete:
+        raise OrchardTimeoutError(
+            f"job {job_id} did not complete within {wait_limit}s (status {job.status})",
+            code="timeout",
+        )
+    return job
 
 
 def apply_patch(sandbox_id: str, patch: str, timeout: float = 30) -> Op[PatchResult]:
@@ -355,6 +383,12 @@ def list_files(sandbox_id: str, path: str) -> Op[list[FileEntry]]:
     return list(reply.json().get("files", []))
 
 
+#: How a shell-string command starts on a terminal: under bash where the image has it
+#: (Orchard sends ``["bash", "-c", command]``, so its users write bash: ``source``,
+#: ``[[ ]]``), else under ``/bin/sh`` (busybox, alpine). ``$1`` is the command.
+PTY_SHELL_PICK = 'command -v bash >/dev/null 2>&1 && exec bash -c "$1"; exec /bin/sh -c "$1"'
+
+
 def pty_init_frame(
     command: Command | None,
     *,
@@ -369,7 +403,7 @@ def pty_init_frame(
     if command is None:
         cmd = None
     elif isinstance(command, str):
-        cmd = ["/bin/sh", "-c", command]
+        cmd = ["/bin/sh", "-c", PTY_SHELL_PICK, "sh", command]
     else:
         cmd = [str(c) for c in command]
     return _clean(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,13 +46,18 @@ class RetryPolicy:
     """Retries of transient failures: connection errors, time-outs and 503 answers.
 
     ``attempts`` is the number of retries after the first try (3 by default, so at
-    most 4 sends). The n-th retry waits a random time in ``[d/2, d]`` with
-    ``d = min(max_backoff, backoff * 2**(n-1))`` (exponential backoff with jitter);
-    a 503's ``Retry-After`` is honoured up to ``max_backoff``. ``on_retry``, when set,
+    most 4 sends). After a transport error the n-th retry waits a random time in
+    ``[d/2, d]`` with ``d = min(max_backoff, backoff * 2**(n-1))`` (exponential backoff
+    with jitter; ``backoff`` is Orchard's ``retry_delay``, 1 s). After a 503 it waits the
+    answer's ``Retry-After`` (``retry_after_default``, 5 s, when absent; at most
+    ``max_retry_after``) plus up to ``retry_after_jitter`` seconds, as Orchard's SDK
+    does, so that many clients turned away together do not return together. ``on_retry``, when set,
     is called before each wait with the attempt number that failed, the error (an
     ``httpx`` exception, or ``None`` for a 503) and the delay.
 
     >>> policy = RetryPolicy(attempts=3, backoff=0.5, max_backoff=4)
+    >>> 2.0 <= policy.delay_unavailable("2") <= 4.0
+    True
     >>> [round(policy.max_delay(n), 2) for n in (1, 2, 3, 4, 5)]
     [0.5, 1.0, 2.0, 4.0, 4.0]
     >>> RetryPolicy(attempts=0).should_retry_error(Idempotency.SAFE, httpx.ConnectError("x"), 1)
@@ -59,23 +65,34 @@ class RetryPolicy:
     """
 
     attempts: int = 3
-    backoff: float = 0.25
+    backoff: float = 1.0
     max_backoff: float = 8.0
+    retry_after_default: float = 5.0
+    retry_after_jitter: float = 2.0
+    max_retry_after: float = 60.0
     on_retry: Callable[[int, BaseException | None, float], None] | None = None
 
     def max_delay(self, attempt: int) -> float:
         """Upper bound of the wait after failed attempt number ``attempt`` (from 1)."""
         return float(min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
 
-    def delay(self, attempt: int, retry_after: str | None = None) -> float:
-        """The wait after failed attempt ``attempt``: jittered, or the server's ``Retry-After``."""
-        if retry_after:
-            try:
-                return max(0.0, min(float(retry_after), self.max_backoff))
-            except ValueError:
-                pass
+    def delay(self, attempt: int) -> float:
+        """The wait after failed attempt ``attempt`` (a transport error): jittered backoff."""
         top = self.max_delay(attempt)
         return random.uniform(top / 2, top)
+
+    def delay_unavailable(self, retry_after: str | None) -> float:
+        """The wait after a 503: its ``Retry-After`` (seconds) or the default, plus jitter."""
+        base = self.retry_after_default
+        if retry_after:
+            try:
+                parsed = float(retry_after)
+            except ValueError:
+                parsed = math.nan  # an HTTP date, or garbage: the default
+            if math.isfinite(parsed):
+                base = parsed
+        base = max(0.0, min(base, self.max_retry_after))
+        return base + random.uniform(0.0, max(0.0, self.retry_after_jitter))
 
     def should_retry_error(
         self, idempotency: Idempotency, error: BaseException, attempt: int

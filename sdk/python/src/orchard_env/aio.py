@@ -14,6 +14,7 @@ same operations (``_ops``), only the I/O differs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import tempfile
 from collections.abc import (
@@ -31,27 +32,25 @@ from typing import IO, Any, Literal, overload
 
 import httpx
 
-from . import _ops
-from ._base import ClientState, agent_key, agent_target, describe
+from . import _envcheck, _ops
+from ._aio_handles import AsyncExecStream, AsyncProcess, AsyncSession, AsyncTerminal
+from ._base import ClientState, agent_key, agent_target, check_started, describe
 from ._config import new_sandbox_id, resolve_config
-from ._http import AsyncDriver, Op, Request, Route, make_agent_http, make_http, transport_error
+from ._http import AsyncDriver, Op, Route, make_agent_http, make_http
 from ._retry import RetryPolicy
 from ._streams import (
     NdjsonDecoder,
     archive_root,
     async_body,
     body_from,
-    exec_event,
     extract_tar,
     path_chunks,
     pull_event,
     tar_directory,
 )
-from .errors import OrchardError
+from .errors import OrchardError, SandboxDeletedError
 from .models import (
     AgentEndpoint,
-    ExecEvent,
-    ExecExit,
     ExecResult,
     ExtractResult,
     FileEntry,
@@ -65,11 +64,9 @@ from .models import (
     JobResult,
     PatchResult,
     ProcessInfo,
-    ProcessOutput,
     PtyInfo,
     SandboxInfo,
     SessionInfo,
-    SessionResult,
 )
 from .pty import AsyncContainerProcess, WsTarget
 
@@ -141,11 +138,38 @@ class AsyncSandboxClient:
         #: Connection pools to agents of direct sandboxes, by (socket, url).
         self._agents: dict[tuple[str | None, str | None], httpx.AsyncClient] = {}
         self._closed = False
+        #: The HTTP time-out in seconds, as given.
+        self.timeout = timeout
+        #: The connection pool to the server (an ``httpx.AsyncClient``).
+        self.session = http
 
     @property
     def base_url(self) -> str:
         """The server's URL."""
         return self._state.config.base_url
+
+    @property
+    def api_key(self) -> str | None:
+        """The API key sent as ``X-API-Key`` (from ``SANDBOX_API_KEY`` when not given)."""
+        return self._state.config.api_key
+
+    @property
+    def max_retries(self) -> int:
+        """Retries of a transient failure (3); settable, as in Orchard's SDK."""
+        return self._driver.retry.attempts
+
+    @max_retries.setter
+    def max_retries(self, value: int) -> None:
+        self._driver.retry = dataclasses.replace(self._driver.retry, attempts=int(value))
+
+    @property
+    def retry_delay(self) -> float:
+        """First backoff after a transport error, doubled each retry (1 s); settable."""
+        return self._driver.retry.backoff
+
+    @retry_delay.setter
+    def retry_delay(self, value: float) -> None:
+        self._driver.retry = dataclasses.replace(self._driver.retry, backoff=float(value))
 
     @property
     def prefix(self) -> str:
@@ -172,7 +196,7 @@ class AsyncSandboxClient:
         sandbox_id: str | None = None,
         cpu: str | float | None = None,
         memory: str | None = None,
-        timeout: float = 3600,
+        timeout: float | None = None,
         wait_ready: bool = True,
         poll_interval: float = 1.0,
         *,
@@ -211,7 +235,7 @@ class AsyncSandboxClient:
         sandbox_id: str | None,
         cpu: str | float | None,
         memory: str | None,
-        timeout: float,
+        timeout: float | None,
         wait_ready: bool,
         env: Mapping[str, str] | None,
         labels: Mapping[str, str] | None,
@@ -244,6 +268,7 @@ class AsyncSandboxClient:
         if wait_ready:
             try:
                 await sandbox.wait_ready(timeout)
+                check_started(sandbox.info)
             except BaseException:
                 await self._delete_quietly(sid)
                 raise
@@ -256,13 +281,9 @@ class AsyncSandboxClient:
         info = await self._driver.run(_ops.get_sandbox(sandbox_id))
         return AsyncSandboxInstance(self, info, direct=self._direct(direct))
 
-    async def delete_sandbox(self, sandbox_id: str) -> dict[str, Any]:
-        """Deletes a sandbox."""
-        try:
-            await self._driver.run(_ops.delete_sandbox(sandbox_id))
-        finally:
-            self._state.disown(sandbox_id)
-        return {"status": "deleted", "sandbox_id": sandbox_id}
+    async def delete_sandbox(self, sandbox_id: str) -> None:
+        """Deletes a sandbox, best effort: never raises (as in Orchard's SDK)."""
+        await self._delete_quietly(sandbox_id)
 
     async def cleanup_all(self) -> list[str]:
         """Deletes (concurrently) every sandbox this client created; returns their ids."""
@@ -309,13 +330,14 @@ class AsyncSandboxClient:
         """Removes an image from the server's store."""
         return await self._driver.run(_ops.delete_image(reference))
 
-    async def close(self) -> None:
-        """Deletes the owned sandboxes (with ``auto_cleanup``) and closes the connections."""
+    async def close(self, cleanup: bool = True) -> None:
+        """Deletes the owned sandboxes (with ``auto_cleanup``, unless ``cleanup=False``)
+        and closes the connections."""
         if self._closed:
             return
         self._closed = True
         try:
-            if self._state.auto_cleanup:
+            if cleanup and self._state.auto_cleanup:
                 await self.cleanup_all()
         finally:
             for agent in self._agents.values():
@@ -342,7 +364,7 @@ class AsyncSandboxClient:
     async def _delete_quietly(self, sandbox_id: str) -> None:
         try:
             await self._driver.run(_ops.delete_sandbox(sandbox_id, missing_ok=True))
-        except OrchardError:
+        except Exception:  # best effort by contract: cleanup paths must not raise
             pass
         finally:
             self._state.disown(sandbox_id)
@@ -371,11 +393,27 @@ class AsyncSandboxInstance:
         #: created through /v1 or talks to its agent directly.
         self._v1 = direct or "id" in info.raw
         self._route_cache: Route | None = None
+        self._deleted = False
+        self._heartbeat_task: asyncio.Task[None] | None = None
 
     @property
     def sandbox_id(self) -> str:
         """The sandbox's id."""
         return self.info.sandbox_id
+
+    @property
+    def namespace(self) -> str | None:
+        """The namespace the server reports (Orchard's Kubernetes namespace)."""
+        return self.info.namespace
+
+    @property
+    def block_network(self) -> bool | None:
+        """Whether egress is blocked."""
+        return self.info.block_network
+
+    def _check(self) -> None:
+        if self._deleted:
+            raise SandboxDeletedError(f"sandbox {self.sandbox_id} has been deleted")
 
     @property
     def id(self) -> str:
@@ -406,9 +444,62 @@ class AsyncSandboxInstance:
         """Keeps the sandbox alive."""
         return await self._driver.run(_ops.heartbeat(self.sandbox_id))
 
+    def start_heartbeat(self, interval: float = 60) -> None:
+        """Posts a heartbeat every ``interval`` seconds from an asyncio task (of the
+        running loop), until :meth:`stop_heartbeat`, :meth:`delete` or the client's
+        close. Not a coroutine,
+        as in Orchard's SDK; failed heartbeats are ignored."""
+        if self._heartbeat_task is not None and not self._heartbeat_task.done():
+            return
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                if self._client._closed:
+                    return  # its connections are gone
+                try:
+                    await self._driver.run(_ops.heartbeat(self.sandbox_id))
+                except Exception:  # best effort, as in Orchard's SDK
+                    pass
+
+        self._heartbeat_task = asyncio.get_running_loop().create_task(
+            beat(), name=f"heartbeat-{self.sandbox_id}"
+        )
+
+    def stop_heartbeat(self) -> None:
+        """Cancels the heartbeat task."""
+        task, self._heartbeat_task = self._heartbeat_task, None
+        if task is not None and not task.done():
+            try:
+                task.cancel()
+            except RuntimeError:
+                pass  # its event loop is closed (delete_sync at exit): nothing runs it
+
     async def delete(self) -> None:
-        """Deletes the sandbox (quietly when it is already gone)."""
+        """Deletes the sandbox (quietly when it is already gone); stops its heartbeats.
+
+        Afterwards its methods raise :class:`~orchard_env.SandboxDeletedError`, a
+        ``RuntimeError``.
+        """
+        self.stop_heartbeat()
+        self._deleted = True
         await self._client._delete_quietly(self.sandbox_id)
+
+    def delete_sync(self) -> None:
+        """Deletes the sandbox from synchronous code (a cleanup handler, ``__del__``, a
+        closed event loop): one blocking request, best effort, never raises."""
+        self.stop_heartbeat()
+        self._deleted = True
+        state = self._client._state
+        try:
+            with httpx.Client(
+                base_url=state.config.base_url, headers=state.api_headers(), timeout=10
+            ) as http:
+                http.delete(f"/sandboxes/{_ops._seg(self.sandbox_id)}")
+        except Exception:  # best effort by contract
+            pass
+        finally:
+            state.disown(self.sandbox_id)
 
     def detach(self) -> AsyncSandboxInstance:
         """Stops the client from deleting this sandbox at exit; returns it."""
@@ -435,8 +526,12 @@ class AsyncSandboxInstance:
         timeout: float | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        poll_interval: float = 0.1,
         login_shell: bool = False,
         pty: Literal[False] = False,
+        rows: int = 24,
+        cols: int = 80,
     ) -> JobResult: ...
 
     @overload
@@ -446,9 +541,13 @@ class AsyncSandboxInstance:
         timeout: float | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        poll_interval: float = 0.1,
         login_shell: bool = False,
         *,
         pty: Literal[True],
+        rows: int = 24,
+        cols: int = 80,
     ) -> AsyncContainerProcess: ...
 
     async def exec(
@@ -457,19 +556,37 @@ class AsyncSandboxInstance:
         timeout: float | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        poll_interval: float = 0.1,
         login_shell: bool = False,
         pty: bool = False,
+        rows: int = 24,
+        cols: int = 80,
     ) -> JobResult | AsyncContainerProcess:
         """Runs ``command`` through the jobs API (see :meth:`SandboxInstance.exec`)."""
+        del poll_interval  # waits block server-side
+        self._check()
         if pty:
             init = _ops.pty_init_frame(
-                command, cwd=cwd, env=env, rows=24, cols=80, login_shell=login_shell
+                command, cwd=cwd, env=env, rows=rows, cols=cols, login_shell=login_shell
             )
             if self.direct:
                 target = agent_target(await self._endpoint(), "/v1/pty/compat")
             else:
                 target = self._client._state.compat_pty_target(self.sandbox_id)
             return await AsyncContainerProcess.open(target, init=init)
+        if not wait:
+            job_id = await self._driver.run(
+                _ops.submit_job(
+                    self.sandbox_id,
+                    command,
+                    timeout=timeout,
+                    cwd=cwd,
+                    env=env,
+                    login_shell=login_shell,
+                )
+            )
+            return _ops.queued_job(job_id, self.sandbox_id, command)
         return await self._driver.run(
             _ops.exec_job(
                 self.sandbox_id,
@@ -492,33 +609,57 @@ class AsyncSandboxInstance:
 
     async def apply_patch(self, patch: str, timeout: float = 30) -> PatchResult:
         """Applies a unified diff in the working directory."""
+        self._check()
         return await self._driver.run(_ops.apply_patch(self.sandbox_id, patch, timeout))
 
-    async def upload_content(self, content: bytes | str, remote: str) -> dict[str, Any]:
-        """Writes ``content`` to the file ``remote`` (compatible route)."""
+    async def upload_content(self, content: bytes | str, remote_path: str) -> dict[str, Any]:
+        """Writes ``content`` to the file ``remote_path`` (compatible route)."""
+        self._check()
         data = content.encode() if isinstance(content, str) else bytes(content)
-        return await self._driver.run(_ops.upload_content(self.sandbox_id, data, remote))
+        return await self._driver.run(_ops.upload_content(self.sandbox_id, data, remote_path))
 
-    async def upload_file(self, local: str | os.PathLike[str], remote: str) -> dict[str, Any]:
-        """Uploads the local file ``local`` to ``remote`` (compatible route)."""
-        with open(local, "rb") as f:
+    async def upload_file(
+        self, local_path: str | os.PathLike[str], remote_path: str
+    ) -> dict[str, Any]:
+        """Uploads the local file ``local_path`` to ``remote_path`` (compatible route)."""
+        self._check()
+        with open(local_path, "rb") as f:
             data = f.read()
-        return await self._driver.run(_ops.upload_content(self.sandbox_id, data, remote))
+        return await self._driver.run(_ops.upload_content(self.sandbox_id, data, remote_path))
 
-    async def download_content(self, remote: str) -> bytes:
-        """The bytes of the file ``remote`` (compatible route)."""
-        return await self._driver.run(_ops.download_content(self.sandbox_id, remote))
+    async def download_content(self, remote_path: str) -> bytes:
+        """The bytes of the file ``remote_path`` (compatible route)."""
+        self._check()
+        return await self._driver.run(_ops.download_content(self.sandbox_id, remote_path))
 
-    async def download_file(self, remote: str, local: str | os.PathLike[str]) -> str:
-        """Saves the file ``remote`` as ``local``; returns the local path."""
-        data = await self._driver.run(_ops.download_content(self.sandbox_id, remote))
-        with open(local, "wb") as f:
+    async def download_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> int:
+        """Saves the file ``remote_path`` as ``local_path``; returns the bytes written."""
+        self._check()
+        data = await self._driver.run(_ops.download_content(self.sandbox_id, remote_path))
+        with open(local_path, "wb") as f:
             f.write(data)
-        return os.fspath(local)
+        return len(data)
 
-    async def list_files(self, path: str = "/workspace") -> list[FileEntry]:
+    async def list_files(self, remote_path: str = "/") -> list[FileEntry]:
         """Entries of a directory (compatible route)."""
-        return await self._driver.run(_ops.list_files(self.sandbox_id, path))
+        self._check()
+        return await self._driver.run(_ops.list_files(self.sandbox_id, remote_path))
+
+    async def check_env(self, verbose: bool = True) -> dict[str, Any]:
+        """How the sandbox's shells are set up (see :meth:`SandboxInstance.check_env`)."""
+        limit = _envcheck.PROBE_TIMEOUT
+        bare = await self.exec(_envcheck.BARE_PROBE, timeout=limit)
+        login = await self.exec(_envcheck.LOGIN_PROBE, timeout=limit, login_shell=True)
+        login_info = _envcheck.parse_probe(login.stdout)
+        conda_output = None
+        conda_cmd = _envcheck.conda_check_command(login_info)
+        if conda_cmd is not None:
+            tried = await self.exec(conda_cmd, timeout=limit)
+            conda_output = tried.stdout + tried.stderr
+        info = _envcheck.report(_envcheck.parse_probe(bare.stdout), login_info, conda_output)
+        if verbose:
+            print(_envcheck.summary(self.sandbox_id, info))
+        return info
 
     # --- /v1 ----------------------------------------------------------------------------
 
@@ -545,6 +686,7 @@ class AsyncSandboxInstance:
         return self._route_cache
 
     async def _run(self, op: Op[Any]) -> Any:
+        self._check()
         return await self._driver.run(op, await self._route())
 
     async def run(
@@ -854,228 +996,3 @@ class AsyncSandboxInstance:
             _ops.git_reset(repo, target, clean_untracked, keep_ignored)
         )
         return result
-
-
-class AsyncExecStream:
-    """Async :class:`~orchard_env.ExecStream`: ``async for`` over the events."""
-
-    def __init__(self, sandbox: AsyncSandboxInstance, request: Request) -> None:
-        self._sandbox = sandbox
-        self._request = request
-        self._cm: Any = None
-        self._chunks: AsyncIterator[bytes] | None = None
-        self._pending: list[Any] = []
-        self._decoder = NdjsonDecoder()
-        self._done = False
-        #: How the command ended, once the stream is over.
-        self.exit: ExecExit | None = None
-
-    async def _start(self) -> AsyncIterator[bytes]:
-        if self._chunks is None:
-            route = await self._sandbox._route()
-            self._cm = self._sandbox._driver.stream(self._request, route)
-            response = await self._cm.__aenter__()
-            self._chunks = response.aiter_bytes()
-        return self._chunks
-
-    def __aiter__(self) -> AsyncExecStream:
-        return self
-
-    async def __anext__(self) -> ExecEvent:
-        try:
-            chunks = await self._start()
-            while True:
-                while self._pending:
-                    event = exec_event(self._pending.pop(0))
-                    if event is None:
-                        continue
-                    if isinstance(event, ExecExit):
-                        self.exit = event
-                    return event
-                if self._done:
-                    await self.aclose()
-                    raise StopAsyncIteration
-                try:
-                    chunk = await chunks.__anext__()
-                    self._pending.extend(self._decoder.feed(chunk))
-                except StopAsyncIteration:
-                    self._done = True
-                    self._pending.extend(self._decoder.end())
-        except httpx.HTTPError as err:
-            await self.aclose()
-            raise transport_error(err, self._request) from err
-        except (OrchardError, asyncio.CancelledError):
-            await self.aclose()
-            raise
-
-    async def aclose(self) -> None:
-        """Closes the connection (the command keeps running unless ``kill_on_disconnect``)."""
-        if self._cm is not None:
-            cm, self._cm = self._cm, None
-            await cm.__aexit__(None, None, None)
-
-    async def __aenter__(self) -> AsyncExecStream:
-        await self._start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-
-class AsyncProcess:
-    """Async :class:`~orchard_env.Process`."""
-
-    def __init__(self, sandbox: AsyncSandboxInstance, info: ProcessInfo) -> None:
-        self._sandbox = sandbox
-        #: The process as last seen.
-        self.info = info
-        self._stdout_offset = 0
-        self._stderr_offset = 0
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the process."""
-        return self.info.id
-
-    @property
-    def pid(self) -> int:
-        """Its pid in the sandbox."""
-        return self.info.pid
-
-    def __repr__(self) -> str:
-        return f"<AsyncProcess {self.id} pid={self.pid} state={self.info.state}>"
-
-    async def refresh(self) -> ProcessInfo:
-        """Reloads :attr:`info`."""
-        self.info = await self._sandbox._run(_ops.get_process(self.id))
-        return self.info
-
-    async def read_output(self, max_bytes: int | None = None) -> ProcessOutput:
-        """Output written since the previous call."""
-        out: ProcessOutput = await self._sandbox._run(
-            _ops.process_output(self.id, self._stdout_offset, self._stderr_offset, max_bytes)
-        )
-        self._stdout_offset = out.stdout_next_offset
-        self._stderr_offset = out.stderr_next_offset
-        self.info = out.process
-        return out
-
-    async def write_stdin(self, data: str | bytes, *, eof: bool = False) -> ProcessInfo:
-        """Writes to its stdin, and closes it with ``eof``."""
-        self.info = await self._sandbox._run(_ops.process_stdin(self.id, data, eof))
-        return self.info
-
-    async def close_stdin(self) -> ProcessInfo:
-        """Closes its stdin."""
-        self.info = await self._sandbox._run(_ops.process_stdin(self.id, None, True))
-        return self.info
-
-    async def send_signal(self, sig: str | int = "TERM", *, group: bool = True) -> ProcessInfo:
-        """Sends a signal to its process group (or only to it)."""
-        self.info = await self._sandbox._run(_ops.process_signal(self.id, sig, group))
-        return self.info
-
-    async def wait(self, timeout: float | None = None) -> ProcessInfo:
-        """Waits for it to end (at most ``timeout`` seconds)."""
-        self.info = await self._sandbox._run(_ops.process_wait(self.id, timeout))
-        return self.info
-
-    async def kill(self) -> None:
-        """Kills its process group if running, and forgets it."""
-        await self._sandbox._run(_ops.delete_process(self.id))
-
-
-class AsyncSession:
-    """Async :class:`~orchard_env.Session`; ``async with`` ends the shell on exit."""
-
-    def __init__(self, sandbox: AsyncSandboxInstance, info: SessionInfo) -> None:
-        self._sandbox = sandbox
-        #: The session as last seen.
-        self.info = info
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the session."""
-        return self.info.id
-
-    def __repr__(self) -> str:
-        return f"<AsyncSession {self.id} shell={self.info.shell!r}>"
-
-    async def run(self, command: str, *, timeout: float | None = None) -> SessionResult:
-        """Runs shell text in the session."""
-        result: SessionResult = await self._sandbox._run(
-            _ops.session_run(self.id, command, timeout)
-        )
-        return result
-
-    async def refresh(self) -> SessionInfo:
-        """Reloads :attr:`info`."""
-        self.info = await self._sandbox._run(_ops.get_session(self.id))
-        return self.info
-
-    async def close(self) -> None:
-        """Ends the shell and everything it started."""
-        await self._sandbox._run(_ops.delete_session(self.id, missing_ok=True))
-
-    async def __aenter__(self) -> AsyncSession:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-
-class AsyncTerminal:
-    """Async :class:`~orchard_env.Terminal`; ``async with`` closes the terminal on exit."""
-
-    def __init__(self, sandbox: AsyncSandboxInstance, info: PtyInfo) -> None:
-        self._sandbox = sandbox
-        #: The terminal as last seen.
-        self.info = info
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the terminal."""
-        return self.info.id
-
-    def __repr__(self) -> str:
-        return f"<AsyncTerminal {self.id} argv={self.info.argv!r}>"
-
-    async def attach(self, *, timeout: float = 30) -> AsyncContainerProcess:
-        """Connects as a viewer (scrollback first); leaving ``async with`` detaches."""
-        target = await self._sandbox._attach_target(self.id)
-        return await AsyncContainerProcess.open(target, init=None, timeout=timeout)
-
-    async def resize(self, rows: int, cols: int) -> PtyInfo:
-        """Sets the window size."""
-        self.info = await self._sandbox._run(_ops.resize_pty(self.id, rows, cols))
-        return self.info
-
-    async def refresh(self) -> PtyInfo:
-        """Reloads :attr:`info`."""
-        self.info = await self._sandbox._run(_ops.get_pty(self.id))
-        return self.info
-
-    async def close(self) -> None:
-        """Ends the program and the terminal."""
-        await self._sandbox._run(_ops.delete_pty(self.id, missing_ok=True))
-
-    async def __aenter__(self) -> AsyncTerminal:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

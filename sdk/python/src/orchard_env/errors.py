@@ -15,10 +15,17 @@ exception class of its status code, keeping ``status``, ``code`` and ``detail``.
 from __future__ import annotations
 
 import builtins
+import http
 import json
+from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import httpx
+import requests
+import requests.structures
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 __all__ = [
     "OrchardError",
@@ -33,6 +40,9 @@ __all__ = [
     "ServerError",
     "UnavailableError",
     "OrchardConnectionError",
+    "RequestTimeoutError",
+    "SandboxDeletedError",
+    "TerminalError",
     "error_from_response",
     "error_from_close_code",
 ]
@@ -60,6 +70,21 @@ class OrchardError(Exception):
         self.code = code
         self.body = body
 
+    # ``aiohttp.ClientResponseError`` (a base of :class:`APIError`) has a deprecated
+    # ``code`` property that aliases ``status``; ours is the error's machine-readable
+    # code, so it is defined here, ahead of aiohttp's in the MRO.
+    @property
+    def code(self) -> str | None:
+        """Machine-readable code (``"not_found"``, ``"timeout"``...), or ``None``."""
+        return self._code
+
+    @code.setter
+    def code(self, value: str | None) -> None:
+        self._code = value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
     def __str__(self) -> str:
         parts = []
         if self.status is not None:
@@ -70,8 +95,88 @@ class OrchardError(Exception):
         return f"{prefix}: {self.detail}" if prefix else self.detail
 
 
-class APIError(OrchardError):
-    """The server answered with an error status (the base of the status classes below)."""
+# aiohttp types ``status`` as ``int`` and ``code`` as its deprecated alias; ours are
+# ``int | None`` and the machine-readable code (mypy's [misc] on the three classes below).
+class APIError(  # type: ignore[misc]
+    OrchardError, requests.exceptions.HTTPError, aiohttp.ClientResponseError
+):
+    """The server answered with an error status (the base of the status classes below).
+
+    Code written for Orchard's SDK catches these as it always did: each is also a
+    ``requests.exceptions.HTTPError`` (``e.response`` is a ``requests.Response`` whose
+    ``status_code``, ``text``, ``json()`` and ``headers`` work) and an
+    ``aiohttp.ClientResponseError`` (``e.status``, ``e.message``, ``e.headers``), for
+    the sync and the async client alike.
+    """
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        body: Any = None,
+    ) -> None:
+        super().__init__(detail, status=status, code=code, body=body)
+        self._attach(b"", None, None, None)
+
+    def _attach(
+        self,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        method: str | None,
+        url: str | None,
+    ) -> None:
+        """Fills the attributes ``requests`` and ``aiohttp`` users read."""
+        status = self.status or 0
+        hdrs = dict(headers or {})
+        self._wire = (body, hdrs, method, url)
+        try:
+            reason = http.HTTPStatus(status).phrase
+        except ValueError:
+            reason = ""
+        response = requests.Response()
+        response.status_code = status
+        response._content = body
+        response.headers = requests.structures.CaseInsensitiveDict(hdrs)
+        response.url = url or ""
+        response.reason = reason
+        response.encoding = "utf-8"
+        self.response = response
+        self.request = None
+        # aiohttp.ClientResponseError's attributes (its __init__ is not called).
+        self.message = self.detail
+        self.headers = CIMultiDictProxy(CIMultiDict(hdrs))
+        self.history = ()
+        real = URL(url or "")
+        self.request_info = aiohttp.RequestInfo(
+            real, method or "", CIMultiDictProxy(CIMultiDict()), real
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (multiprocessing, Ray...) from what it was built of: the multidict
+        # proxies aiohttp's attributes want cannot be pickled themselves.
+        body, hdrs, method, url = self._wire
+        return (
+            _rebuild,
+            (type(self), self.detail, self.status, self.code, self.body, body, hdrs, method, url),
+        )
+
+
+def _rebuild(
+    cls: type[APIError],
+    detail: str,
+    status: int | None,
+    code: str | None,
+    parsed: Any,
+    body: bytes,
+    headers: dict[str, str],
+    method: str | None,
+    url: str | None,
+) -> APIError:
+    err = cls(detail, status=status, code=code, body=parsed)
+    err._attach(body, headers, method, url)
+    return err
 
 
 class BadRequestError(APIError):
@@ -90,19 +195,38 @@ class ConflictError(APIError):
     """409: the target exists already, or is in the wrong state (exited, not ready)."""
 
 
-class OrchardTimeoutError(OrchardError, builtins.TimeoutError):
+class OrchardTimeoutError(OrchardError, builtins.TimeoutError, requests.exceptions.Timeout):
     """A wait ran out: 408 from the server, or a client-side time limit.
 
-    It is also a built-in :class:`TimeoutError`, so ``except TimeoutError`` catches it.
+    It is also a built-in :class:`TimeoutError`, so ``except TimeoutError`` catches it
+    (and ``requests.exceptions.Timeout``, which Orchard's sync SDK raised).
     """
+
+
+class RequestTimeoutError(OrchardTimeoutError, APIError):  # type: ignore[misc]
+    """408: a server-side wait ran out (an HTTP error and a :class:`TimeoutError`)."""
 
 
 class QuotaError(APIError):
     """429: a quota or a concurrency limit was hit (``quota_exceeded``, ``too_many_execs``)."""
 
 
-class SandboxError(APIError):
-    """502: the sandbox could not start, or its agent could not be reached."""
+class SandboxError(APIError, RuntimeError):  # type: ignore[misc]
+    """502: the sandbox could not start, or its agent could not be reached.
+
+    Also a :class:`RuntimeError`, which is what Orchard's SDK raised for a failed sandbox.
+    """
+
+
+class TerminalError(OrchardError, RuntimeError):
+    """A terminal session ended with an error instead of an exit (a ``RuntimeError``)."""
+
+
+class SandboxDeletedError(OrchardError, RuntimeError):
+    """The sandbox was used after :meth:`~orchard_env.SandboxInstance.delete`.
+
+    A :class:`RuntimeError`, as in Orchard's SDK.
+    """
 
 
 class ServerError(APIError):
@@ -113,10 +237,16 @@ class UnavailableError(APIError):
     """503: the server is overloaded; raised once the retries are used up."""
 
 
-class OrchardConnectionError(OrchardError, builtins.ConnectionError):
+class OrchardConnectionError(
+    OrchardError,
+    builtins.ConnectionError,
+    requests.exceptions.ConnectionError,
+    aiohttp.ClientConnectionError,
+):
     """The server could not be reached, or the connection broke (after the retries).
 
-    Also a built-in :class:`ConnectionError`. ``__cause__`` is the ``httpx`` error.
+    Also a built-in :class:`ConnectionError` (and the ``requests`` and ``aiohttp``
+    connection errors). ``__cause__`` is the ``httpx`` error.
     """
 
 
@@ -125,7 +255,7 @@ _BY_STATUS: dict[int, type[OrchardError]] = {
     401: AuthError,
     403: AuthError,
     404: NotFoundError,
-    408: OrchardTimeoutError,
+    408: RequestTimeoutError,
     409: ConflictError,
     413: BadRequestError,
     422: BadRequestError,
@@ -162,7 +292,14 @@ def _class_for(status: int) -> type[OrchardError]:
     return APIError
 
 
-def error_from_body(status: int, body: bytes) -> OrchardError:
+def error_from_body(
+    status: int,
+    body: bytes,
+    *,
+    headers: Mapping[str, str] | None = None,
+    method: str | None = None,
+    url: str | None = None,
+) -> OrchardError:
     """Builds the exception for an error ``status`` and its raw ``body``.
 
     >>> e = error_from_body(404, b'{"detail": "no sandbox x", "code": "not_found"}')
@@ -191,14 +328,24 @@ def error_from_body(status: int, body: bytes) -> OrchardError:
     if detail is None:
         text = body.decode("utf-8", "replace").strip()
         detail = text[:500] if text else f"HTTP {status}"
-    return _class_for(status)(
+    err = _class_for(status)(
         detail, status=status, code=code or _CODE_BY_STATUS.get(status), body=parsed
     )
+    if isinstance(err, APIError):
+        err._attach(body, headers, method, url)
+    return err
 
 
 def error_from_response(response: httpx.Response) -> OrchardError:
     """Builds the exception for an error response whose body has been read."""
-    return error_from_body(response.status_code, response.content)
+    request = response.request
+    return error_from_body(
+        response.status_code,
+        response.content,
+        headers=response.headers,
+        method=request.method,
+        url=str(request.url),
+    )
 
 
 _BY_CLOSE_CODE: dict[int, tuple[type[OrchardError], int, str]] = {

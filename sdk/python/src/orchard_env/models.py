@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict, TypeVar
 
@@ -94,7 +95,8 @@ class SandboxInfo:
     status: str | None = None
     ready: bool = False
     status_message: str | None = None
-    created_at: str | None = None
+    #: ISO-8601 on ``/v1``; Unix epoch seconds (a float) on the compatible routes.
+    created_at: str | float | None = None
     block_network: bool | None = None
     cpu: str | None = None
     memory: str | None = None
@@ -128,42 +130,87 @@ class SandboxInfo:
         )
 
 
-@dataclass
+def epoch_seconds(value: Any) -> float | None:
+    """A timestamp as Unix epoch seconds: floats pass, ISO-8601 strings are converted.
+
+    The compatible routes send floats (as Orchard does); servers before that change
+    sent ISO-8601 strings, which are still accepted.
+
+    >>> epoch_seconds(1702900000.25), epoch_seconds("2023-12-18T11:46:40.25Z")
+    (1702900000.25, 1702900000.25)
+    >>> epoch_seconds(None) is None, epoch_seconds("garbage") is None
+    (True, True)
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        if text.endswith(("Z", "z")):
+            text = text[:-1] + "+00:00"
+        try:
+            parsed = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=datetime.UTC)
+        return parsed.timestamp()
+    return None
+
+
 class JobResult:
     """A command run through the compatible jobs API (:meth:`SandboxInstance.exec`).
 
-    ``status`` goes ``queued`` → ``running`` → ``succeeded`` (exit 0) or ``failed``
-    (non-zero exit, or ``error`` set when the command could not run or timed out).
+    Built as Orchard's is, from the job object: ``JobResult(data)``. ``status`` goes
+    ``queued`` → ``running`` → ``succeeded`` (exit 0) or ``failed`` (non-zero exit, or
+    ``error`` set when the command could not run or timed out). ``created_at``,
+    ``started_at`` and ``completed_at`` are Unix epoch seconds (floats, ``None`` when
+    not known yet).
 
     >>> r = sandbox.exec("echo hi; exit 3")
     >>> (r.stdout, r.exit_code, r.succeeded, r.failed, r.is_complete)
     ('hi\\n', 3, False, True, True)
+    >>> JobResult({"job_id": "j", "status": "running", "created_at": 5}).created_at
+    5.0
     """
 
     job_id: str
+    sandbox_id: str | None
+    command: Any
     status: str
-    stdout: str = ""
-    stderr: str = ""
-    exit_code: int | None = None
-    sandbox_id: str | None = None
-    command: Any = None
-    error: str | None = None
-    created_at: str | None = None
-    started_at: str | None = None
-    completed_at: str | None = None
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    error: str | None
+    created_at: float | None
+    started_at: float | None
+    completed_at: float | None
+    #: The job object it was built from.
+    raw: dict[str, Any]
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.raw = data
+        self.job_id = str(data.get("job_id", ""))
+        self.sandbox_id = data.get("sandbox_id")
+        self.command = data.get("command")
+        self.status = str(data.get("status", "queued"))
+        self.stdout = data.get("stdout") or ""
+        self.stderr = data.get("stderr") or ""
+        self.exit_code = data.get("exit_code")
+        self.error = data.get("error")
+        self.created_at = epoch_seconds(data.get("created_at"))
+        self.started_at = epoch_seconds(data.get("started_at"))
+        self.completed_at = epoch_seconds(data.get("completed_at"))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobResult:
-        """Builds it from the job object."""
-        return _pick(
-            cls,
-            data,
-            job_id=str(data.get("job_id", "")),
-            status=str(data.get("status", "queued")),
-            stdout=data.get("stdout") or "",
-            stderr=data.get("stderr") or "",
-        )
+        """Builds it from the job object (the same as ``JobResult(data)``)."""
+        return cls(data)
 
     @property
     def succeeded(self) -> bool:
@@ -177,8 +224,19 @@ class JobResult:
 
     @property
     def is_complete(self) -> bool:
-        """True once the job has finished (succeeded or failed)."""
+        """True once the job has finished (succeeded or failed); never while queued or running."""
         return self.status in ("succeeded", "failed")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobResult) and other.raw == self.raw
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"JobResult(job_id={self.job_id!r}, status={self.status!r}, "
+            f"exit_code={self.exit_code!r})"
+        )
 
 
 @dataclass

@@ -22,8 +22,10 @@ import asyncio
 import base64
 import builtins
 import json
+import select
 import socket
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +47,7 @@ from .errors import (
     OrchardConnectionError,
     OrchardError,
     OrchardTimeoutError,
+    TerminalError,
     error_from_body,
     error_from_close_code,
 )
@@ -195,13 +198,18 @@ class SyncWebSocket:
         if uri.secure:
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=uri.host)
         self._sock = sock
+        #: Guards ``_proto`` and writes to the socket: a thread may send (keystrokes,
+        #: signals, resizes) while another is blocked reading. Never held while waiting
+        #: for the peer.
+        self._lock = threading.Lock()
         self._proto = ClientProtocol(uri, max_size=None)
         self._frames: list[str] = []
         self._partial: list[bytes] = []
         request = self._proto.connect()
         request.headers.update(target.headers)
-        self._proto.send_request(request)
-        self._flush()
+        with self._lock:
+            self._proto.send_request(request)
+            self._flush()
         response: Response | None = None
         while response is None:
             for event in self._read(_left(deadline)):
@@ -217,6 +225,7 @@ class SyncWebSocket:
             raise ConnectionError("connection closed during the WebSocket handshake")
 
     def _flush(self) -> None:
+        """Writes what the protocol has to send (the caller holds ``_lock``)."""
         for data in self._proto.data_to_send():
             try:
                 if data:
@@ -235,12 +244,15 @@ class SyncWebSocket:
             raise builtins.TimeoutError("timed out") from None
         except OSError:
             data = b""
-        if data:
-            self._proto.receive_data(data)
-        else:
-            self._proto.receive_eof()
+        with self._lock:
+            if data:
+                self._proto.receive_data(data)
+            else:
+                self._proto.receive_eof()
+            received = self._proto.events_received()
+            self._flush()
         events = []
-        for event in self._proto.events_received():
+        for event in received:
             if isinstance(event, Frame) and event.opcode in (
                 Opcode.TEXT,
                 Opcode.BINARY,
@@ -252,15 +264,29 @@ class SyncWebSocket:
                     self._partial = []
             else:
                 events.append(event)
-        self._flush()
         return events
+
+    def has_input(self) -> bool:
+        """Whether a message, or bytes of one, can be had without waiting."""
+        if self._frames:
+            return True
+        if self._proto.state is State.CLOSED:
+            return False
+        if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+            return True
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True  # a closed socket: reading it reports the end
+        return bool(readable)
 
     def send(self, text: str) -> None:
         """Sends a text frame (raises ``ConnectionClosed`` when closed)."""
-        if self._proto.state is not State.OPEN:
-            raise self._closed()
-        self._proto.send_text(text.encode())
-        self._flush()
+        with self._lock:
+            if self._proto.state is not State.OPEN:
+                raise self._closed()
+            self._proto.send_text(text.encode())
+            self._flush()
 
     def recv(self, timeout: float | None = None) -> str:
         """The next text message; ``ConnectionClosed`` at the end of the connection."""
@@ -277,12 +303,13 @@ class SyncWebSocket:
 
     def close(self) -> None:
         """Sends a Close (if still open) and closes the socket."""
-        if self._proto.state is State.OPEN:
-            try:
-                self._proto.send_close(1000)
-                self._flush()
-            except Exception:
-                pass
+        with self._lock:
+            if self._proto.state is State.OPEN:
+                try:
+                    self._proto.send_close(1000)
+                    self._flush()
+                except Exception:
+                    pass
         self._sock.close()
 
 
@@ -336,6 +363,21 @@ class _Buffered:
         return out
 
 
+#: Seconds :meth:`ContainerProcess.poll` waits for the rest of a message it saw begin.
+_POLL_SLICE = 1.0
+
+
+def _exit_status(protocol: PtyProtocol) -> int:
+    """The exit code ``wait`` returns: the program's, or -1 when none was reported.
+
+    A terminal that ended with an ``error`` frame and no exit raises
+    :class:`TerminalError` (a ``RuntimeError``, as Orchard's SDK raises).
+    """
+    if protocol.exit_code is None and protocol.errors:
+        raise TerminalError(f"terminal error: {protocol.errors[-1]}", code="pty_error")
+    return protocol.exit_code if protocol.exit_code is not None else -1
+
+
 def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
@@ -357,6 +399,9 @@ class ContainerProcess(_Buffered):
     def __init__(self, ws: SyncWebSocket, protocol: PtyProtocol, detach_on_exit: bool) -> None:
         super().__init__(protocol, detach_on_exit)
         self._ws = ws
+        #: One reader at a time (``read``/``wait`` may be called from any thread, as
+        #: with Orchard's reader thread); ``poll`` does not wait for it.
+        self._reading = threading.RLock()
 
     @classmethod
     def open(
@@ -391,6 +436,10 @@ class ContainerProcess(_Buffered):
 
     def _pump(self, timeout: float | None) -> bool:
         """Receives one frame; False at the end of the stream."""
+        with self._reading:
+            return self._pump_locked(timeout)
+
+    def _pump_locked(self, timeout: float | None) -> bool:
         if self._eof:
             return False
         try:
@@ -410,6 +459,42 @@ class ContainerProcess(_Buffered):
     def write(self, data: str | bytes) -> None:
         """Types ``data`` (text is sent as UTF-8)."""
         self._ws.send(PtyProtocol.stdin(data))
+
+    def write_stdin(self, data: bytes | str) -> None:
+        """Orchard's name of :meth:`write`."""
+        self.write(data)
+
+    def poll(self) -> int | None:
+        """The exit code if the program has exited, else ``None``; never blocks.
+
+        Frames already sent by the server are taken in first (their output stays
+        readable), so a program that has exited is seen as such.
+        """
+        if self._reading.acquire(blocking=False):  # else another thread is reading
+            try:
+                while not self._eof and self._ws.has_input():
+                    self._pump_locked(_POLL_SLICE)
+            except OrchardTimeoutError:
+                pass
+            finally:
+                self._reading.release()
+        return self._proto.exit_code if self._proto.exited else None
+
+    def read_all(self, timeout: float | None = None) -> bytes:
+        """All output until the program ends (at most ``timeout`` seconds in all;
+        :class:`TimeoutError` after that)."""
+        deadline = _deadline(timeout)
+        while self._pump(_left(deadline)):
+            pass
+        return self.read_available()
+
+    def kill(self, signal_name: str = "TERM") -> None:
+        """Sends ``signal_name`` (``"TERM"``, ``"INT"``, ``"KILL"``...) to the program's
+        process group; best effort (nothing is raised once the connection is gone)."""
+        try:
+            self.send_signal(signal_name)
+        except (ConnectionClosed, OSError):
+            pass
 
     def read(self, timeout: float | None = None) -> bytes:
         """The next output, waiting up to ``timeout`` seconds; ``b""`` once it has ended.
@@ -437,12 +522,13 @@ class ContainerProcess(_Buffered):
             if not self._pump(_left(deadline)):
                 raise EOFError(f"terminal ended before {marker!r}")
 
-    def wait(self, timeout: float | None = None) -> int | None:
-        """Waits for the program to end and returns its exit code; output stays readable."""
+    def wait(self, timeout: float | None = None) -> int:
+        """Waits for the program to end and returns its exit code (-1 if none was
+        reported); output stays readable. :class:`TimeoutError` after ``timeout``."""
         deadline = _deadline(timeout)
         while self._pump(_left(deadline)):
             pass
-        return self._proto.exit_code
+        return _exit_status(self._proto)
 
     def communicate(self, input: str | bytes | None = None, timeout: float | None = None) -> bytes:
         """Types ``input``, waits for the end, and returns all output not read yet."""
@@ -509,6 +595,9 @@ class ContainerProcess(_Buffered):
 class AsyncContainerProcess(_Buffered):
     """Async :class:`ContainerProcess`: the same methods, awaitable.
 
+    A reader task takes frames in as they come (as Orchard's does), so :meth:`poll`
+    sees the exit without an ``await`` of its own.
+
     >>> async def main(sb):
     ...     async with await sb.exec("echo hi", pty=True) as proc:
     ...         code = await proc.wait(timeout=30)
@@ -520,6 +609,39 @@ class AsyncContainerProcess(_Buffered):
     def __init__(self, ws: AsyncConnection, protocol: PtyProtocol, detach_on_exit: bool) -> None:
         super().__init__(protocol, detach_on_exit)
         self._ws = ws
+        #: Set by the reader task whenever it took a frame in, or ended.
+        self._arrived = asyncio.Event()
+        #: Why the reader ended, to be raised by the next wait (at most once).
+        self._failure: BaseException | None = None
+        self._reader = asyncio.get_running_loop().create_task(self._read_frames())
+
+    async def _read_frames(self) -> None:
+        """The reader task: frames into the buffer until the exit or the connection's end."""
+        try:
+            while not self._proto.exited:
+                text = await self._ws.recv()
+                self._buf += self._proto.handle(text)
+                self._arrived.set()
+        except ConnectionClosed as err:
+            if not (self._proto.exited or _is_normal_close(err)):
+                self._failure = _closed_error(err)
+        except Exception as err:  # an error frame before the start, a bad frame
+            self._failure = err
+        finally:
+            self._eof = True
+            self._arrived.set()
+
+    async def _stop_reader(self) -> None:
+        """Waits for the reader to see the connection's end (after ``ws.close``)."""
+        if self._reader.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reader), _OPEN_TIMEOUT)
+        except builtins.TimeoutError:
+            self._reader.cancel()
+        except asyncio.CancelledError:
+            self._reader.cancel()
+            raise
 
     @classmethod
     async def open(
@@ -556,32 +678,77 @@ class AsyncContainerProcess(_Buffered):
                     raise OrchardConnectionError("terminal closed before it started")
         except ConnectionClosed as err:
             await ws.close()
+            await proc._stop_reader()
             raise _closed_error(err) from err
         except BaseException:
             await ws.close()
+            await proc._stop_reader()
             raise
         return proc
 
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            err, self._failure = self._failure, None
+            raise err
+
     async def _pump(self, timeout: float | None) -> bool:
+        """Waits until the reader took a frame in; False once nothing more can come."""
+        self._raise_failure()
         if self._eof:
             return False
+        self._arrived.clear()
         try:
-            text = await asyncio.wait_for(self._ws.recv(), timeout)
+            await asyncio.wait_for(self._arrived.wait(), timeout)
         except builtins.TimeoutError:
             raise OrchardTimeoutError("no terminal output in time") from None
-        except ConnectionClosed as err:
-            self._eof = True
-            if self._proto.exited or _is_normal_close(err):
-                return False
-            raise _closed_error(err) from err
-        self._buf += self._proto.handle(text)
-        if self._proto.exited:
-            self._eof = True
+        self._raise_failure()
         return True
+
+    @classmethod
+    async def connect(
+        cls,
+        ws_url: str,
+        init_frame: str | Mapping[str, Any],
+        *,
+        connect_timeout: float = 10.0,
+        session: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> AsyncContainerProcess:
+        """Connects to a compatible PTY WebSocket (``ws://.../sandboxes/{id}/exec/pty?api_key=K``)
+        and starts the program of ``init_frame`` (JSON text or a dict), as Orchard's
+        ``AsyncContainerProcess.connect`` does. ``session`` is accepted for
+        compatibility and not used (the connection is the ``websockets`` library's)."""
+        del session
+        init = json.loads(init_frame) if isinstance(init_frame, str) else dict(init_frame)
+        target = WsTarget(ws_url, dict(headers or {}))
+        return await cls.open(target, init=init, timeout=connect_timeout)
 
     async def write(self, data: str | bytes) -> None:
         """Types ``data``."""
         await self._ws.send(PtyProtocol.stdin(data))
+
+    async def write_stdin(self, data: bytes | str) -> None:
+        """Orchard's name of :meth:`write`."""
+        await self.write(data)
+
+    def poll(self) -> int | None:
+        """The exit code if the program has exited, else ``None`` (not a coroutine, as in
+        Orchard's SDK: the reader task keeps the state current)."""
+        return self._proto.exit_code if self._proto.exited else None
+
+    async def read_all(self, timeout: float | None = None) -> bytes:
+        """All output until the program ends (:class:`TimeoutError` after ``timeout``)."""
+        deadline = _deadline(timeout)
+        while await self._pump(_left(deadline)):
+            pass
+        return self.read_available()
+
+    async def kill(self, signal_name: str = "TERM") -> None:
+        """Sends ``signal_name`` to the program's process group; best effort."""
+        try:
+            await self.send_signal(signal_name)
+        except (ConnectionClosed, OSError):
+            pass
 
     async def read(self, timeout: float | None = None) -> bytes:
         """The next output; ``b""`` once it has ended (see :meth:`ContainerProcess.read`)."""
@@ -602,12 +769,12 @@ class AsyncContainerProcess(_Buffered):
             if not await self._pump(_left(deadline)):
                 raise EOFError(f"terminal ended before {marker!r}")
 
-    async def wait(self, timeout: float | None = None) -> int | None:
-        """Waits for the program to end and returns its exit code."""
+    async def wait(self, timeout: float | None = None) -> int:
+        """Waits for the program to end and returns its exit code (-1 if none was reported)."""
         deadline = _deadline(timeout)
         while await self._pump(_left(deadline)):
             pass
-        return self._proto.exit_code
+        return _exit_status(self._proto)
 
     async def communicate(
         self, input: str | bytes | None = None, timeout: float | None = None
@@ -647,6 +814,7 @@ class AsyncContainerProcess(_Buffered):
                 pass
         self._eof = True
         await self._ws.close()
+        await self._stop_reader()
 
     async def close(self) -> None:
         """Ends the program and disconnects."""
@@ -657,6 +825,7 @@ class AsyncContainerProcess(_Buffered):
                 pass
         self._eof = True
         await self._ws.close()
+        await self._stop_reader()
 
     async def __aenter__(self) -> AsyncContainerProcess:
         return self

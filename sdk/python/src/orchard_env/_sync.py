@@ -9,33 +9,33 @@ Hello, Orchard!
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any, Literal, overload
 
 import httpx
 
-from . import _ops
-from ._base import ClientState, agent_key, agent_target, describe
+from . import _envcheck, _ops
+from ._base import ClientState, agent_key, agent_target, check_started, describe
 from ._config import new_sandbox_id, resolve_config
-from ._http import Op, Request, Route, SyncDriver, make_agent_http, make_http, transport_error
+from ._http import Op, Route, SyncDriver, make_agent_http, make_http
 from ._retry import RetryPolicy
 from ._streams import (
     IterReader,
     NdjsonDecoder,
     archive_root,
     body_from,
-    exec_event,
     extract_tar,
     path_chunks,
     pull_event,
     tar_directory,
 )
-from .errors import OrchardError
+from ._sync_handles import ExecStream, Process, Session, Terminal
+from .errors import OrchardError, SandboxDeletedError
 from .models import (
-    ExecEvent,
-    ExecExit,
     ExecResult,
     ExtractResult,
     FileEntry,
@@ -49,11 +49,9 @@ from .models import (
     JobResult,
     PatchResult,
     ProcessInfo,
-    ProcessOutput,
     PtyInfo,
     SandboxInfo,
     SessionInfo,
-    SessionResult,
 )
 from .pty import ContainerProcess
 
@@ -65,12 +63,12 @@ Command = str | Sequence[str]
 class SandboxClient:
     """A connection to an Orchard server; makes and finds sandboxes.
 
-    Arguments default to the environment: ``SANDBOX_BASE_URL`` (required one way or
-    the other), ``SANDBOX_API_KEY`` and ``SANDBOX_PREFIX`` (the start of the ids of the
-    sandboxes it creates). ``timeout`` is the HTTP time-out in seconds (and how long
-    ``exec`` waits for a command without a time limit of its own). With
-    ``auto_cleanup`` (the default) every sandbox it creates is deleted when the client's
-    ``with`` block ends, at interpreter exit, and on SIGINT/SIGTERM. Transient failures
+    Arguments default to the environment: ``SANDBOX_BASE_URL`` (then
+    ``http://localhost:8000``), ``SANDBOX_API_KEY`` and ``SANDBOX_PREFIX`` (the start
+    of the ids of the sandboxes it creates). ``timeout`` is the HTTP time-out in
+    seconds (and how long ``exec`` waits for a command without a time limit of its
+    own). With ``auto_cleanup`` (the default) every sandbox it creates is deleted when
+    the client's ``with`` block ends, at interpreter exit, and on SIGINT/SIGTERM. Transient failures
     are retried by ``retry`` (3 times, exponential backoff with jitter; a command is
     never sent twice). ``direct=True`` sends the ``/v1`` sandbox calls to each sandbox's
     agent itself (its Unix socket, or its address) instead of through the server.
@@ -99,11 +97,39 @@ class SandboxClient:
         #: Connection pools to agents of direct sandboxes, by (socket, url).
         self._agents: dict[tuple[str | None, str | None], httpx.Client] = {}
         self._closed = False
+        #: The HTTP time-out in seconds, as given.
+        self.timeout = timeout
+        #: The connection pool to the server (an ``httpx.Client``; Orchard's was a
+        #: ``requests.Session``, and ``headers`` works on both).
+        self.session = http
 
     @property
     def base_url(self) -> str:
         """The server's URL."""
         return self._state.config.base_url
+
+    @property
+    def api_key(self) -> str | None:
+        """The API key sent as ``X-API-Key`` (from ``SANDBOX_API_KEY`` when not given)."""
+        return self._state.config.api_key
+
+    @property
+    def max_retries(self) -> int:
+        """Retries of a transient failure (3); settable, as in Orchard's SDK."""
+        return self._driver.retry.attempts
+
+    @max_retries.setter
+    def max_retries(self, value: int) -> None:
+        self._driver.retry = dataclasses.replace(self._driver.retry, attempts=int(value))
+
+    @property
+    def retry_delay(self) -> float:
+        """First backoff after a transport error, doubled each retry (1 s); settable."""
+        return self._driver.retry.backoff
+
+    @retry_delay.setter
+    def retry_delay(self, value: float) -> None:
+        self._driver.retry = dataclasses.replace(self._driver.retry, backoff=float(value))
 
     @property
     def prefix(self) -> str:
@@ -130,7 +156,7 @@ class SandboxClient:
         sandbox_id: str | None = None,
         cpu: str | float | None = None,
         memory: str | None = None,
-        timeout: float = 3600,
+        timeout: float | None = None,
         wait_ready: bool = True,
         poll_interval: float = 1.0,
         *,
@@ -142,10 +168,11 @@ class SandboxClient:
         """Creates a sandbox from ``image`` and (by default) waits until it is ready.
 
         ``cpu`` like ``"2"`` or ``"500m"``, ``memory`` like ``"1Gi"``; ``timeout`` is how
-        long readiness may take, in seconds. The wait is server-side (``/wait``), so
-        ``poll_interval`` is accepted for compatibility and not needed. ``env``,
-        ``labels`` and ``ttl`` (seconds) use the ``/v1`` API. A sandbox that fails to
-        start is deleted and :class:`~orchard_env.SandboxError` raised.
+        long readiness may take, in seconds (the server's limit when ``None``). The wait
+        is server-side (``/wait``), so ``poll_interval`` is accepted for compatibility
+        and not needed. ``env``, ``labels`` and ``ttl`` (seconds) use the ``/v1`` API.
+        A sandbox that fails to start is deleted and :class:`~orchard_env.SandboxError`
+        (a ``RuntimeError``) raised; one not ready in time, a ``TimeoutError``.
 
         >>> with client.create_sandbox("busybox:latest", memory="256Mi") as sb:
         ...     sb.info.status, sb.sandbox_id.startswith(client.prefix)
@@ -178,6 +205,7 @@ class SandboxClient:
         if wait_ready:
             try:
                 sandbox.wait_ready(timeout)
+                check_started(sandbox.info)
             except BaseException:
                 self._delete_quietly(sid)
                 raise
@@ -192,13 +220,9 @@ class SandboxClient:
         info = self._driver.run(_ops.get_sandbox(sandbox_id))
         return SandboxInstance(self, info, direct=self._direct(direct))
 
-    def delete_sandbox(self, sandbox_id: str) -> dict[str, Any]:
-        """Deletes a sandbox: ``{"status": "deleted", "sandbox_id": id}``."""
-        try:
-            self._driver.run(_ops.delete_sandbox(sandbox_id))
-        finally:
-            self._state.disown(sandbox_id)
-        return {"status": "deleted", "sandbox_id": sandbox_id}
+    def delete_sandbox(self, sandbox_id: str) -> None:
+        """Deletes a sandbox, best effort: never raises (as in Orchard's SDK)."""
+        self._delete_quietly(sandbox_id)
 
     def cleanup_all(self) -> list[str]:
         """Deletes every sandbox this client created and has not deleted; returns their ids."""
@@ -250,13 +274,14 @@ class SandboxClient:
         """Removes an image from the server's store."""
         return self._driver.run(_ops.delete_image(reference))
 
-    def close(self) -> None:
-        """Deletes the owned sandboxes (with ``auto_cleanup``) and closes the connections."""
+    def close(self, cleanup: bool = True) -> None:
+        """Deletes the owned sandboxes (with ``auto_cleanup``, unless ``cleanup=False``)
+        and closes the connections."""
         if self._closed:
             return
         self._closed = True
         try:
-            if self._state.auto_cleanup:
+            if cleanup and self._state.auto_cleanup:
                 self.cleanup_all()
         finally:
             for agent in self._agents.values():
@@ -285,7 +310,7 @@ class SandboxClient:
     def _delete_quietly(self, sandbox_id: str) -> None:
         try:
             self._driver.run(_ops.delete_sandbox(sandbox_id, missing_ok=True))
-        except OrchardError:
+        except Exception:  # best effort by contract: cleanup paths must not raise
             pass
         finally:
             self._state.disown(sandbox_id)
@@ -322,11 +347,29 @@ class SandboxInstance:
         #: created through /v1 or talks to its agent directly.
         self._v1 = direct or "id" in info.raw
         self._route_cache: Route | None = None
+        self._deleted = False
+        self._heartbeat_thread: threading.Thread | None = None
+        #: Set to stop the heartbeat thread (also wakes it from its sleep at once).
+        self._heartbeat_stop = threading.Event()
 
     @property
     def sandbox_id(self) -> str:
         """The sandbox's id."""
         return self.info.sandbox_id
+
+    @property
+    def namespace(self) -> str | None:
+        """The namespace the server reports (Orchard's Kubernetes namespace)."""
+        return self.info.namespace
+
+    @property
+    def block_network(self) -> bool | None:
+        """Whether egress is blocked."""
+        return self.info.block_network
+
+    def _check(self) -> None:
+        if self._deleted:
+            raise SandboxDeletedError(f"sandbox {self.sandbox_id} has been deleted")
 
     @property
     def id(self) -> str:
@@ -357,8 +400,42 @@ class SandboxInstance:
         """Keeps the sandbox alive: once heartbeats started, it is reaped when they stop."""
         return self._driver.run(_ops.heartbeat(self.sandbox_id))
 
+    def start_heartbeat(self, interval: float = 60) -> None:
+        """Posts a heartbeat every ``interval`` seconds from a daemon thread, until
+        :meth:`stop_heartbeat`, :meth:`delete` or the client's close. Failed heartbeats
+        are ignored (the next one may get through); a second call while running does
+        nothing."""
+        if self._heartbeat_thread is not None and self._heartbeat_thread.is_alive():
+            return
+        stop = self._heartbeat_stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(interval) and not self._client._closed:
+                try:
+                    self._driver.run(_ops.heartbeat(self.sandbox_id))
+                except Exception:  # best effort, as in Orchard's SDK
+                    pass
+
+        self._heartbeat_thread = threading.Thread(
+            target=beat, name=f"heartbeat-{self.sandbox_id}", daemon=True
+        )
+        self._heartbeat_thread.start()
+
+    def stop_heartbeat(self) -> None:
+        """Stops the heartbeat thread (waits for it, at most a few seconds)."""
+        self._heartbeat_stop.set()
+        thread, self._heartbeat_thread = self._heartbeat_thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
     def delete(self) -> None:
-        """Deletes the sandbox (quietly when it is already gone)."""
+        """Deletes the sandbox (quietly when it is already gone); stops its heartbeats.
+
+        Afterwards its methods raise :class:`~orchard_env.SandboxDeletedError`, a
+        ``RuntimeError``.
+        """
+        self.stop_heartbeat()
+        self._deleted = True
         self._client._delete_quietly(self.sandbox_id)
 
     def detach(self) -> SandboxInstance:
@@ -386,8 +463,12 @@ class SandboxInstance:
         timeout: float | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        poll_interval: float = 0.1,
         login_shell: bool = False,
         pty: Literal[False] = False,
+        rows: int = 24,
+        cols: int = 80,
     ) -> JobResult: ...
 
     @overload
@@ -397,9 +478,13 @@ class SandboxInstance:
         timeout: float | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        poll_interval: float = 0.1,
         login_shell: bool = False,
         *,
         pty: Literal[True],
+        rows: int = 24,
+        cols: int = 80,
     ) -> ContainerProcess: ...
 
     def exec(
@@ -408,15 +493,21 @@ class SandboxInstance:
         timeout: float | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        poll_interval: float = 0.1,
         login_shell: bool = False,
         pty: bool = False,
+        rows: int = 24,
+        cols: int = 80,
     ) -> JobResult | ContainerProcess:
         """Runs ``command`` (a shell string, or an argv list) and waits for it.
 
         Through the compatible jobs API: commands of one sandbox run one at a time, in
         order. ``timeout`` is the command's time limit in seconds. Returns a
-        :class:`~orchard_env.JobResult` (not an exception) for a non-zero exit. With
-        ``pty=True`` the command runs on a terminal and a
+        :class:`~orchard_env.JobResult` (not an exception) for a non-zero exit; with
+        ``wait=False``, the queued job at once (:meth:`get_job` follows it). The wait is
+        server-side, so ``poll_interval`` is accepted for compatibility and not needed.
+        With ``pty=True`` the command runs on a ``rows`` x ``cols`` terminal and a
         :class:`~orchard_env.ContainerProcess` is returned at once.
 
         >>> sandbox.exec(["echo", "a b"]).stdout
@@ -424,8 +515,24 @@ class SandboxInstance:
         >>> sandbox.exec("pwd", cwd="/tmp").stdout
         '/tmp\\n'
         """
+        del poll_interval  # waits block server-side
+        self._check()
         if pty:
-            return self._open_compat_pty(command, cwd=cwd, env=env, login_shell=login_shell)
+            return self._open_compat_pty(
+                command, cwd=cwd, env=env, login_shell=login_shell, rows=rows, cols=cols
+            )
+        if not wait:
+            job_id = self._driver.run(
+                _ops.submit_job(
+                    self.sandbox_id,
+                    command,
+                    timeout=timeout,
+                    cwd=cwd,
+                    env=env,
+                    login_shell=login_shell,
+                )
+            )
+            return _ops.queued_job(job_id, self.sandbox_id, command)
         return self._driver.run(
             _ops.exec_job(
                 self.sandbox_id,
@@ -470,39 +577,68 @@ class SandboxInstance:
 
         Returns ``{"success", "stdout", "stderr", "exit_code", "error"}``.
         """
+        self._check()
         return self._driver.run(_ops.apply_patch(self.sandbox_id, patch, timeout))
 
-    def upload_content(self, content: bytes | str, remote: str) -> dict[str, Any]:
-        """Writes ``content`` to the file ``remote`` (compatible route, base64 JSON).
+    def upload_content(self, content: bytes | str, remote_path: str) -> dict[str, Any]:
+        """Writes ``content`` to the file ``remote_path`` (compatible route, base64 JSON).
 
         >>> sandbox.upload_content("hello", "/tmp/hello.txt")["size"]
         5
         >>> sandbox.download_content("/tmp/hello.txt")
         b'hello'
         """
+        self._check()
         data = content.encode() if isinstance(content, str) else bytes(content)
-        return self._driver.run(_ops.upload_content(self.sandbox_id, data, remote))
+        return self._driver.run(_ops.upload_content(self.sandbox_id, data, remote_path))
 
-    def upload_file(self, local: str | os.PathLike[str], remote: str) -> dict[str, Any]:
-        """Uploads the local file ``local`` to ``remote`` (compatible route)."""
-        with open(local, "rb") as f:
+    def upload_file(self, local_path: str | os.PathLike[str], remote_path: str) -> dict[str, Any]:
+        """Uploads the local file ``local_path`` to ``remote_path`` (compatible route):
+        ``{"success", "path", "size"}``."""
+        self._check()
+        with open(local_path, "rb") as f:
             data = f.read()
-        return self._driver.run(_ops.upload_content(self.sandbox_id, data, remote))
+        return self._driver.run(_ops.upload_content(self.sandbox_id, data, remote_path))
 
-    def download_content(self, remote: str) -> bytes:
-        """The bytes of the file ``remote`` (compatible route)."""
-        return self._driver.run(_ops.download_content(self.sandbox_id, remote))
+    def download_content(self, remote_path: str) -> bytes:
+        """The bytes of the file ``remote_path`` (compatible route)."""
+        self._check()
+        return self._driver.run(_ops.download_content(self.sandbox_id, remote_path))
 
-    def download_file(self, remote: str, local: str | os.PathLike[str]) -> str:
-        """Saves the file ``remote`` as ``local``; returns the local path."""
-        data = self._driver.run(_ops.download_content(self.sandbox_id, remote))
-        with open(local, "wb") as f:
+    def download_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> int:
+        """Saves the file ``remote_path`` as ``local_path``; returns the bytes written."""
+        self._check()
+        data = self._driver.run(_ops.download_content(self.sandbox_id, remote_path))
+        with open(local_path, "wb") as f:
             f.write(data)
-        return os.fspath(local)
+        return len(data)
 
-    def list_files(self, path: str = "/workspace") -> list[FileEntry]:
+    def list_files(self, remote_path: str = "/") -> list[FileEntry]:
         """Entries of a directory: ``{"name", "type": "file"|"directory", "size", "modified"}``."""
-        return self._driver.run(_ops.list_files(self.sandbox_id, path))
+        self._check()
+        return self._driver.run(_ops.list_files(self.sandbox_id, remote_path))
+
+    def check_env(self, verbose: bool = True) -> dict[str, Any]:
+        """How the sandbox's shells are set up, from a bare and a login-shell probe.
+
+        Keys: ``bashrc_loaded``, ``conda_available``, ``conda_env``, ``conda_prefix``,
+        ``path`` (login shell), ``bare_path``, ``python``, ``python3``,
+        ``python_version`` (and ``has_bashrc``, ``conda_broken``, ``conda_exe``). With
+        ``verbose`` a summary is printed.
+        """
+        limit = _envcheck.PROBE_TIMEOUT
+        bare = self.exec(_envcheck.BARE_PROBE, timeout=limit)
+        login = self.exec(_envcheck.LOGIN_PROBE, timeout=limit, login_shell=True)
+        login_info = _envcheck.parse_probe(login.stdout)
+        conda_output = None
+        conda_cmd = _envcheck.conda_check_command(login_info)
+        if conda_cmd is not None:
+            tried = self.exec(conda_cmd, timeout=limit)
+            conda_output = tried.stdout + tried.stderr
+        info = _envcheck.report(_envcheck.parse_probe(bare.stdout), login_info, conda_output)
+        if verbose:
+            print(_envcheck.summary(self.sandbox_id, info))
+        return info
 
     # --- /v1: exec --------------------------------------------------------------------------
 
@@ -529,6 +665,7 @@ class SandboxInstance:
         return self._route_cache
 
     def _run(self, op: Op[Any]) -> Any:
+        self._check()
         return self._driver.run(op, self._route())
 
     def run(
@@ -894,225 +1031,3 @@ class SandboxInstance:
             _ops.git_reset(repo, target, clean_untracked, keep_ignored)
         )
         return result
-
-
-class ExecStream:
-    """The events of a streamed command (:meth:`SandboxInstance.exec_stream`).
-
-    Iterable once; a context manager that closes the connection when left early.
-    After the last event, :attr:`exit` holds the :class:`~orchard_env.ExecExit`.
-    """
-
-    def __init__(self, sandbox: SandboxInstance, request: Request) -> None:
-        self._sandbox = sandbox
-        self._request = request
-        self._cm: Any = None
-        self._response: httpx.Response | None = None
-        #: How the command ended, once the stream is over.
-        self.exit: ExecExit | None = None
-
-    def _start(self) -> httpx.Response:
-        if self._response is None:
-            self._cm = self._sandbox._driver.stream(self._request, self._sandbox._route())
-            self._response = self._cm.__enter__()
-        return self._response
-
-    def __iter__(self) -> Iterator[ExecEvent]:
-        response = self._start()
-        decoder = NdjsonDecoder()
-        try:
-            for chunk in response.iter_bytes():
-                for frame in decoder.feed(chunk):
-                    event = exec_event(frame)
-                    if event is None:
-                        continue
-                    if isinstance(event, ExecExit):
-                        self.exit = event
-                    yield event
-            for frame in decoder.end():
-                event = exec_event(frame)
-                if event is not None:
-                    if isinstance(event, ExecExit):
-                        self.exit = event
-                    yield event
-        except httpx.HTTPError as err:
-            raise transport_error(err, self._request) from err
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Closes the connection (the command keeps running unless ``kill_on_disconnect``)."""
-        if self._cm is not None:
-            cm, self._cm = self._cm, None
-            cm.__exit__(None, None, None)
-
-    def __enter__(self) -> ExecStream:
-        self._start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class Process:
-    """A background process in a sandbox (:meth:`SandboxInstance.start_process`)."""
-
-    def __init__(self, sandbox: SandboxInstance, info: ProcessInfo) -> None:
-        self._sandbox = sandbox
-        #: The process as last seen.
-        self.info = info
-        self._stdout_offset = 0
-        self._stderr_offset = 0
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the process."""
-        return self.info.id
-
-    @property
-    def pid(self) -> int:
-        """Its pid in the sandbox."""
-        return self.info.pid
-
-    def __repr__(self) -> str:
-        return f"<Process {self.id} pid={self.pid} state={self.info.state}>"
-
-    def refresh(self) -> ProcessInfo:
-        """Reloads :attr:`info`."""
-        self.info = self._sandbox._run(_ops.get_process(self.id))
-        return self.info
-
-    def read_output(self, max_bytes: int | None = None) -> ProcessOutput:
-        """Output written since the previous call (offsets are tracked here)."""
-        out: ProcessOutput = self._sandbox._run(
-            _ops.process_output(self.id, self._stdout_offset, self._stderr_offset, max_bytes)
-        )
-        self._stdout_offset = out.stdout_next_offset
-        self._stderr_offset = out.stderr_next_offset
-        self.info = out.process
-        return out
-
-    def write_stdin(self, data: str | bytes, *, eof: bool = False) -> ProcessInfo:
-        """Writes to its stdin, and closes it with ``eof``."""
-        self.info = self._sandbox._run(_ops.process_stdin(self.id, data, eof))
-        return self.info
-
-    def close_stdin(self) -> ProcessInfo:
-        """Closes its stdin."""
-        self.info = self._sandbox._run(_ops.process_stdin(self.id, None, True))
-        return self.info
-
-    def send_signal(self, sig: str | int = "TERM", *, group: bool = True) -> ProcessInfo:
-        """Sends a signal to its process group (or only to it)."""
-        self.info = self._sandbox._run(_ops.process_signal(self.id, sig, group))
-        return self.info
-
-    def wait(self, timeout: float | None = None) -> ProcessInfo:
-        """Waits for it to end (at most ``timeout`` seconds); returns it as it is then."""
-        self.info = self._sandbox._run(_ops.process_wait(self.id, timeout))
-        return self.info
-
-    def kill(self) -> None:
-        """Kills its process group if running, and forgets it."""
-        self._sandbox._run(_ops.delete_process(self.id))
-
-
-class Session:
-    """A persistent shell in a sandbox (:meth:`SandboxInstance.create_session`).
-
-    A context manager: leaving the block ends the shell.
-    """
-
-    def __init__(self, sandbox: SandboxInstance, info: SessionInfo) -> None:
-        self._sandbox = sandbox
-        #: The session as last seen.
-        self.info = info
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the session."""
-        return self.info.id
-
-    def __repr__(self) -> str:
-        return f"<Session {self.id} shell={self.info.shell!r}>"
-
-    def run(self, command: str, *, timeout: float | None = None) -> SessionResult:
-        """Runs shell text in the session; on ``timeout`` it is interrupted, the shell stays."""
-        result: SessionResult = self._sandbox._run(_ops.session_run(self.id, command, timeout))
-        return result
-
-    def refresh(self) -> SessionInfo:
-        """Reloads :attr:`info`."""
-        self.info = self._sandbox._run(_ops.get_session(self.id))
-        return self.info
-
-    def close(self) -> None:
-        """Ends the shell and everything it started."""
-        self._sandbox._run(_ops.delete_session(self.id, missing_ok=True))
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class Terminal:
-    """A ``/v1`` terminal that outlives its connections (:meth:`SandboxInstance.create_pty`).
-
-    A context manager: leaving the block closes the terminal.
-    """
-
-    def __init__(self, sandbox: SandboxInstance, info: PtyInfo) -> None:
-        self._sandbox = sandbox
-        #: The terminal as last seen.
-        self.info = info
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the terminal."""
-        return self.info.id
-
-    def __repr__(self) -> str:
-        return f"<Terminal {self.id} argv={self.info.argv!r}>"
-
-    def attach(self, *, timeout: float = 30) -> ContainerProcess:
-        """Connects as a viewer: the scrollback first, then live output. Leaving the
-        ``with`` block of the returned process detaches; the terminal keeps running."""
-        target = self._sandbox._attach_target(self.id)
-        return ContainerProcess.open(target, init=None, timeout=timeout)
-
-    def resize(self, rows: int, cols: int) -> PtyInfo:
-        """Sets the window size."""
-        self.info = self._sandbox._run(_ops.resize_pty(self.id, rows, cols))
-        return self.info
-
-    def refresh(self) -> PtyInfo:
-        """Reloads :attr:`info`."""
-        self.info = self._sandbox._run(_ops.get_pty(self.id))
-        return self.info
-
-    def close(self) -> None:
-        """Ends the program (SIGHUP, then SIGKILL) and the terminal."""
-        self._sandbox._run(_ops.delete_pty(self.id, missing_ok=True))
-
-    def __enter__(self) -> Terminal:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

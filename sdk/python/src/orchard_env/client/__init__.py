@@ -1,0 +1,34 @@
+"""``orchard_env.client``: the clients, where Orchard's SDK keeps them.
+
+Orchard code imports ``from orchard_env.client import SandboxClient, AsyncSandboxClient``
+and the submodules :mod:`orchard_env.client.sandbox_client` and
+:mod:`orchard_env.client.process`; all of them name the same classes as
+``orchard_env`` itself (the sync client is implemented in ``orchard_env._sync``, the
+async one in ``orchard_env.aio``).
+"""
+
+from .._sync import ExecStream, Process, SandboxClient, SandboxInstance, Session, Terminal
+from ..aio import AsyncSandboxClient, AsyncSandboxInstance
+from ..models import JobResult
+from ..pty import AsyncContainerProcess, ContainerProcess
+
+#: Orchard's alias of :class:`SandboxClient`.
+Sandbox = SandboxClient
+#: Orchard's alias of :class:`AsyncSandboxClient`.
+AsyncSandbox = AsyncSandboxClient
+
+__all__ = [
+    "SandboxClient",
+    "AsyncSandboxClient",
+    "SandboxInstance",
+    "AsyncSandboxInstance",
+    "JobResult",
+    "ContainerProcess",
+    "AsyncContainerProcess",
+    "Sandbox",
+    "AsyncSandbox",
+    "ExecStream",
+    "Process",
+    "Session",
+    "Terminal",
+]
