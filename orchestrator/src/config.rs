@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// a list separated by commas, spaces or newlines.
     #[arg(long = "api-key")]
     pub api_keys: Vec<String>,
+    /// A key that may also import and delete the shared images (repeatable; also
+    /// accepted as an ordinary key); ORCHARD_OPERATOR_KEYS takes a list. Without any, a
+    /// server with one key lets it, a server with several lets none.
+    #[arg(long = "operator-key")]
+    pub operator_keys: Vec<String>,
     /// Accept requests without a key (only when asked for explicitly).
     #[arg(long, env = "ORCHARD_NO_AUTH", num_args = 0..=1, default_missing_value = "true")]
     pub no_auth: Option<bool>,
@@ -256,6 +261,7 @@ impl RegistryAndGc {
 pub struct FileConfig {
     listen: Option<String>,
     api_keys: Option<Vec<String>>,
+    operator_keys: Option<Vec<String>>,
     no_auth: Option<bool>,
     data_dir: Option<PathBuf>,
     agent: Option<PathBuf>,
@@ -323,6 +329,8 @@ pub struct Config {
     pub listen: String,
     /// Accepted keys (empty with `no_auth`, or before a key is generated).
     pub api_keys: Vec<String>,
+    /// Keys that may change the shared images.
+    pub operator_keys: Vec<String>,
     /// Auth disabled explicitly.
     pub no_auth: bool,
     /// State directory.
@@ -422,6 +430,15 @@ impl Config {
         if api_keys.is_empty() {
             api_keys = file.api_keys.unwrap_or_default();
         }
+        let mut operator_keys = args.operator_keys.clone();
+        if operator_keys.is_empty() {
+            if let Ok(env) = std::env::var("ORCHARD_OPERATOR_KEYS") {
+                operator_keys = split_keys(&env);
+            }
+        }
+        if operator_keys.is_empty() {
+            operator_keys = file.operator_keys.unwrap_or_default();
+        }
         let secs = |flag: Option<u64>, file: Option<u64>, default: u64| {
             Duration::from_secs(flag.or(file).unwrap_or(default))
         };
@@ -518,6 +535,7 @@ impl Config {
                 .or(file.listen)
                 .unwrap_or_else(|| "127.0.0.1:8000".into()),
             api_keys,
+            operator_keys,
             no_auth: args.no_auth.or(file.no_auth).unwrap_or(false),
             data_dir: args
                 .data_dir

@@ -190,7 +190,18 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         );
         Keys::new([key])
     } else {
-        Keys::new(&config.api_keys)
+        let keys = Keys::new(&config.api_keys);
+        if config.operator_keys.is_empty() {
+            if config.api_keys.len() > 1 {
+                crate::log::warn(
+                    "several keys and no --operator-key: no key may import or delete images",
+                    &[],
+                );
+            }
+            keys
+        } else {
+            keys.with_operators(&config.operator_keys)
+        }
     };
     if !config.agent.is_file() {
         return Err(ServeError::Setup(format!(

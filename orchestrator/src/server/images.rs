@@ -1,6 +1,8 @@
 //! `/v1/images`: list, pull (progress streamed as NDJSON), import an uploaded archive
 //! (streamed to a temporary file, never held in memory), remove. Images are shared by
-//! every key; any authenticated key may manage them.
+//! every key: any key may list them and pull from the registries the operator allows,
+//! but only an operator key may import (which can overwrite a tag) or delete, so one
+//! tenant cannot change what another tenant's sandboxes run.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -141,12 +143,24 @@ struct ImportQuery {
     name: Option<String>,
 }
 
+/// Refuses a key that may not change the shared images.
+fn operator(state: &AppState, tenant: &crate::service::Tenant, what: &str) -> Result<(), Error> {
+    if state.keys.is_operator(tenant) {
+        return Ok(());
+    }
+    Err(Error::Forbidden(format!(
+        "{what} changes images every key's sandboxes use: it needs an operator key \
+         (orchard serve --operator-key)"
+    )))
+}
+
 async fn import(
     State(state): State<AppState>,
-    Auth(_): Auth,
+    Auth(tenant): Auth,
     ApiQuery(q): ApiQuery<ImportQuery>,
     req: Request,
 ) -> Result<Json<ImageList>, Error> {
+    operator(&state, &tenant, "importing an image")?;
     let store = state.service.images().clone();
     let tmp_dir = store.root().join("tmp");
     tokio::fs::create_dir_all(&tmp_dir)
@@ -206,9 +220,10 @@ struct RefQuery {
 
 async fn remove(
     State(state): State<AppState>,
-    Auth(_): Auth,
+    Auth(tenant): Auth,
     ApiQuery(q): ApiQuery<RefQuery>,
 ) -> Result<Json<ImageRemoved>, Error> {
+    operator(&state, &tenant, "deleting an image")?;
     let store = state.service.images().clone();
     let reference = q.reference.clone();
     let found = tokio::task::spawn_blocking(move || store.get(&reference))

@@ -14,6 +14,9 @@ pub struct Tenant(pub String);
 pub struct Keys {
     digests: Vec<[u8; 32]>,
     disabled: bool,
+    /// Tenants that may change the shared images (import, overwrite, delete); `None`:
+    /// every tenant, which is only the default when there is one key.
+    operators: Option<Vec<Tenant>>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -45,6 +48,35 @@ impl Keys {
                 .map(|k| digest(k.as_ref()))
                 .collect(),
             disabled: false,
+            operators: None,
+        }
+    }
+
+    /// Makes `keys` (also accepted as ordinary keys) the only ones that may change the
+    /// shared images. Without this, a server with one key lets it do so, and a server
+    /// with several keys lets none: one tenant must not change what another's
+    /// sandboxes run.
+    pub fn with_operators<I: IntoIterator<Item = S>, S: AsRef<str>>(mut self, keys: I) -> Keys {
+        let mut operators = Vec::new();
+        for k in keys.into_iter().filter(|k| !k.as_ref().is_empty()) {
+            let d = digest(k.as_ref());
+            if !self.digests.iter().any(|s| ct_eq(s, &d)) {
+                self.digests.push(d);
+            }
+            operators.push(Tenant(hex::encode(&d[..8])));
+        }
+        self.operators = Some(operators);
+        self
+    }
+
+    /// Whether `tenant` may import, overwrite or delete shared images.
+    pub fn is_operator(&self, tenant: &Tenant) -> bool {
+        if self.disabled {
+            return true;
+        }
+        match &self.operators {
+            Some(ops) => ops.contains(tenant),
+            None => self.digests.len() == 1,
         }
     }
 
@@ -53,6 +85,7 @@ impl Keys {
         Keys {
             digests: Vec::new(),
             disabled: true,
+            operators: None,
         }
     }
 
@@ -105,6 +138,18 @@ mod tests {
             format!("{keys:?}").contains("count: 2"),
             "no key material in Debug"
         );
+    }
+
+    #[test]
+    fn only_operators_change_shared_images() {
+        let one = Keys::new(["solo"]);
+        assert!(one.is_operator(&one.authenticate(Some("solo")).unwrap()));
+        let two = Keys::new(["a", "b"]);
+        assert!(!two.is_operator(&two.authenticate(Some("a")).unwrap()));
+        let ops = Keys::new(["a", "b"]).with_operators(["admin"]);
+        assert!(ops.is_operator(&ops.authenticate(Some("admin")).unwrap()));
+        assert!(!ops.is_operator(&ops.authenticate(Some("b")).unwrap()));
+        assert!(Keys::disabled().is_operator(&Tenant("anonymous".into())));
     }
 
     #[test]

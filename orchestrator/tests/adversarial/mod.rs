@@ -363,3 +363,41 @@ async fn regression_a_sandbox_filling_its_disk_or_inodes_hits_enospc_and_nothing
         String::from_utf8_lossy(&loops.stdout)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_second_tenant_cannot_replace_or_delete_the_images_others_run() {
+    use crate::util::server::{send, TestServer, KEY, OTHER_KEY};
+    let srv = TestServer::start().await;
+    let layout = image_layout("busybox");
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.append_dir_all(".", &layout).unwrap();
+    let archive = tar.into_inner().unwrap();
+    let import = |key: &'static str| {
+        srv.http
+            .post(format!("{}/v1/images/import?name=busybox:latest", srv.url))
+            .header("X-API-Key", key)
+            .body(archive.clone())
+    };
+    // The attack: another key overwrites the tag the first key's sandboxes run.
+    let (s, e) = send(import(OTHER_KEY)).await;
+    assert_eq!(s, 403, "{e}");
+    assert!(e["detail"].as_str().unwrap().contains("operator"), "{e}");
+    let (s, e) = send(
+        srv.http
+            .delete(format!("{}/v1/images?reference=busybox:latest", srv.url))
+            .header("X-API-Key", OTHER_KEY),
+    )
+    .await;
+    assert_eq!(s, 403, "{e}");
+    // Reading and using them stays open to every key; the operator key may change them.
+    let (s, _) = send(
+        srv.http
+            .get(format!("{}/v1/images", srv.url))
+            .header("X-API-Key", OTHER_KEY),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, v) = send(import(KEY)).await;
+    assert_eq!(s, 200, "{v}");
+    srv.finish().await;
+}

@@ -171,7 +171,7 @@ impl TestServer {
         let keys = if opts.no_auth {
             Keys::disabled()
         } else {
-            Keys::new([KEY, OTHER_KEY])
+            Keys::new([KEY, OTHER_KEY]).with_operators([KEY])
         };
         let (router, service) = orchard::serve::app(backend.clone(), store, &config, keys)
             .await
@@ -309,7 +309,15 @@ impl ServerProcess {
         let child = Command::new(env!("CARGO_BIN_EXE_orchard"))
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(keys.iter().flat_map(|k| ["--api-key", k]))
+            // The first key imports the test images.
+            .args(
+                keys.first()
+                    .map(|k| ["--operator-key", k])
+                    .into_iter()
+                    .flatten(),
+            )
             .env_remove("ORCHARD_API_KEYS")
+            .env_remove("ORCHARD_OPERATOR_KEYS")
             .envs(env.iter().copied())
             .arg("--data-dir")
             .arg(data_dir)
