@@ -142,6 +142,11 @@ pub struct ServeArgs {
     /// Registry mirror, `REGISTRY=URL` (repeatable), e.g. `docker.io=http://127.0.0.1:5000`.
     #[arg(long = "registry-mirror")]
     pub registry_mirrors: Vec<String>,
+    /// A registry host (`host` or `host:port`) pulls may reach although it is a
+    /// loopback or link-local address (repeatable; ORCHARD_ALLOW_REGISTRIES takes a
+    /// list). Mirrors are allowed already [default: none].
+    #[arg(long = "allow-registry")]
+    pub allow_registries: Vec<String>,
     /// Log level: debug, info, warn, off [default: info].
     #[arg(long, env = "ORCHARD_LOG")]
     pub log_level: Option<String>,
@@ -288,6 +293,7 @@ pub struct FileConfig {
     sandbox_disk_inodes: Option<u64>,
     keep_sandboxes_on_exit: Option<bool>,
     registry_mirrors: Option<Vec<String>>,
+    allow_registries: Option<Vec<String>>,
     log_level: Option<String>,
     registry_config: Option<PathBuf>,
     registry_auth: Option<Vec<String>>,
@@ -361,6 +367,8 @@ pub struct Config {
     pub keep_sandboxes_on_exit: bool,
     /// Registry mirrors: (registry, URL).
     pub registry_mirrors: Vec<(String, String)>,
+    /// Loopback or link-local registry hosts pulls may reach anyway.
+    pub allow_registries: Vec<String>,
     /// Log level.
     pub log_level: String,
     /// Registry credentials and image GC.
@@ -577,6 +585,18 @@ impl Config {
                 .or(file.keep_sandboxes_on_exit)
                 .unwrap_or(false),
             registry_mirrors,
+            allow_registries: {
+                let mut allow = args.allow_registries.clone();
+                if allow.is_empty() {
+                    if let Ok(env) = std::env::var("ORCHARD_ALLOW_REGISTRIES") {
+                        allow = split_keys(&env);
+                    }
+                }
+                if allow.is_empty() {
+                    allow = file.allow_registries.unwrap_or_default();
+                }
+                allow
+            },
             log_level: args
                 .log_level
                 .or(file.log_level)

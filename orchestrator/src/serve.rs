@@ -93,6 +93,22 @@ pub fn open_images(config: &Config) -> Result<ImageStore, ServeError> {
             .push(url.clone());
     }
     store_config.credentials = config.registry.credentials.clone();
+    // Pulls name their registry; loopback and link-local ones only when the operator
+    // allowed them, or configured them as mirrors.
+    let mut allowed = config.allow_registries.clone();
+    for (_, url) in &config.registry_mirrors {
+        if let Ok(u) = reqwest::Url::parse(url) {
+            if let Some(h) = u.host_str() {
+                allowed.push(h.trim_start_matches('[').trim_end_matches(']').to_string());
+            }
+        } else {
+            allowed.push(url.split('/').next().unwrap_or(url).to_string());
+        }
+    }
+    store_config.targets = crate::image::targets::TargetPolicy {
+        restrict: true,
+        allowed,
+    };
     ImageStore::open(config.data_dir.join("images"), store_config)
         .map_err(|e| ServeError::Setup(format!("opening the image store: {e}")))
 }

@@ -32,6 +32,7 @@ pub mod manifest;
 pub mod reference;
 pub mod registry;
 pub mod store;
+pub mod targets;
 pub mod unpack;
 
 pub use error::ImageError;

@@ -281,24 +281,52 @@ pub struct FetchedManifest {
 /// The HTTP side of the store: one connection pool and token cache for all pulls.
 pub struct RegistryClient {
     http: reqwest::Client,
+    targets: std::sync::Arc<super::targets::TargetPolicy>,
     /// Auth to send per endpoint and scope, with its expiry.
     auth: Mutex<HashMap<String, (Auth, Instant)>>,
 }
 
 impl RegistryClient {
     /// A client with the store's timeouts.
-    pub fn new() -> Result<RegistryClient, ImageError> {
-        let http = reqwest::Client::builder()
+    pub fn new(targets: super::targets::TargetPolicy) -> Result<RegistryClient, ImageError> {
+        let targets = std::sync::Arc::new(targets);
+        let on_redirect = targets.clone();
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .read_timeout(READ_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::limited(5))
-            .user_agent(concat!("orchard/", env!("CARGO_PKG_VERSION")))
+            // Every hop is checked against the policy, not only the first URL.
+            .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+                if attempt.previous().len() >= 5 {
+                    return attempt.error("more than 5 redirects");
+                }
+                match on_redirect.check_url(attempt.url()) {
+                    Ok(()) => attempt.follow(),
+                    Err(reason) => attempt.error(reason),
+                }
+            }))
+            .user_agent(concat!("orchard/", env!("CARGO_PKG_VERSION")));
+        if targets.restrict {
+            builder = builder.dns_resolver(std::sync::Arc::new(super::targets::GuardedResolver(
+                targets.clone(),
+            )));
+        }
+        let http = builder
             .build()
             .map_err(|err| ImageError::invalid("HTTP client", chain(&err)))?;
         Ok(RegistryClient {
             http,
+            targets,
             auth: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Refuses a URL the target policy does not allow.
+    fn check(&self, url: &str) -> Result<(), Attempt> {
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|e| Attempt::Failed(ImageError::invalid("registry URL", e.to_string())))?;
+        self.targets
+            .check_url(&parsed)
+            .map_err(|reason| Attempt::Failed(ImageError::invalid("registry address", reason)))
     }
 
     /// Fetches the manifest `manifest_ref` (tag or digest) of `reference`'s repository
@@ -393,6 +421,7 @@ impl RegistryClient {
         accept: Option<&str>,
     ) -> Result<Response, Attempt> {
         let url = format!("{}/v2/{repository}/{path}", endpoint.url);
+        self.check(&url)?;
         let scope = format!("repository:{repository}:pull");
         let key = format!("{} {scope}", endpoint.url);
         let mut auth = self.cached(&key);
@@ -504,6 +533,8 @@ impl RegistryClient {
         };
         let mut url = reqwest::Url::parse(&realm)
             .map_err(|err| failed(format!("bad token realm {realm:?}: {err}")))?;
+        // A registry names its token server: it must not be a way in either.
+        self.targets.check_url(&url).map_err(failed)?;
         let scope = challenge_scope.as_deref().unwrap_or(scope);
         let refresh_token = endpoint
             .credentials
@@ -649,13 +680,9 @@ async fn error_message(response: Response) -> String {
             return text.join("; ");
         }
     }
-    let text = String::from_utf8_lossy(&body);
-    let text = text.trim();
-    if text.is_empty() {
-        status.to_string()
-    } else {
-        text.chars().take(200).collect()
-    }
+    // Anything else is not echoed: the body of whatever answered is not ours to show
+    // (a pull must not read arbitrary pages out to a client).
+    status.to_string()
 }
 
 #[cfg(test)]

@@ -109,6 +109,8 @@ pub struct StoreConfig {
     pub credentials: HashMap<String, Credentials>,
     /// Layers downloaded at once across all pulls.
     pub parallel_layers: usize,
+    /// Which hosts pulls may reach (unrestricted by default; `orchard serve` restricts).
+    pub targets: super::targets::TargetPolicy,
 }
 
 impl Default for StoreConfig {
@@ -118,6 +120,7 @@ impl Default for StoreConfig {
             insecure_registries: Vec::new(),
             credentials: HashMap::new(),
             parallel_layers: DEFAULT_PARALLEL_LAYERS,
+            targets: super::targets::TargetPolicy::default(),
         }
     }
 }
@@ -438,11 +441,12 @@ impl ImageStore {
         let root = root
             .canonicalize()
             .map_err(ImageError::io("cannot resolve", &root))?;
+        let registry = RegistryClient::new(config.targets.clone())?;
         let inner = Inner {
             root,
             downloads: Semaphore::new(config.parallel_layers.max(1)),
             config,
-            registry: RegistryClient::new()?,
+            registry,
             records: Mutex::new(()),
             pins: Mutex::new(HashMap::new()),
             pulls: Flights::new(),

@@ -498,10 +498,32 @@ async fn upload(
         .await
         .map_err(|e| Error::internal("cannot read the spooled upload", e))?;
     let stream = tokio_util::io::ReaderStream::new(file);
-    state
+    let sent = state
         .proxy
         .put_file(&live, &path, axum::body::Body::from_stream(stream))
-        .await?;
+        .await;
+    if let Err(Error::Sandbox(reason)) = sent {
+        // The agent refuses a write it cannot do (a read-only path, a missing parent)
+        // before reading the body, and closes the connection under the stream, which
+        // reads as a transport failure here. An empty write next to the target names
+        // the real reason.
+        let dir = std::path::Path::new(&path)
+            .parent()
+            .map_or_else(|| "/".to_string(), |d| d.display().to_string());
+        let probe = format!(
+            "{}/.orchard-upload-probe-{}",
+            dir.trim_end_matches('/'),
+            crate::service::random_hex(6)
+        );
+        match live.agent.write_file(&probe, Vec::new(), None).await {
+            Err(e) => return Err(e.into()),
+            Ok(_) => {
+                let _ = live.agent.remove(&probe, false).await;
+                return Err(Error::Sandbox(reason));
+            }
+        }
+    }
+    sent?;
     Ok(Json(Uploaded {
         success: true,
         path,

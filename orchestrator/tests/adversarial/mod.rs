@@ -401,3 +401,91 @@ async fn regression_a_second_tenant_cannot_replace_or_delete_the_images_others_r
     assert_eq!(s, 200, "{v}");
     srv.finish().await;
 }
+
+/// A one-route HTTP server on loopback answering every request with `status`,
+/// `headers` and `body`; answers its address.
+async fn answer_with(
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: &'static str,
+) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().fallback(move || {
+        let headers = headers.clone();
+        async move {
+            let mut resp = axum::response::Response::new(axum::body::Body::from(body));
+            *resp.status_mut() = axum::http::StatusCode::from_u16(status).unwrap();
+            for (k, v) in headers {
+                resp.headers_mut()
+                    .insert(k, axum::http::HeaderValue::from_str(&v).unwrap());
+            }
+            resp
+        }
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_pull_cannot_make_the_server_fetch_loopback_or_echo_what_answered() {
+    use crate::util::server::{ServerProcess, KEY};
+    // What an attacker wants read out: a page on the server's own loopback.
+    let secret = answer_with(200, vec![], "SECRET-PAGE").await;
+    // A "registry" the operator allowed by name, which redirects to it.
+    let redirector = answer_with(
+        302,
+        vec![("location", format!("http://{secret}/secret"))],
+        "",
+    )
+    .await;
+    let data = tempfile::Builder::new()
+        .prefix("orchard-ssrf-")
+        .tempdir()
+        .unwrap();
+    let allowed = format!("localhost:{}", redirector.port());
+    let srv = ServerProcess::start_with_env(
+        data.path(),
+        &[KEY],
+        &[("ORCHARD_ALLOW_REGISTRIES", allowed.as_str())],
+        &[],
+    );
+    let pull = |reference: String| {
+        let url = srv.url.clone();
+        async move {
+            let text = reqwest::Client::new()
+                .post(format!("{url}/v1/images/pull"))
+                .header("X-API-Key", KEY)
+                .json(&serde_json::json!({"reference": reference}))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let last: serde_json::Value =
+                serde_json::from_str(text.lines().last().unwrap()).unwrap();
+            last
+        }
+    };
+    // Straight at a loopback address, and at the link-local metadata address.
+    for reference in [
+        format!("{secret}/x/y:1"),
+        "169.254.169.254/latest/meta:1".to_string(),
+    ] {
+        let last = pull(reference.clone()).await;
+        assert_eq!(last["type"], "error", "{reference}: {last}");
+        let detail = last["detail"].as_str().unwrap();
+        assert!(detail.contains("loopback or link-local"), "{detail}");
+        assert!(!detail.contains("SECRET"), "{detail}");
+    }
+    // Through an allowed registry's redirect: refused at the hop, nothing echoed.
+    let last = pull(format!("localhost:{}/x/y:1", redirector.port())).await;
+    assert_eq!(last["type"], "error", "{last}");
+    let detail = last["detail"].as_str().unwrap();
+    assert!(!detail.contains("SECRET"), "{detail}");
+    assert!(detail.contains("loopback or link-local"), "{detail}");
+    drop(srv);
+}

@@ -128,6 +128,8 @@ impl Server {
         let log = fs::File::create(dir.path().join("server.log")).expect("the server log");
         let child = Command::new(env!("CARGO_BIN_EXE_orchard"))
             .args(["serve", "--listen", "127.0.0.1:0", "--api-key", KEY])
+            // The test registry listens on loopback.
+            .args(["--allow-registry", "127.0.0.1"])
             .arg("--data-dir")
             .arg(dir.path().join("data"))
             .arg("--agent")

@@ -318,6 +318,9 @@ impl ServerProcess {
             )
             .env_remove("ORCHARD_API_KEYS")
             .env_remove("ORCHARD_OPERATOR_KEYS")
+            // The test registries listen on loopback; a test may set it to "" to see
+            // the default policy.
+            .env("ORCHARD_ALLOW_REGISTRIES", "127.0.0.1")
             .envs(env.iter().copied())
             .arg("--data-dir")
             .arg(data_dir)
