@@ -147,6 +147,15 @@ pub struct ServeArgs {
     /// list). Mirrors are allowed already [default: none].
     #[arg(long = "allow-registry")]
     pub allow_registries: Vec<String>,
+    /// Let sandboxes make user namespaces (nested container builds); the seccomp
+    /// filter refuses them otherwise [default: false].
+    #[arg(
+        long,
+        env = "ORCHARD_ALLOW_USER_NAMESPACES",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub allow_user_namespaces: Option<bool>,
     /// Log level: debug, info, warn, off [default: info].
     #[arg(long, env = "ORCHARD_LOG")]
     pub log_level: Option<String>,
@@ -294,6 +303,7 @@ pub struct FileConfig {
     keep_sandboxes_on_exit: Option<bool>,
     registry_mirrors: Option<Vec<String>>,
     allow_registries: Option<Vec<String>>,
+    allow_user_namespaces: Option<bool>,
     log_level: Option<String>,
     registry_config: Option<PathBuf>,
     registry_auth: Option<Vec<String>>,
@@ -369,6 +379,8 @@ pub struct Config {
     pub registry_mirrors: Vec<(String, String)>,
     /// Loopback or link-local registry hosts pulls may reach anyway.
     pub allow_registries: Vec<String>,
+    /// Sandboxes may make user namespaces.
+    pub allow_user_namespaces: bool,
     /// Log level.
     pub log_level: String,
     /// Registry credentials and image GC.
@@ -585,6 +597,10 @@ impl Config {
                 .or(file.keep_sandboxes_on_exit)
                 .unwrap_or(false),
             registry_mirrors,
+            allow_user_namespaces: args
+                .allow_user_namespaces
+                .or(file.allow_user_namespaces)
+                .unwrap_or(false),
             allow_registries: {
                 let mut allow = args.allow_registries.clone();
                 if allow.is_empty() {

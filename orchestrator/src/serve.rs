@@ -229,6 +229,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let mut local = LocalConfig::new(config.data_dir.join("backend"), &config.agent);
     local.harness = config.harness.clone();
     local.disk = config.sandbox_disk;
+    local.allow_user_namespaces = config.allow_user_namespaces;
     local.ready_timeout = config.policy.max_ready_timeout;
     let backend = LocalBackend::open(local)
         .map_err(|e| ServeError::Setup(format!("opening the local backend: {e}")))?;
