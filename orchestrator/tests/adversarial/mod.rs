@@ -50,13 +50,18 @@ for name, (nr, *args) in calls.items():
     print(name, r, ctypes.get_errno())
 "#;
 
+/// Runs a python `probe` in `sb`; answers its output (it must exit 0).
+async fn run_probe(sb: &orchard::backend::local::SandboxInfo, probe: &str) -> String {
+    let r = sh(sb, &format!("python3 -c '{probe}'")).await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    r.stdout.text_lossy()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_sandbox_code_cannot_reach_keyrings_bpf_io_uring_or_user_namespaces() {
     let tb = TestBackend::new();
     let (_dir, sb) = python_sandbox(&tb).await;
-    let r = sh(&sb, &format!("python3 -c '{PROBE}'")).await;
-    assert_eq!(r.exit_code, Some(0), "{r:?}");
-    let out = r.stdout.text_lossy();
+    let out = run_probe(&sb, PROBE).await;
     for line in out.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         let (name, ret, errno) = (f[0], f[1], f[2]);
@@ -142,9 +147,7 @@ print("sockets", len([1 for d, _, fs in os.walk("/.orchard") for f in fs if os.p
 async fn regression_sandbox_code_cannot_replace_steal_or_redirect_its_agent() {
     let tb = TestBackend::new();
     let (_dir, sb) = python_sandbox(&tb).await;
-    let r = sh(&sb, &format!("python3 -c '{CHANNEL_PROBE}'")).await;
-    assert_eq!(r.exit_code, Some(0), "{r:?}");
-    let out = r.stdout.text_lossy();
+    let out = run_probe(&sb, CHANNEL_PROBE).await;
     let lines: Vec<Vec<&str>> = out
         .lines()
         .map(|l| l.split_whitespace().collect())
@@ -431,7 +434,7 @@ async fn answer_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_pull_cannot_make_the_server_fetch_loopback_or_echo_what_answered() {
-    use crate::util::server::{ServerProcess, KEY};
+    use crate::util::server::{pull, ServerProcess, KEY};
     // What an attacker wants read out: a page on the server's own loopback.
     let secret = answer_with(200, vec![], "SECRET-PAGE").await;
     // A "registry" the operator allowed by name, which redirects to it.
@@ -452,37 +455,19 @@ async fn regression_a_pull_cannot_make_the_server_fetch_loopback_or_echo_what_an
         &[("ORCHARD_ALLOW_REGISTRIES", allowed.as_str())],
         &[],
     );
-    let pull = |reference: String| {
-        let url = srv.url.clone();
-        async move {
-            let text = reqwest::Client::new()
-                .post(format!("{url}/v1/images/pull"))
-                .header("X-API-Key", KEY)
-                .json(&serde_json::json!({"reference": reference}))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            let last: serde_json::Value =
-                serde_json::from_str(text.lines().last().unwrap()).unwrap();
-            last
-        }
-    };
     // Straight at a loopback address, and at the link-local metadata address.
     for reference in [
         format!("{secret}/x/y:1"),
         "169.254.169.254/latest/meta:1".to_string(),
     ] {
-        let last = pull(reference.clone()).await;
+        let last = pull(&srv.url, &reference).await;
         assert_eq!(last["type"], "error", "{reference}: {last}");
         let detail = last["detail"].as_str().unwrap();
         assert!(detail.contains("loopback or link-local"), "{detail}");
         assert!(!detail.contains("SECRET"), "{detail}");
     }
     // Through an allowed registry's redirect: refused at the hop, nothing echoed.
-    let last = pull(format!("localhost:{}/x/y:1", redirector.port())).await;
+    let last = pull(&srv.url, &format!("localhost:{}/x/y:1", redirector.port())).await;
     assert_eq!(last["type"], "error", "{last}");
     let detail = last["detail"].as_str().unwrap();
     assert!(!detail.contains("SECRET"), "{detail}");

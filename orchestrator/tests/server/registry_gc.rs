@@ -13,27 +13,14 @@ use std::time::{Duration, Instant};
 
 use orchard::image::gc::{Budget, GcPolicy};
 use orchard::image::{ImageStore, StoreConfig};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::image_store::budget::layout_of;
 use crate::util::registry::{auth_registry, registry, PushFormat, AUTH_PASSWORD, AUTH_USER};
 use crate::util::sandbox::agent_binary;
 use crate::util::server::{import, Options, ServerProcess, TestServer, KEY};
 
-/// Pulls `reference` through `POST /v1/images/pull`; answers the last NDJSON event.
-async fn pull(url: &str, reference: &str) -> Value {
-    let response = reqwest::Client::new()
-        .post(format!("{url}/v1/images/pull"))
-        .header("X-API-Key", KEY)
-        .json(&json!({ "reference": reference }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let body = response.text().await.unwrap();
-    let last = body.lines().last().unwrap_or_default();
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
+pub use crate::util::server::pull;
 
 fn docker_config(dir: &Path, host: &str, password: &str) -> std::path::PathBuf {
     crate::image_store::registry_auth::docker_config(dir, host, password)

@@ -417,3 +417,19 @@ pub fn reap_orphaned_agents() {
         }
     }
 }
+
+/// Pulls `reference` through `POST /v1/images/pull` of the server at `url` with the
+/// test key; answers the last NDJSON event.
+pub async fn pull(url: &str, reference: &str) -> Value {
+    let response = reqwest::Client::new()
+        .post(format!("{url}/v1/images/pull"))
+        .header("X-API-Key", KEY)
+        .json(&serde_json::json!({ "reference": reference }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.text().await.unwrap();
+    let last = body.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
