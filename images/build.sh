@@ -5,6 +5,7 @@
 #   out/empty     empty:latest       one layer holding no files
 #   out/whiteout  whiteout:latest    two layers; the second deletes a file and makes a dir opaque
 #   out/python    python:3.11-slim   Debian bookworm (debootstrap minbase) + python3, pip, git
+#   out/swe       swe:latest         python + a conda-style env activated only by ~/.bashrc
 #
 # Each layout is built in a temporary directory and renamed into place when complete, and a
 # layout that already exists is kept: delete it (or all of out/) to rebuild. The debootstrap
@@ -223,9 +224,78 @@ build_python() {
   finish "$layout" python
 }
 
+# A SWE-bench-style image: python:3.11-slim plus a conda-style environment that only
+# ~/.bashrc activates, after the guard that returns early in non-interactive shells (as
+# SWE-bench's images do). `conda` is a small shell function standing in for miniconda's:
+# no conda package is reachable here, and what the tests check is the shell's side.
+build_swe() {
+  [ -f "$OUT/swe/index.json" ] && return
+  [ -f "$OUT/python/index.json" ] || { echo "images: swe needs python" >&2; exit 1; }
+  log "building swe:latest"
+  local stage="$OUT/.stage-swe"
+  rm -rf "$stage"
+  mkdir -p "$stage/root" "$stage/testbed" "$stage/opt/miniconda3/etc/profile.d" \
+    "$stage/opt/miniconda3/envs/testbed/bin"
+  ln -s /usr/bin/python3 "$stage/opt/miniconda3/envs/testbed/bin/python"
+  ln -s /usr/bin/python3 "$stage/opt/miniconda3/envs/testbed/bin/python3"
+  printf '#!/bin/sh\necho testbed-tool "$@"\n' >"$stage/opt/miniconda3/envs/testbed/bin/testbed-tool"
+  chmod 755 "$stage/opt/miniconda3/envs/testbed/bin/testbed-tool"
+  cat >"$stage/opt/miniconda3/etc/profile.d/conda.sh" <<'CONDA'
+# A stand-in for miniconda's conda.sh: `conda activate NAME` as far as a shell sees it.
+conda() {
+  case $1 in
+    activate)
+      CONDA_PREFIX=/opt/miniconda3/envs/$2
+      [ -d "$CONDA_PREFIX" ] || { echo "EnvironmentNameNotFound: $2" >&2; return 1; }
+      CONDA_DEFAULT_ENV=$2
+      PATH=$CONDA_PREFIX/bin:$PATH
+      export CONDA_PREFIX CONDA_DEFAULT_ENV PATH ;;
+    *) echo "conda: only activate is offered here" >&2; return 1 ;;
+  esac
+}
+CONDA
+  cat >"$stage/root/.bashrc" <<'BASHRC'
+# ~/.bashrc: executed by bash(1) for non-login shells.
+
+# If not running interactively, don't do anything
+case $- in
+    *i*) ;;
+      *) return;;
+esac
+
+HISTCONTROL=ignoreboth
+PS1='\u@\h:\w\$ '
+
+source /opt/miniconda3/etc/profile.d/conda.sh
+conda activate testbed
+BASHRC
+  cat >"$stage/root/.profile" <<'PROFILE'
+# ~/.profile: executed by the command interpreter for login shells.
+if [ "$BASH" ]; then
+  if [ -f ~/.bashrc ]; then
+    . ~/.bashrc
+  fi
+fi
+PROFILE
+  chmod 700 "$stage/root"
+  local layout="$OUT/.tmp-swe"
+  rm -rf "$layout"
+  # The python layout's blobs are shared (hard links: blobs are never changed).
+  cp -al "$OUT/python" "$layout"
+  rm "$layout/index.json"
+  cp "$OUT/python/index.json" "$layout/index.json"
+  add_layer "$layout" 3.11-slim "$stage" "${TAR_REPRO[@]}" --owner=0 --group=0
+  umoci tag --image "$layout:3.11-slim" latest
+  umoci rm --image "$layout:3.11-slim"
+  umoci config --no-history --image "$layout:latest" --created "$CREATED" --config.workingdir /testbed
+  rm -rf "$stage"
+  finish "$layout" swe
+}
+
 start=$(date +%s)
 build_busybox
 build_empty
 build_whiteout
 build_python
+build_swe
 log "all images in $OUT ($(($(date +%s) - start)) s)"

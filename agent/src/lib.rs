@@ -35,3 +35,4 @@ pub mod server;
 pub mod session;
 pub mod spawn;
 pub mod supervise;
+pub mod tools;

@@ -61,6 +61,11 @@ struct Args {
     /// agent itself stays root.
     #[arg(long)]
     user: Option<orchard_agent::spawn::RunAs>,
+    /// Publish the harness tools found in DIR/bin (a path inside the sandbox, e.g.
+    /// /opt/sandbox-tools): shims in /usr/local/bin for tools the image lacks and an
+    /// /etc/profile.d entry, before serving (see the `tools` module).
+    #[arg(long, value_name = "DIR")]
+    publish_tools: Option<String>,
     /// Async worker threads.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -102,6 +107,13 @@ fn main() -> anyhow::Result<()> {
     std::env::remove_var("ORCHARD_AGENT_TOKEN");
     if let Some(user) = args.user.clone() {
         orchard_agent::spawn::set_run_as(user);
+    }
+    if let Some(dir) = &args.publish_tools {
+        let path = std::env::var("PATH").unwrap_or_default();
+        let done = orchard_agent::tools::publish(std::path::Path::new("/"), dir, &path);
+        for warning in &done.warnings {
+            eprintln!("orchard-agent: {warning}");
+        }
     }
     config.unix = args.unix.clone();
     config.listen_fd = args.listen_fd;

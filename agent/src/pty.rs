@@ -19,6 +19,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
+use orchard_protocol::login;
 use orchard_protocol::output::{b64_decode, b64_encode};
 use orchard_protocol::pty::{
     close_code, CompatClientFrame, CompatServerFrame, PtyClientFrame, PtyCreate, PtyInfo, PtyList,
@@ -253,12 +254,12 @@ fn open(state: &Arc<AppState>, req: &PtyCreate) -> ApiResult<Arc<Pty>> {
         return Err(ApiError::invalid("rows and cols must be at least 1"));
     }
     let shell = default_shell();
+    // A login shell as Orchard runs it: bash --login -i, ~/.bashrc sourced before a
+    // command (see orchard_protocol::login).
     let command = match (&req.command, req.login_shell) {
         (None, false) => Command::Argv(vec![shell.clone(), "-i".into()]),
-        (None, true) => Command::Argv(vec![shell.clone(), "-l".into()]),
-        (Some(Command::Shell(s)), true) => {
-            Command::Argv(vec![shell.clone(), "-lc".into(), s.clone()])
-        }
+        (None, true) => Command::Argv(login::login_shell_interactive_argv(&shell)),
+        (Some(Command::Shell(s)), true) => Command::Argv(login::login_shell_argv(&shell, s)),
         (Some(c), _) => c.clone(),
     };
     let spec = SpawnSpec::from_request(

@@ -8,6 +8,7 @@
 #                                          hermes on images without a recent glibc)
 #   images/out/harness/lib/orchard-harness.sh   what the wrappers share
 #   images/out/harness/manifest.json       the pins it was built from
+#   images/out/harness/VERSIONS            `tool version`, a line per tool (as Orchard's)
 #   images/out/harness/SHA256SUMS          every file of the bundle
 #
 # Downloads are kept in images/out/cache/harness/ and checked against the manifest whenever
@@ -332,6 +333,8 @@ for tool in $TOOLS; do
 done
 case $wanted in *" hermes "*) install_wrapper python3 "$BUNDLE/lib/hermes/python/bin/python3" lib/hermes/python/bin ;; esac
 install -m 644 "$here/manifest.json" "$BUNDLE/manifest.json"
+# VERSIONS: one `tool version` line per tool, where Orchard users look (/opt/sandbox-tools).
+for tool in $TOOLS; do echo "$tool $(version_of "$tool")"; done >"$BUNDLE/VERSIONS"
 for f in "$BUNDLE"/bin/*; do sh -n "$f" || die "$f is not valid sh"; done
 
 # SHA256SUMS of the whole bundle, for whoever copies it (the injector): the components' lists
@@ -341,12 +344,12 @@ for f in "$BUNDLE"/bin/*; do sh -n "$f" || die "$f is not valid sh"; done
     cat "$STATE/$comp.sha256"
   done
   util sums "$BUNDLE" bin
-  for f in lib/orchard-harness.sh manifest.json $([ -f "$BUNDLE/lib/hermes/python/bin/python3" ] && echo lib/hermes/python/bin/python3); do
+  for f in lib/orchard-harness.sh manifest.json VERSIONS $([ -f "$BUNDLE/lib/hermes/python/bin/python3" ] && echo lib/hermes/python/bin/python3); do
     echo "$(util sha256 "$BUNDLE/$f")  $f"
   done
 } | sort -k2 >"$BUNDLE/SHA256SUMS.tmp"
 mv "$BUNDLE/SHA256SUMS.tmp" "$BUNDLE/SHA256SUMS"
-chmod -R u+rwX,go+rX,go-w "$BUNDLE/bin" "$BUNDLE/lib/orchard-harness.sh" "$BUNDLE/manifest.json" "$BUNDLE/SHA256SUMS"
+chmod -R u+rwX,go+rX,go-w "$BUNDLE/bin" "$BUNDLE/lib/orchard-harness.sh" "$BUNDLE/manifest.json" "$BUNDLE/VERSIONS" "$BUNDLE/SHA256SUMS"
 rm -rf "$STAGE"
 
 log "bundle $BUNDLE ($(wc -l <"$BUNDLE/SHA256SUMS") files), built in $((SECONDS - started)) s:"

@@ -25,6 +25,7 @@ pub mod exec;
 pub mod files;
 pub mod git;
 pub mod health;
+pub mod login;
 pub mod openapi;
 pub mod output;
 pub mod process;

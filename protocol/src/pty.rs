@@ -24,7 +24,8 @@ pub struct PtyCreate {
     /// What to run; default an interactive shell (bash when present, else sh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Command>,
-    /// Run a string command through a login shell (`-l`).
+    /// A login shell as Orchard runs one: `bash --login -i` (`-c` with `~/.bashrc`
+    /// sourced first for a string command); `sh -l` in images without bash.
     #[serde(default)]
     pub login_shell: bool,
     /// Working directory.

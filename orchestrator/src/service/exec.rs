@@ -1,6 +1,7 @@
 //! How a compatible job runs: one worker task per sandbox takes jobs from its queue in
-//! submission order and runs each through the agent as `bash -c` (`-lc` for a login
-//! shell; `sh` when the image has no bash), in the sandbox's default working directory
+//! submission order and runs each through the agent as `bash -c` (a login shell as
+//! Orchard runs it when asked: [`orchard_protocol::login`]; `sh` when the image has no
+//! bash), in the sandbox's default working directory
 //! (`/workspace` unless the operator set another). A list command is quoted element by
 //! element. A command killed by its time limit ends as Orchard reports it: exit code
 //! 124, stderr ending with `Command timed out after Ns and was killed`, and the job's
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use orchard_protocol::compat::CompatCommand;
 use orchard_protocol::exec::timeout_error;
+use orchard_protocol::login::{filter_login_noise, login_shell_argv};
 use orchard_protocol::{Command, ErrorCode, ExecRequest};
 use tokio::sync::mpsc;
 
@@ -28,7 +30,8 @@ pub struct JobOptions {
     pub cwd: Option<String>,
     /// Extra environment.
     pub env: BTreeMap<String, String>,
-    /// `-lc` instead of `-c`.
+    /// A login shell as Orchard runs it (`bash --login -i -c`, `~/.bashrc` sourced,
+    /// its noise filtered from stderr: see [`orchard_protocol::login`]).
     pub login_shell: bool,
 }
 
@@ -114,11 +117,16 @@ async fn run(
     let started = Instant::now();
     service.jobs().start(entry);
     let job = entry.snapshot();
-    let flag = if opts.login_shell { "-lc" } else { "-c" };
+    let script = script(&job.command);
+    let argv = if opts.login_shell {
+        login_shell_argv(&live.shell, &script)
+    } else {
+        vec![live.shell.clone(), "-c".into(), script]
+    };
     let timeout = opts.timeout.unwrap_or(service.policy().exec_timeout);
     let default_cwd = opts.cwd.is_none();
     let mut req = ExecRequest {
-        command: Command::Argv(vec![live.shell.clone(), flag.into(), script(&job.command)]),
+        command: Command::Argv(argv),
         cwd: Some(match &opts.cwd {
             Some(c) => Service::resolve(live, c),
             None => Service::default_dir(live).to_string(),
@@ -145,11 +153,15 @@ async fn run(
             let exit_code = r.exit_code.or(r.signal.map(|s| 128 + s));
             let error = r.timed_out.then(|| timeout_error(timeout));
             let truncated = r.stdout.truncated || r.stderr.truncated;
+            let mut stderr = job_text(&r.stderr);
+            if opts.login_shell {
+                stderr = filter_login_noise(&stderr);
+            }
             service.jobs().finish(
                 entry,
                 exit_code,
                 job_text(&r.stdout),
-                job_text(&r.stderr),
+                stderr,
                 error,
                 truncated,
             );

@@ -140,7 +140,7 @@ async fn harness_tools_run_where_they_can_and_say_why_where_they_cannot() {
         "python:3.11-slim",
         Command::Shell(
             "set -e; for t in codex claude opencode pi hermes; do $t --version >/dev/null; echo ok-$t; done; \
-         command -v python3; if touch /.orchard/harness/bin/x 2>/dev/null; then echo writable; fi"
+         command -v python3; for f in /.orchard/harness/bin/x /opt/sandbox-tools/bin/x; do if touch $f 2>/dev/null; then echo writable; fi; done"
                 .into(),
         ),
     )
@@ -158,6 +158,39 @@ async fn harness_tools_run_where_they_can_and_say_why_where_they_cannot() {
         "python3 is not the image's:\n{out}"
     );
     assert!(!out.contains("writable"), "the bundle is writable:\n{out}");
+
+    // Where Orchard users find them: VERSIONS at /opt/sandbox-tools, shims in
+    // /usr/local/bin for a PATH built without ours (kubectl exec), and a login shell,
+    // which resets PATH in /etc/profile, still has them through /etc/profile.d.
+    let r = run(
+        &tb,
+        &store,
+        "python:3.11-slim",
+        Command::Shell(
+            r#"set -e; cat /opt/sandbox-tools/VERSIONS;
+               env -i PATH=/usr/local/bin:/usr/bin:/bin codex --version >/dev/null; echo shim-ok;
+               bash --login -c 'command -v codex; echo "$PATH"'"#
+                .into(),
+        ),
+    )
+    .await;
+    let out = r.stdout.text_lossy();
+    assert_eq!(r.exit_code, Some(0), "{out}\n{}", r.stderr.text_lossy());
+    for t in ["codex", "claude", "opencode", "pi", "hermes"] {
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("{t} "))),
+            "VERSIONS has no line for {t}:\n{out}"
+        );
+    }
+    assert!(out.contains("shim-ok\n"), "{out}");
+    assert!(
+        out.contains("\n/usr/local/bin/codex\n"),
+        "a login shell finds codex through its shim:\n{out}"
+    );
+    assert!(
+        out.trim_end().ends_with(":/opt/sandbox-tools/bin"),
+        "a login shell's PATH ends with the tools:\n{out}"
+    );
 
     // busybox (no C library): the self-contained ones answer, the others explain.
     let r = run(

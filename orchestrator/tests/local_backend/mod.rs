@@ -761,11 +761,34 @@ async fn the_harness_bundle_is_injected_read_only_and_on_path() {
     assert_eq!(manifest["harness"], true);
     let sb = tb.busybox().await;
     assert_eq!(sh_ok(&sb, "hello").await, "hello from the harness\n");
+    // Where Orchard users look: appended to PATH (never prepended), read-only at
+    // /opt/sandbox-tools, a shim in /usr/local/bin (busybox has no `hello`), a
+    // profile entry for login shells.
     assert!(sh_ok(&sb, "echo $PATH")
         .await
-        .ends_with(":/.orchard/harness/bin\n"));
-    let r = sh(&sb, "echo x > /.orchard/harness/bin/hello").await;
-    assert_ne!(r.exit_code, Some(0), "{r:?}");
+        .ends_with(":/opt/sandbox-tools/bin\n"));
+    for path in [
+        "/.orchard/harness/bin/hello",
+        "/opt/sandbox-tools/bin/hello",
+    ] {
+        let r = sh(&sb, &format!("echo x > {path}")).await;
+        assert_ne!(r.exit_code, Some(0), "{path} is writable: {r:?}");
+    }
+    assert_eq!(
+        sh_ok(&sb, "PATH=/usr/local/bin:/usr/bin:/bin; hello").await,
+        "hello from the harness\n"
+    );
+    assert_eq!(
+        sh_ok(
+            &sb,
+            "PATH=/usr/bin:/bin; . /etc/profile.d/orchard-sandbox-tools.sh; hello"
+        )
+        .await,
+        "hello from the harness\n"
+    );
+    // Code in the sandbox can remove its shim, not the tools.
+    sh_ok(&sb, "rm /usr/local/bin/hello").await;
+    assert_eq!(sh_ok(&sb, "hello").await, "hello from the harness\n");
     tb.finish().await;
     fs::remove_dir_all(&harness).unwrap();
 }

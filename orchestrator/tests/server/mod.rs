@@ -6,6 +6,7 @@ mod bad_input;
 mod bench;
 mod defaults;
 mod lifecycle;
+mod login_shell;
 mod registry_gc;
 mod v1_routes;
 

@@ -221,6 +221,7 @@ impl Inner {
             },
             annotations,
             user_namespaces: self.config.allow_user_namespaces,
+            tools: self.config.harness.is_some(),
         })?;
         spec::write(&oci, &paths.config)?;
         save(state_slot)?;

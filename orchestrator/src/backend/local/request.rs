@@ -16,8 +16,9 @@ use crate::image::Image;
 
 /// PATH of a sandbox whose image sets none (Docker's default).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// The harness commands, appended to PATH when a harness is injected.
-pub const HARNESS_BIN: &str = "/.orchard/harness/bin";
+/// The harness commands, appended to PATH when a harness is injected: the `bin/` of
+/// the tools' read-only mount (`spec::TOOLS_MOUNT`), where Orchard users find them.
+pub const HARNESS_BIN: &str = "/opt/sandbox-tools/bin";
 
 /// Resource limits of a sandbox. A `None` takes the backend's default
 /// ([`LocalConfig::default_limits`]).
@@ -377,7 +378,7 @@ mod tests {
         assert_eq!(
             env,
             [
-                "PATH=/opt/bin:/.orchard/harness/bin",
+                "PATH=/opt/bin:/opt/sandbox-tools/bin",
                 "A=2",
                 "B=x=y",
                 "HOME=/root",

@@ -34,6 +34,9 @@ use oci_spec::runtime::{
 pub const INJECT_MOUNT: &str = "/.orchard";
 /// The agent inside the sandbox.
 pub const AGENT_IN_SANDBOX: &str = "/.orchard/bin/orchard-agent";
+/// Where the harness tools are mounted read-only, as Orchard mounts them (their `bin/`
+/// is appended to PATH; the agent adds `/usr/local/bin` shims and a profile entry).
+pub const TOOLS_MOUNT: &str = "/opt/sandbox-tools";
 /// The descriptor the agent's listening socket has in the sandbox (runc
 /// `--preserve-fds 1` passes the backend's fd as 3).
 pub const LISTEN_FD: &str = "3";
@@ -97,6 +100,9 @@ pub struct SpecInput<'a> {
     pub annotations: HashMap<String, String>,
     /// Let the sandbox make user namespaces (off by default: see `seccomp`).
     pub user_namespaces: bool,
+    /// The injected volume holds the harness tools (`harness/`): mount them at
+    /// [`TOOLS_MOUNT`] and have the agent publish them.
+    pub tools: bool,
 }
 
 /// Docker's default capability set.
@@ -140,6 +146,9 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
         "--listen-fd".into(),
         LISTEN_FD.into(),
     ];
+    if input.tools {
+        args.extend(["--publish-tools".to_string(), TOOLS_MOUNT.into()]);
+    }
     args.extend(input.agent_args.iter().cloned());
     let caps: oci_spec::runtime::Capabilities = docker_capabilities().into_iter().collect();
     let process = ProcessBuilder::default()
@@ -191,6 +200,21 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
             ])
             .build()?,
     );
+    if input.tools {
+        mounts.push(
+            MountBuilder::default()
+                .destination(TOOLS_MOUNT)
+                .typ("bind")
+                .source(input.inject_dir.join("harness"))
+                .options(vec![
+                    "bind".to_string(),
+                    "ro".into(),
+                    "nosuid".into(),
+                    "nodev".into(),
+                ])
+                .build()?,
+        );
+    }
 
     let mut resources = LinuxResourcesBuilder::default().devices(vec![
         // Deny every device; runc then allows its defaults (null, zero, full, tty,
@@ -295,11 +319,43 @@ mod tests {
             limits,
             annotations: HashMap::from([("org.orchard.sandbox.id".into(), "sb-1".into())]),
             user_namespaces: false,
+            tools: false,
         }
     }
 
     fn json(limits: ResourceLimits) -> Value {
         serde_json::to_value(build(&input(limits, &[])).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn harness_tools_are_mounted_read_only_where_orchard_users_look() {
+        let v = json(ResourceLimits::default());
+        assert!(!v["process"]["args"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("--publish-tools")));
+        let mut with = input(ResourceLimits::default(), &[]);
+        with.tools = true;
+        let v = serde_json::to_value(build(&with).unwrap()).unwrap();
+        let args = v["process"]["args"].as_array().unwrap();
+        assert_eq!(
+            args[3..5],
+            [
+                serde_json::json!("--publish-tools"),
+                serde_json::json!(TOOLS_MOUNT)
+            ]
+        );
+        let mount = v["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == TOOLS_MOUNT)
+            .expect("the tools mount");
+        assert_eq!(mount["source"], "/var/lib/orchard/inject/harness");
+        assert!(mount["options"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("ro")));
     }
 
     #[test]
