@@ -37,6 +37,7 @@ IMAGES = Path(os.environ.get("ORCHARD_TEST_IMAGES", str(REPO / "images/out")))
 
 BUSYBOX = "busybox:latest"
 PYTHON = "python:3.11-slim"
+SWE = "swe:latest"
 
 #: How long the server may take to start listening (it is a local process).
 START_DEADLINE_S = 60.0
@@ -176,6 +177,13 @@ def python_image(server: Server) -> str:
     """python:3.11-slim imported into the server (only for tests where the image matters)."""
     import_image(server, IMAGES / "python", PYTHON)
     return PYTHON
+
+
+@pytest.fixture(scope="session")
+def swe_image(server: Server) -> str:
+    """swe:latest (a conda env activated only by ~/.bashrc) imported into the server."""
+    import_image(server, IMAGES / "swe", SWE)
+    return SWE
 
 
 @pytest.fixture

@@ -356,6 +356,26 @@ def test_check_env(python_image: str, capsys: pytest.CaptureFixture[str]) -> Non
             assert "/opt/probe/bin" not in info["bare_path"]
 
 
+def test_check_env_and_login_shells_on_a_swe_bench_style_image(swe_image: str) -> None:
+    # The image's ~/.bashrc activates `testbed` after its non-interactive guard, as
+    # SWE-bench's images do: only a login shell gets there, and its noise stays out.
+    with SandboxClient() as client:
+        with client.create_sandbox(swe_image) as sandbox:
+            info = sandbox.check_env(verbose=False)
+            assert info["bashrc_loaded"] is True, info
+            assert info["conda_env"] == "testbed", info
+            assert info["python"] == "/opt/miniconda3/envs/testbed/bin/python", info
+            assert info["bare_path"] and "testbed" not in info["bare_path"], info
+            job = sandbox.exec(
+                "python -c 'import sys; print(sys.prefix)'; testbed-tool", login_shell=True
+            )
+            assert job.succeeded, job.stderr
+            assert job.stdout.endswith("testbed-tool\n")
+            assert job.stderr == ""
+            bare = sandbox.exec("command -v testbed-tool || echo missing")
+            assert bare.stdout == "missing\n"
+
+
 def test_context_managers_and_cleanup_all(server: Any) -> None:
     with SandboxClient() as client:
         kept = client.create_sandbox(BUSYBOX)  # no `with`: the client's exit deletes it
