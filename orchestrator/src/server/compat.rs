@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -781,17 +781,8 @@ async fn pty(
     };
     ws.on_upgrade(move |socket| async move {
         match verdict {
-            Err((code, reason)) => close(socket, code, reason).await,
+            Err((code, reason)) => super::proxy::close_gracefully(socket, code, reason).await,
             Ok(live) => super::proxy::bridge(socket, &live, "/v1/pty/compat").await,
         }
     })
-}
-
-async fn close(mut socket: WebSocket, code: u16, reason: String) {
-    let _ = socket
-        .send(Message::Close(Some(CloseFrame {
-            code,
-            reason: reason.into(),
-        })))
-        .await;
 }

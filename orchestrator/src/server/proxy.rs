@@ -272,18 +272,42 @@ fn from_agent(m: tungstenite::Message) -> Option<Message> {
     })
 }
 
-/// Bridges a client WebSocket to the agent's WebSocket at `path`.
-pub async fn bridge(mut client: WebSocket, live: &Live, path: &str) {
+/// How long a client gets to answer our Close frame with its own.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Sends a Close frame with `code`, then completes the closing handshake: reads (and
+/// drops) what the client still sends until its own Close, for [`CLOSE_WAIT`] at most.
+/// Dropping the connection right after our Close would make the kernel answer the
+/// client's next frame (an init frame sent right after connecting) with a reset, and a
+/// reset client loses the close code: websocket-client, used by Orchard's sync SDK,
+/// then reports a broken pipe instead of 4401.
+pub async fn close_gracefully(mut socket: WebSocket, code: u16, reason: String) {
+    let frame = CloseFrame {
+        code,
+        reason: reason.into(),
+    };
+    if socket.send(Message::Close(Some(frame))).await.is_err() {
+        return;
+    }
+    let _ = tokio::time::timeout(CLOSE_WAIT, async {
+        while let Some(Ok(m)) = socket.recv().await {
+            if matches!(m, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// Bridges a client WebSocket to the agent's WebSocket at `path`. A Close from the
+/// agent (its close code) is passed on, and the client's answer still read, so the
+/// closing handshake completes on both sides.
+pub async fn bridge(client: WebSocket, live: &Live, path: &str) {
     let agent = match connect_agent(live, path).await {
         Ok(a) => a,
         Err(e) => {
-            let _ = client
-                .send(Message::Close(Some(CloseFrame {
-                    code: 1011,
-                    reason: format!("the sandbox's agent could not be reached: {e}").into(),
-                })))
-                .await;
-            return;
+            let reason = format!("the sandbox's agent could not be reached: {e}");
+            return close_gracefully(client, 1011, reason).await;
         }
     };
     let (mut agent_tx, mut agent_rx) = agent.split();
