@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench` part: the Python SDK's round trips next to raw HTTP, against a release
+# `make bench` part: the Python SDK's round trips next to raw HTTP and the long soak, against a release
 # `orchard serve` started here on a temporary data directory (removed afterwards).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,3 +20,5 @@ export SANDBOX_BASE_URL=$(cat "$data/url") SANDBOX_API_KEY=$key
 (cd images/out/busybox && tar cf - .) |
   curl -sf -H "X-API-Key: $key" --data-binary @- "$SANDBOX_BASE_URL/v1/images/import?name=busybox:latest" >/dev/null
 python3 sdk/python/bench/bench_sdk.py --out "$top/bench/results/sdk.md"
+# The long soak: idle gaps past common proxy timeouts (about rounds x 65 s).
+python3 sdk/python/bench/soak.py --out "$top/bench/results/soak.md"
