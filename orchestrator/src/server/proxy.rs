@@ -248,7 +248,8 @@ fn to_agent(m: Message) -> Option<tungstenite::Message> {
         Message::Text(t) => tungstenite::Message::Text(t.as_str().into()),
         Message::Binary(b) => tungstenite::Message::Binary(b),
         Message::Ping(b) => tungstenite::Message::Ping(b),
-        Message::Pong(b) => tungstenite::Message::Pong(b),
+        // Answers to our keep-alive pings: the agent never asked.
+        Message::Pong(_) => return None,
         Message::Close(c) => {
             tungstenite::Message::Close(c.map(|c| tungstenite::protocol::CloseFrame {
                 code: c.code.into(),
@@ -271,6 +272,10 @@ fn from_agent(m: tungstenite::Message) -> Option<Message> {
         tungstenite::Message::Frame(_) => return None,
     })
 }
+
+/// How often a bridged WebSocket pings its client: well under the 60 s idle timeout
+/// common in load balancers.
+pub const WS_PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// How long a client gets to answer our Close frame with its own.
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
@@ -330,7 +335,24 @@ pub async fn bridge(client: WebSocket, live: &Live, path: &str) {
         let _ = agent_tx.close().await;
     };
     let down = async {
-        while let Some(Ok(m)) = agent_rx.next().await {
+        // Pings keep a quiet terminal (a model thinking for minutes) from looking idle to
+        // the load balancers and proxies between client and server, which close idle
+        // connections (60 s is common); clients answer them on their own.
+        let mut ping = tokio::time::interval_at(
+            tokio::time::Instant::now() + WS_PING_INTERVAL,
+            WS_PING_INTERVAL,
+        );
+        loop {
+            let m = tokio::select! {
+                m = agent_rx.next() => m,
+                _ = ping.tick() => {
+                    if client_tx.send(Message::Ping(Default::default())).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let Some(Ok(m)) = m else { break };
             let closing = matches!(m, tungstenite::Message::Close(_));
             if let Some(m) = from_agent(m) {
                 if client_tx.send(m).await.is_err() {
