@@ -36,6 +36,7 @@ use tokio::sync::mpsc;
 
 use crate::archive;
 use crate::error::{ApiError, ApiResult};
+use crate::fsuser;
 use crate::server::{content_length, AppState, JsonBody};
 
 /// Most entries one listing returns.
@@ -333,14 +334,23 @@ async fn create_temp(dir: &Path, target: &str) -> ApiResult<(tokio::fs::File, Te
     let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
     for _ in 0..16 {
         let path = dir.join(format!("{TEMP_PREFIX}{}", unique_suffix()));
-        let opened = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .await;
+        let at = path.clone();
+        let opened = fsuser::blocking(move || {
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&at)
+        })
+        .await
+        .map_err(|_| blocking_failed("write"))?;
         match opened {
-            Ok(file) => return Ok((file, TempFile { path: Some(path) })),
+            Ok(file) => {
+                return Ok((
+                    tokio::fs::File::from_std(file),
+                    TempFile { path: Some(path) },
+                ))
+            }
             Err(err) if err.kind() == io::ErrorKind::AlreadyExists => last = err,
             Err(err) => return Err(ApiError::io("write", target, &err)),
         }
@@ -387,8 +397,10 @@ async fn write_body(
         return Err(is_dir_error());
     }
     if q.parents.unwrap_or(true) {
-        tokio::fs::create_dir_all(parent)
+        let dir = parent.to_path_buf();
+        fsuser::blocking(move || fs::create_dir_all(dir))
             .await
+            .map_err(|_| blocking_failed("write"))?
             .map_err(|err| ApiError::io("create", &parent.to_string_lossy(), &err))?;
     }
     let (mut file, temp) = create_temp(parent, &q.path).await?;
@@ -407,13 +419,15 @@ async fn write_body(
     // rename below publishes complete content.
     file.flush().await.map_err(io_err)?;
     drop(file);
-    tokio::fs::set_permissions(temp.path(), Permissions::from_mode(mode))
-        .await
-        .map_err(io_err)?;
     // A rename replaces a symbolic link at the target rather than writing through it.
-    tokio::fs::rename(temp.path(), &path)
-        .await
-        .map_err(io_err)?;
+    let (from, to) = (temp.path().to_path_buf(), path.clone());
+    fsuser::blocking(move || {
+        fs::set_permissions(&from, Permissions::from_mode(mode))?;
+        fs::rename(&from, &to)
+    })
+    .await
+    .map_err(|_| blocking_failed("write"))?
+    .map_err(io_err)?;
     temp.keep();
     Ok(WriteResult {
         path: q.path.clone(),
@@ -430,17 +444,23 @@ async fn remove_path(ApiQuery(q): ApiQuery<RemoveQuery>) -> ApiResult<Json<Done>
         return Err(ApiError::invalid("refusing to remove /"));
     }
     let io_err = |err: io::Error| ApiError::io("remove", &q.path, &err);
-    let meta = tokio::fs::symlink_metadata(&path).await.map_err(io_err)?;
-    if meta.is_dir() {
-        if q.recursive {
-            // std's remove_dir_all removes links found inside without following them.
-            tokio::fs::remove_dir_all(&path).await.map_err(io_err)?;
+    let recursive = q.recursive;
+    fsuser::blocking(move || {
+        let meta = fs::symlink_metadata(&path)?;
+        if meta.is_dir() {
+            if recursive {
+                // std's remove_dir_all removes links found inside without following them.
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_dir(&path)
+            }
         } else {
-            tokio::fs::remove_dir(&path).await.map_err(io_err)?;
+            fs::remove_file(&path)
         }
-    } else {
-        tokio::fs::remove_file(&path).await.map_err(io_err)?;
-    }
+    })
+    .await
+    .map_err(|_| blocking_failed("remove"))?
+    .map_err(io_err)?;
     Ok(Json(Done { path: q.path }))
 }
 
@@ -533,7 +553,7 @@ async fn make_dir(JsonBody(req): JsonBody<MkdirRequest>) -> ApiResult<Json<Done>
     let path = absolute(&req.path)?;
     let mode = check_mode(req.mode.unwrap_or(DEFAULT_DIR_MODE))?;
     let shown = req.path.clone();
-    tokio::task::spawn_blocking(move || make_dirs(&path, mode, &shown))
+    fsuser::blocking(move || make_dirs(&path, mode, &shown))
         .await
         .map_err(|_| blocking_failed("mkdir"))??;
     Ok(Json(Done { path: req.path }))
@@ -589,7 +609,7 @@ async fn move_path(JsonBody(req): JsonBody<MoveRequest>) -> ApiResult<Json<Done>
     }
     let shown = format!("{} to {}", req.from, req.to);
     let overwrite = req.overwrite;
-    tokio::task::spawn_blocking(move || move_blocking(&from, &to, overwrite, &shown))
+    fsuser::blocking(move || move_blocking(&from, &to, overwrite, &shown))
         .await
         .map_err(|_| blocking_failed("move"))??;
     Ok(Json(Done { path: req.to }))
@@ -793,7 +813,7 @@ async fn extract_body(
         return Err(too_large(limit));
     }
     let (tx, rx) = mpsc::channel(QUEUE);
-    let job = tokio::task::spawn_blocking(move || archive::extract(BodyReader::new(rx), &dir));
+    let job = fsuser::blocking(move || archive::extract(BodyReader::new(rx), &dir));
     let fed = feed_body(body, tx, limit).await;
     let extracted = job.await.map_err(|_| blocking_failed("extraction"))?;
     // A body error comes first: the extraction then failed only because its input was

@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod fsuser;
 pub mod git;
 pub mod health;
 pub mod process;

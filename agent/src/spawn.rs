@@ -180,6 +180,11 @@ pub fn set_run_as(user: RunAs) {
     let _ = RUN_AS.set(user);
 }
 
+/// The user commands run as, when the agent was given one.
+pub fn run_as() -> Option<&'static RunAs> {
+    RUN_AS.get()
+}
+
 /// A `Command` for `spec` with its argv, environment and cwd; stdio is the caller's.
 fn command(spec: &SpawnSpec) -> std::process::Command {
     let mut cmd = std::process::Command::new(&spec.argv[0]);

@@ -474,3 +474,87 @@ async fn regression_a_pull_cannot_make_the_server_fetch_loopback_or_echo_what_an
     assert!(detail.contains("loopback or link-local"), "{detail}");
     drop(srv);
 }
+
+/// In an image with a `User`, code in the sandbox plants links to root's directories in
+/// places it owns and waits for the client to write "its" files there: the root agent
+/// must not follow them (it changes files as the image's user), and what it does
+/// create belongs to that user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_files_api_does_not_follow_links_the_image_user_planted() {
+    use crate::util::sandbox::{image, layers, sh_ok};
+    let tb = TestBackend::new();
+    let l = layers();
+    let config = orchard::image::ImageConfig {
+        user: Some("app".into()),
+        ..orchard::image::ImageConfig::default()
+    };
+    let mut spec = SandboxSpec::new(image("app", vec![l.busybox.clone(), l.top.clone()], config));
+    spec.id = Some(unique_id("links"));
+    let sb = tb.create(spec).await;
+    assert_eq!(sh_ok(&sb, "id -u").await, "1000\n");
+    // /workspace, root's in the image, was handed to the user.
+    assert_eq!(
+        sh_ok(&sb, "stat -c %u /workspace; pwd").await,
+        "1000\n/workspace\n"
+    );
+    sh_ok(&sb, "ln -s /etc /tmp/link; ln -s /etc/motd /tmp/motd-link").await;
+    let agent = sb.client();
+
+    // Writes, directories, moves, removals and archives through the link are refused
+    // with the user's permission error, and /etc is untouched.
+    let e = agent
+        .write_file("/tmp/link/evil", bytes::Bytes::from_static(b"x"), None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code(),
+        Some(orchard_protocol::ErrorCode::PermissionDenied),
+        "{e}"
+    );
+    assert!(agent.mkdir("/tmp/link/evil.d").await.is_err());
+    assert!(agent
+        .rename("/tmp/link/motd", "/tmp/stolen", false)
+        .await
+        .is_err());
+    assert!(agent.remove("/tmp/link/motd", false).await.is_err());
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(1);
+    header.set_mode(0o644);
+    tar.append_data(&mut header, "evil", &b"x"[..]).unwrap();
+    assert!(agent
+        .upload_tar("/tmp/link", tar.into_inner().unwrap())
+        .await
+        .is_err());
+    assert_eq!(
+        sh_ok(&sb, "ls /etc | grep -c evil; cat /etc/motd").await,
+        "0\ntop\n"
+    );
+
+    // Where the user may write, the agent writes, and the files are the user's.
+    agent
+        .write_file(
+            "/workspace/a/b.txt",
+            bytes::Bytes::from_static(b"mine"),
+            None,
+        )
+        .await
+        .unwrap();
+    agent.mkdir("/workspace/d").await.unwrap();
+    assert_eq!(
+        sh_ok(
+            &sb,
+            "stat -c %u:%g /workspace/a /workspace/a/b.txt /workspace/d"
+        )
+        .await,
+        "1000:1000\n1000:1000\n1000:1000\n"
+    );
+    // The link itself (the user's own file) may be replaced by a write: the target
+    // is not written through.
+    agent
+        .write_file("/tmp/motd-link", bytes::Bytes::from_static(b"new"), None)
+        .await
+        .unwrap();
+    assert_eq!(sh_ok(&sb, "cat /etc/motd").await, "top\n");
+    tb.finish().await;
+}

@@ -173,6 +173,9 @@ impl Inner {
         )?;
         let config = &spec.image.config;
         let user = rootfs::resolve_user(&paths.rootfs, config.user.as_deref())?;
+        if user.uid != 0 {
+            rootfs::make_user_dir(&paths.rootfs, "/workspace", user.uid, user.gid)?;
+        }
         let cwd = rootfs::prepare_workdir(&paths.rootfs, config.working_dir.as_deref())?;
         if matches!(spec.network, NetworkMode::Egress { .. }) {
             rootfs::write_resolv_conf(&paths.rootfs, network::SLIRP_RESOLV_CONF)?;

@@ -410,6 +410,20 @@ pub fn prepare_workdir(root: &Path, configured: Option<&str>) -> Result<String, 
     Ok(dir)
 }
 
+/// Gives `dir` in the rootfs to a non-root image user: made when missing, and handed
+/// over when root owns it (its contents are left as they are). Orchard's `/workspace`
+/// is where commands and the files API work, and both act as the image's user.
+pub fn make_user_dir(root: &Path, dir: &str, uid: u32, gid: u32) -> Result<(), RootfsError> {
+    use std::os::unix::fs::MetadataExt;
+    let host = resolve_in_root(root, dir)?;
+    match fs::symlink_metadata(&host) {
+        Ok(m) if m.is_dir() && m.uid() == 0 => {}
+        Ok(_) => return Ok(()),
+        Err(_) => fs::create_dir_all(&host).map_err(io_err("creating", &host))?,
+    }
+    std::os::unix::fs::lchown(&host, Some(uid), Some(gid)).map_err(io_err("chowning", &host))
+}
+
 /// Writes `/etc/resolv.conf` in the rootfs (replacing a symlink there rather than
 /// following it).
 pub fn write_resolv_conf(root: &Path, content: &str) -> Result<(), RootfsError> {
