@@ -90,13 +90,15 @@ pub fn run<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// [`run`] on tokio's blocking pool.
-pub async fn blocking<T, F>(f: F) -> Result<T, tokio::task::JoinError>
+/// [`run`] on tokio's blocking pool. It starts at once, not when awaited (as
+/// `spawn_blocking`): an archive extraction must be running while its body is fed in
+/// through a bounded channel.
+pub fn blocking<T, F>(f: F) -> tokio::task::JoinHandle<T>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(move || run(f)).await
+    tokio::task::spawn_blocking(move || run(f))
 }
 
 #[cfg(test)]

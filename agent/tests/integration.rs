@@ -1014,6 +1014,34 @@ async fn files_list_depth_2_mkdir_move_and_remove_recursive() {
     sb.stop();
 }
 
+/// The extractor must be running while the body is fed to it through a bounded queue:
+/// an archive bigger than the queue once waited forever for an extractor that only
+/// started when awaited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_an_archive_bigger_than_the_upload_queue_is_extracted() {
+    let sb = Sandbox::busybox();
+    let c = sb.client();
+    // Random bytes do not compress: the gzip body is about 4 MiB, many chunks.
+    let mut noise = vec![0u8; 4 << 20];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in noise.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let archive = tar_gz(&[("big.bin", &noise)]);
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        c.upload_tar("/tmp/big", archive),
+    )
+    .await
+    .expect("the upload hung")
+    .unwrap();
+    assert_eq!(r.bytes, 4 << 20);
+    sb.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_upload_tar_gz_extracts_into_the_directory() {
     let sb = Sandbox::busybox();
