@@ -139,6 +139,22 @@ fn i64_limit(what: &str, v: u64) -> Result<i64, SpecError> {
     i64::try_from(v).map_err(|_| SpecError::Limit(format!("{what} {v} is too large")))
 }
 
+/// A read-only bind mount of the host's `source` at `destination`, without setuid
+/// files or devices.
+fn read_only_bind(destination: &str, source: &Path) -> Result<oci_spec::runtime::Mount, SpecError> {
+    Ok(MountBuilder::default()
+        .destination(destination)
+        .typ("bind")
+        .source(source)
+        .options(vec![
+            "bind".to_string(),
+            "ro".into(),
+            "nosuid".into(),
+            "nodev".into(),
+        ])
+        .build()?)
+}
+
 /// Builds the runtime config.
 pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
     let mut args = vec![
@@ -187,33 +203,12 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
             .options(tmp_options)
             .build()?,
     );
-    mounts.push(
-        MountBuilder::default()
-            .destination(INJECT_MOUNT)
-            .typ("bind")
-            .source(input.inject_dir)
-            .options(vec![
-                "bind".to_string(),
-                "ro".into(),
-                "nosuid".into(),
-                "nodev".into(),
-            ])
-            .build()?,
-    );
+    mounts.push(read_only_bind(INJECT_MOUNT, input.inject_dir)?);
     if input.tools {
-        mounts.push(
-            MountBuilder::default()
-                .destination(TOOLS_MOUNT)
-                .typ("bind")
-                .source(input.inject_dir.join("harness"))
-                .options(vec![
-                    "bind".to_string(),
-                    "ro".into(),
-                    "nosuid".into(),
-                    "nodev".into(),
-                ])
-                .build()?,
-        );
+        mounts.push(read_only_bind(
+            TOOLS_MOUNT,
+            &input.inject_dir.join("harness"),
+        )?);
     }
 
     let mut resources = LinuxResourcesBuilder::default().devices(vec![
