@@ -597,6 +597,7 @@ pub fn apply(
     if count == 0 {
         return Err(GitError::BadPatch("it changes no file".into()));
     }
+    check_modes(&diff)?;
     check_binary_data(&diff)?;
     // libgit2 writes every post-image as a blob before checking it out, also in check
     // mode; they stay in memory.
@@ -945,6 +946,31 @@ fn escape_reason(root: &Path, rel: &Path) -> Option<String> {
         }
     }
     None
+}
+
+/// File modes git writes (and `0`: no file on that side).
+const KNOWN_MODES: [u32; 7] = [
+    0, 0o040000, 0o100644, 0o100664, 0o100755, 0o120000, 0o160000,
+];
+
+/// Refuses a patch with a file mode git does not know. libgit2's parser takes any octal
+/// number, and git2's `DiffFile::mode` panics on one it does not know (`new file mode
+/// 120644` made the apply route answer 500).
+fn check_modes(diff: &Diff<'_>) -> Result<(), GitError> {
+    for delta in diff.deltas() {
+        for file in [delta.old_file(), delta.new_file()] {
+            // SAFETY: `raw` points at the `git_diff_file` that `file` borrows from the
+            // diff, alive and unchanged while `diff` is.
+            let mode = u32::from(unsafe { (*git2::Binding::raw(&file)).mode });
+            if !KNOWN_MODES.contains(&mode) {
+                return Err(GitError::BadPatch(format!(
+                    "{}: unknown file mode {mode:o}",
+                    delta_path(&delta)
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a binary hunk whose zlib data does not inflate to exactly its stated size.
@@ -2192,6 +2218,25 @@ mod tests {
         // The patch as git printed it applies.
         assert!(apply(root, &patch, false, false).unwrap().applied);
         assert_eq!(fs::read(root.join("blob.bin")).unwrap(), new);
+    }
+
+    #[test]
+    fn unknown_file_mode_in_a_patch_is_a_bad_patch_not_a_panic() {
+        let dir = init_repo();
+        let root = dir.path();
+        fs::write(root.join("a.txt"), "a\n").unwrap();
+        commit_all(root, "base");
+        let new = "diff --git a/n.txt b/n.txt\nnew file mode 120644\nindex 0000000..ce01362\n\
+                   --- /dev/null\n+++ b/n.txt\n@@ -0,0 +1 @@\n+hello\n";
+        let chmod = "diff --git a/a.txt b/a.txt\nold mode 100644\nnew mode 100777\n";
+        for patch in [new, chmod] {
+            for (check_only, fuzzy) in [(false, false), (true, false), (false, true)] {
+                let err = apply(root, patch, check_only, fuzzy).unwrap_err();
+                assert!(matches!(err, GitError::BadPatch(_)), "{err:?}");
+                assert!(err.to_string().contains("unknown file mode"), "{err}");
+            }
+        }
+        assert!(!root.join("n.txt").exists());
     }
 
     #[test]
