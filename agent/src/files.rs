@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
+use axum::body::{Body, BodyDataStream};
 use axum::extract::{FromRequestParts, Query, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 
 use crate::archive;
 use crate::error::{ApiError, ApiResult};
-use crate::server::{content_length, AppState, JsonBody};
+use crate::server::{content_length, drain, AppState, JsonBody};
 
 /// Most entries one listing returns.
 pub const MAX_LIST_ENTRIES: usize = 10_000;
@@ -358,11 +358,26 @@ async fn write_file(
     write_body(&q, &headers, body, limit).await.map(Json)
 }
 
-/// Writes `body` to `q.path` through a temporary file and a rename.
+/// Writes `body` to `q.path` through a temporary file and a rename. A refused write
+/// still reads the body (within [`drain`]'s bounds) before it is answered.
 async fn write_body(
     q: &WriteQuery,
     headers: &HeaderMap,
     body: Body,
+    limit: u64,
+) -> ApiResult<WriteResult> {
+    let mut stream = body.into_data_stream();
+    let result = write_stream(q, headers, &mut stream, limit).await;
+    if result.is_err() {
+        drain(&mut stream).await;
+    }
+    result
+}
+
+async fn write_stream(
+    q: &WriteQuery,
+    headers: &HeaderMap,
+    stream: &mut BodyDataStream,
     limit: u64,
 ) -> ApiResult<WriteResult> {
     let path = absolute(&q.path)?;
@@ -394,7 +409,6 @@ async fn write_body(
     let (mut file, temp) = create_temp(parent, &q.path).await?;
     let io_err = |err: io::Error| ApiError::io("write", &q.path, &err);
     let mut size = 0u64;
-    let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|_| unreadable_body())?;
         size += chunk.len() as u64;
@@ -741,10 +755,14 @@ impl Read for BodyReader {
     }
 }
 
-/// Sends `body` into `tx`, enforcing `limit`. A receiver that stops listening is not an
-/// error here: the reader's own result says why it stopped.
-async fn feed_body(body: Body, tx: mpsc::Sender<Chunk>, limit: u64) -> ApiResult<()> {
-    let mut stream = body.into_data_stream();
+/// Sends `stream` into `tx`, enforcing `limit`. A receiver that stops listening is not
+/// an error here: the reader's own result says why it stopped, and the rest of the
+/// body is drained so that the answer reaches the client.
+async fn feed_body(
+    stream: &mut BodyDataStream,
+    tx: mpsc::Sender<Chunk>,
+    limit: u64,
+) -> ApiResult<()> {
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
         let Ok(data) = chunk else {
@@ -764,6 +782,7 @@ async fn feed_body(body: Body, tx: mpsc::Sender<Chunk>, limit: u64) -> ApiResult
             continue;
         }
         if tx.send(Chunk::Data(data)).await.is_err() {
+            drain(stream).await;
             return Ok(());
         }
     }
@@ -781,11 +800,27 @@ async fn upload_archive(
     extract_body(q.path, &headers, body, limit).await.map(Json)
 }
 
-/// Extracts a tar or tar.gz body into `shown`, streaming it to a blocking extractor.
+/// Extracts a tar or tar.gz body into `shown`, streaming it to a blocking extractor. A
+/// refused extraction still reads the body (within [`drain`]'s bounds) before it is
+/// answered.
 async fn extract_body(
     shown: String,
     headers: &HeaderMap,
     body: Body,
+    limit: u64,
+) -> ApiResult<ExtractResult> {
+    let mut stream = body.into_data_stream();
+    let result = extract_stream(shown, headers, &mut stream, limit).await;
+    if result.is_err() {
+        drain(&mut stream).await;
+    }
+    result
+}
+
+async fn extract_stream(
+    shown: String,
+    headers: &HeaderMap,
+    stream: &mut BodyDataStream,
     limit: u64,
 ) -> ApiResult<ExtractResult> {
     let dir = absolute(&shown)?;
@@ -794,7 +829,7 @@ async fn extract_body(
     }
     let (tx, rx) = mpsc::channel(QUEUE);
     let job = tokio::task::spawn_blocking(move || archive::extract(BodyReader::new(rx), &dir));
-    let fed = feed_body(body, tx, limit).await;
+    let fed = feed_body(stream, tx, limit).await;
     let extracted = job.await.map_err(|_| blocking_failed("extraction"))?;
     // A body error comes first: the extraction then failed only because its input was
     // cut, and it has already cleaned up.
@@ -877,6 +912,48 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
     use std::os::unix::fs::symlink;
+
+    #[tokio::test]
+    async fn refused_upload_is_answered_after_its_body_is_read_not_cut_off() {
+        let addr = crate::server::test_http::serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("t").display().to_string();
+        let body = vec![b'x'; 8 << 20];
+        let cases = [
+            ("/v1/files?path=".to_string(), 400, "invalid_argument"),
+            (
+                "/v1/files?path=relative".to_string(),
+                400,
+                "invalid_argument",
+            ),
+            (
+                format!("/v1/files?path={target}&mode=zz"),
+                400,
+                "invalid_argument",
+            ),
+            (
+                "/v1/files/archive?path=".to_string(),
+                400,
+                "invalid_argument",
+            ),
+            // Not a tar: the extractor stops at the first block, the body goes on.
+            (
+                format!("/v1/files/archive?path={target}"),
+                400,
+                "invalid_archive",
+            ),
+        ];
+        for (path, status, code) in cases {
+            let (got, answer) = crate::server::test_http::send(addr, "PUT", &path, &body)
+                .await
+                .unwrap_or_else(|e| panic!("PUT {path}: cut off mid-body: {e}"));
+            assert_eq!(
+                (got, answer["code"].as_str()),
+                (status, Some(code)),
+                "{path}: {answer}"
+            );
+        }
+    }
 
     fn write_query(path: &Path, mode: Option<&str>, parents: Option<bool>) -> WriteQuery {
         WriteQuery {
