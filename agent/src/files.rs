@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, BodyDataStream};
+use axum::body::Body;
 use axum::extract::{FromRequestParts, Query, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 
 use crate::archive;
 use crate::error::{ApiError, ApiResult};
-use crate::server::{content_length, drain, AppState, JsonBody};
+use crate::server::{content_length, AppState, JsonBody};
 
 /// Most entries one listing returns.
 pub const MAX_LIST_ENTRIES: usize = 10_000;
@@ -358,26 +358,11 @@ async fn write_file(
     write_body(&q, &headers, body, limit).await.map(Json)
 }
 
-/// Writes `body` to `q.path` through a temporary file and a rename. A refused write
-/// still reads the body (within [`drain`]'s bounds) before it is answered.
+/// Writes `body` to `q.path` through a temporary file and a rename.
 async fn write_body(
     q: &WriteQuery,
     headers: &HeaderMap,
     body: Body,
-    limit: u64,
-) -> ApiResult<WriteResult> {
-    let mut stream = body.into_data_stream();
-    let result = write_stream(q, headers, &mut stream, limit).await;
-    if result.is_err() {
-        drain(&mut stream).await;
-    }
-    result
-}
-
-async fn write_stream(
-    q: &WriteQuery,
-    headers: &HeaderMap,
-    stream: &mut BodyDataStream,
     limit: u64,
 ) -> ApiResult<WriteResult> {
     let path = absolute(&q.path)?;
@@ -409,6 +394,7 @@ async fn write_stream(
     let (mut file, temp) = create_temp(parent, &q.path).await?;
     let io_err = |err: io::Error| ApiError::io("write", &q.path, &err);
     let mut size = 0u64;
+    let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|_| unreadable_body())?;
         size += chunk.len() as u64;
@@ -755,14 +741,10 @@ impl Read for BodyReader {
     }
 }
 
-/// Sends `stream` into `tx`, enforcing `limit`. A receiver that stops listening is not
-/// an error here: the reader's own result says why it stopped, and the rest of the
-/// body is drained so that the answer reaches the client.
-async fn feed_body(
-    stream: &mut BodyDataStream,
-    tx: mpsc::Sender<Chunk>,
-    limit: u64,
-) -> ApiResult<()> {
+/// Sends `body` into `tx`, enforcing `limit`. A receiver that stops listening is not an
+/// error here: the reader's own result says why it stopped.
+async fn feed_body(body: Body, tx: mpsc::Sender<Chunk>, limit: u64) -> ApiResult<()> {
+    let mut stream = body.into_data_stream();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
         let Ok(data) = chunk else {
@@ -782,7 +764,6 @@ async fn feed_body(
             continue;
         }
         if tx.send(Chunk::Data(data)).await.is_err() {
-            drain(stream).await;
             return Ok(());
         }
     }
@@ -800,27 +781,11 @@ async fn upload_archive(
     extract_body(q.path, &headers, body, limit).await.map(Json)
 }
 
-/// Extracts a tar or tar.gz body into `shown`, streaming it to a blocking extractor. A
-/// refused extraction still reads the body (within [`drain`]'s bounds) before it is
-/// answered.
+/// Extracts a tar or tar.gz body into `shown`, streaming it to a blocking extractor.
 async fn extract_body(
     shown: String,
     headers: &HeaderMap,
     body: Body,
-    limit: u64,
-) -> ApiResult<ExtractResult> {
-    let mut stream = body.into_data_stream();
-    let result = extract_stream(shown, headers, &mut stream, limit).await;
-    if result.is_err() {
-        drain(&mut stream).await;
-    }
-    result
-}
-
-async fn extract_stream(
-    shown: String,
-    headers: &HeaderMap,
-    stream: &mut BodyDataStream,
     limit: u64,
 ) -> ApiResult<ExtractResult> {
     let dir = absolute(&shown)?;
@@ -829,7 +794,7 @@ async fn extract_stream(
     }
     let (tx, rx) = mpsc::channel(QUEUE);
     let job = tokio::task::spawn_blocking(move || archive::extract(BodyReader::new(rx), &dir));
-    let fed = feed_body(stream, tx, limit).await;
+    let fed = feed_body(body, tx, limit).await;
     let extracted = job.await.map_err(|_| blocking_failed("extraction"))?;
     // A body error comes first: the extraction then failed only because its input was
     // cut, and it has already cleaned up.

@@ -152,10 +152,10 @@ async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: N
     next.run(req).await
 }
 
-/// Most of a body that is refused before being read still read (and dropped) before
-/// the answer goes out, and for how long: hyper closes a connection whose request body
-/// was not read, and a client still sending then fails its write before it reads the
-/// answer (the orchestrator's proxy answered such a refused upload 502).
+/// Most of a request body left unread by its handler that is still read (and dropped)
+/// before the answer goes out, and for how long: hyper closes a connection whose request
+/// body was not read, and a client still sending then fails its write before it reads
+/// the answer (the server's proxy answered such a refused upload 502).
 pub const DRAIN_MAX: u64 = 64 << 20;
 /// See [`DRAIN_MAX`].
 pub const DRAIN_TIME: Duration = Duration::from_secs(10);
@@ -174,17 +174,25 @@ pub async fn drain(stream: &mut BodyDataStream) {
     .await;
 }
 
-async fn route_not_found(body: Body) -> ApiError {
-    drain(&mut body.into_data_stream()).await;
-    ApiError::new(ErrorCode::RouteNotFound, "no such route")
+/// Every request: the handler (or extractor, or fallback) reads the body through a
+/// stand-in, and what it left unread is drained once it answered (see [`DRAIN_MAX`]),
+/// whatever refused the request: a bad query, a wrong method, a failed write.
+async fn drain_unread(req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let real = Arc::new(tokio::sync::Mutex::new(body.into_data_stream()));
+    let stand_in = futures_util::stream::unfold(real.clone(), |real| async move {
+        let chunk = real.lock().await.next().await?;
+        Some((chunk, real))
+    });
+    let response = next
+        .run(Request::from_parts(parts, Body::from_stream(stand_in)))
+        .await;
+    drain(&mut *real.lock().await).await;
+    response
 }
 
-async fn method_not_allowed(body: Body) -> ApiError {
-    drain(&mut body.into_data_stream()).await;
-    ApiError::new(
-        ErrorCode::MethodNotAllowed,
-        "method not allowed on this route",
-    )
+async fn route_not_found() -> ApiError {
+    ApiError::new(ErrorCode::RouteNotFound, "no such route")
 }
 
 async fn livez() -> &'static str {
@@ -203,11 +211,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(crate::files::routes())
         .merge(crate::git::routes())
         .fallback(route_not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                "method not allowed on this route",
+            )
+        })
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/livez", get(livez))
         .merge(authed)
+        .layer(middleware::from_fn(drain_unread))
         .with_state(state)
 }
 
