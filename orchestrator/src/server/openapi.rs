@@ -132,6 +132,14 @@ pub fn document_value() -> Value {
             }
         }
     }
+    // Routes whose success is not 200.
+    for (method, path, status) in [("post", "/v1/sandboxes", "201")] {
+        if let Some(responses) = doc["paths"][path][method]["responses"].as_object_mut() {
+            if let Some(ok) = responses.remove("200") {
+                responses.insert(status.to_string(), ok);
+            }
+        }
+    }
     doc["components"]["securitySchemes"] =
         json!({"apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}});
     doc["security"] = json!([{"apiKey": []}]);
