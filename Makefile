@@ -26,10 +26,17 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 
 ## test: everything CI checks.
-test: agent images harness lint sdk-deps
+test: agent images harness lint sdk-deps fuzz
 	cargo test --workspace
 	@images/harness/test.sh
 	$(SDK_PYTEST)
+
+## fuzz: the cargo-fuzz targets (fuzz/) of the parsers that read untrusted bytes (tar,
+## patches, image manifests and layers, request bodies, PTY frames), FUZZ_TIME seconds
+## each (default 20); installs cargo-fuzz when missing. See scripts/fuzz.sh.
+.PHONY: fuzz
+fuzz:
+	@scripts/fuzz.sh
 
 ## sdk-deps: the Python SDK, editable, with its test and lint tools.
 .PHONY: sdk-deps sdk-test

@@ -898,6 +898,48 @@ mod tests {
     use http_body_util::BodyExt;
     use std::os::unix::fs::symlink;
 
+    #[tokio::test]
+    async fn refused_upload_is_answered_after_its_body_is_read_not_cut_off() {
+        let addr = crate::server::test_http::serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("t").display().to_string();
+        let body = vec![b'x'; 8 << 20];
+        let cases = [
+            ("/v1/files?path=".to_string(), 400, "invalid_argument"),
+            (
+                "/v1/files?path=relative".to_string(),
+                400,
+                "invalid_argument",
+            ),
+            (
+                format!("/v1/files?path={target}&mode=zz"),
+                400,
+                "invalid_argument",
+            ),
+            (
+                "/v1/files/archive?path=".to_string(),
+                400,
+                "invalid_argument",
+            ),
+            // Not a tar: the extractor stops at the first block, the body goes on.
+            (
+                format!("/v1/files/archive?path={target}"),
+                400,
+                "invalid_archive",
+            ),
+        ];
+        for (path, status, code) in cases {
+            let (got, answer) = crate::server::test_http::send(addr, "PUT", &path, &body)
+                .await
+                .unwrap_or_else(|e| panic!("PUT {path}: cut off mid-body: {e}"));
+            assert_eq!(
+                (got, answer["code"].as_str()),
+                (status, Some(code)),
+                "{path}: {answer}"
+            );
+        }
+    }
+
     fn write_query(path: &Path, mode: Option<&str>, parents: Option<bool>) -> WriteQuery {
         WriteQuery {
             path: path.to_string_lossy().into_owned(),

@@ -30,7 +30,7 @@ use std::ffi::OsStr;
 use std::fs::{self, OpenOptions, Permissions};
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Once};
 
 use axum::routing::post;
@@ -597,6 +597,8 @@ pub fn apply(
     if count == 0 {
         return Err(GitError::BadPatch("it changes no file".into()));
     }
+    check_modes(&diff)?;
+    check_binary_data(&diff)?;
     // libgit2 writes every post-image as a blob before checking it out, also in check
     // mode; they stay in memory.
     let odb = repo.odb().map_err(git("apply"))?;
@@ -612,8 +614,12 @@ pub fn apply(
     };
 
     // libgit2's check mode stops before the checkout, which is where a new file that
-    // already exists would be refused; that one is checked here.
-    let existing = existing_targets(&diff, &root);
+    // already exists would be refused; that one is checked here. So are paths beyond
+    // a symbolic link, which libgit2 would write through.
+    let mut existing = existing_targets(&diff, &root);
+    for (i, conflict) in beyond_links(&diff, &root) {
+        existing.entry(i).or_insert(conflict);
+    }
     let whole_error = if existing.is_empty() {
         let all = |_| true;
         let applied = if check_only {
@@ -892,6 +898,137 @@ fn existing_targets(diff: &Diff<'_>, root: &Path) -> BTreeMap<usize, GitConflict
         }
     }
     out
+}
+
+/// Deltas with a path (old or new) that leaves the work tree: through a symbolic link
+/// in the work tree, or by a `..` or absolute component. libgit2 writes through a
+/// linked parent directory (a new `out/x` with `out -> ../elsewhere` lands in
+/// `../elsewhere/x`), so these are conflicts, as `git apply` refuses a path "beyond a
+/// symbolic link". The last component may be a link: a patch changes the link itself.
+fn beyond_links(diff: &Diff<'_>, root: &Path) -> BTreeMap<usize, GitConflict> {
+    let mut out = BTreeMap::new();
+    for (i, delta) in diff.deltas().enumerate() {
+        for file in [delta.old_file(), delta.new_file()] {
+            let Some(path) = file.path() else { continue };
+            if let Some(reason) = escape_reason(root, path) {
+                out.entry(i).or_insert(GitConflict {
+                    path: path.to_string_lossy().into_owned(),
+                    hunk: None,
+                    header: None,
+                    reason,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Why `rel` leaves the work tree `root`, if it does.
+fn escape_reason(root: &Path, rel: &Path) -> Option<String> {
+    let parts: Vec<Component<'_>> = rel.components().collect();
+    let mut dir = root.to_path_buf();
+    for (n, part) in parts.iter().enumerate() {
+        let Component::Normal(name) = part else {
+            return Some("the path is not inside the working directory".into());
+        };
+        if n + 1 == parts.len() {
+            break;
+        }
+        dir.push(name);
+        match fs::symlink_metadata(&dir) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let shown = dir.strip_prefix(root).unwrap_or(&dir).display().to_string();
+                return Some(format!("it is beyond a symbolic link ({shown})"));
+            }
+            Ok(_) => {}
+            // Missing: the apply creates it as a directory.
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// File modes git writes (and `0`: no file on that side).
+const KNOWN_MODES: [u32; 7] = [
+    0, 0o040000, 0o100644, 0o100664, 0o100755, 0o120000, 0o160000,
+];
+
+/// Refuses a patch with a file mode git does not know. libgit2's parser takes any octal
+/// number, and git2's `DiffFile::mode` panics on one it does not know (`new file mode
+/// 120644` made the apply route answer 500).
+fn check_modes(diff: &Diff<'_>) -> Result<(), GitError> {
+    for delta in diff.deltas() {
+        for file in [delta.old_file(), delta.new_file()] {
+            // SAFETY: `raw` points at the `git_diff_file` that `file` borrows from the
+            // diff, alive and unchanged while `diff` is.
+            let mode = u32::from(unsafe { (*git2::Binding::raw(&file)).mode });
+            if !KNOWN_MODES.contains(&mode) {
+                return Err(GitError::BadPatch(format!(
+                    "{}: unknown file mode {mode:o}",
+                    delta_path(&delta)
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a binary hunk whose zlib data does not inflate to exactly its stated size.
+/// libgit2 (1.9) loops forever, never returning, on zlib data that ends early
+/// (libgit2 issue #7342): the data is inflated here first, with a bounded output.
+fn check_binary_data(diff: &Diff<'_>) -> Result<(), GitError> {
+    let mut problem = None;
+    let mut check = |delta: git2::DiffDelta<'_>, binary: git2::DiffBinary<'_>| {
+        for (side, file) in [("old", binary.old_file()), ("new", binary.new_file())] {
+            if matches!(file.kind(), git2::DiffBinaryKind::None) {
+                continue;
+            }
+            if let Err(reason) = inflate_exactly(file.data(), file.inflated_len()) {
+                problem = Some(format!(
+                    "the binary {side} data of {}: {reason}",
+                    delta_path(&delta)
+                ));
+                return false;
+            }
+        }
+        true
+    };
+    let walked = diff.foreach(&mut |_, _| true, Some(&mut check), None, None);
+    if let Some(problem) = problem {
+        return Err(GitError::BadPatch(problem));
+    }
+    walked.map_err(|err| GitError::BadPatch(err.message().to_string()))
+}
+
+/// Inflates zlib `data` into nothing, failing unless it ends within `data` and makes
+/// exactly `len` bytes.
+fn inflate_exactly(data: &[u8], len: usize) -> Result<(), String> {
+    let mut inflater = flate2::Decompress::new(true);
+    let mut sink = vec![0u8; 64 * 1024];
+    loop {
+        let (read, made) = (inflater.total_in(), inflater.total_out());
+        let rest = data.get(read as usize..).unwrap_or_default();
+        let status = inflater
+            .decompress(rest, &mut sink, flate2::FlushDecompress::Finish)
+            .map_err(|err| format!("it is not valid zlib data ({err})"))?;
+        if inflater.total_out() > len as u64 {
+            return Err(format!("it inflates to more than the stated {len} bytes"));
+        }
+        match status {
+            flate2::Status::StreamEnd => break,
+            _ if inflater.total_in() == read && inflater.total_out() == made => {
+                return Err("its zlib data ends early".into())
+            }
+            _ => {}
+        }
+    }
+    if inflater.total_out() != len as u64 {
+        return Err(format!(
+            "it inflates to {} bytes, not the stated {len}",
+            inflater.total_out()
+        ));
+    }
+    Ok(())
 }
 
 /// Why a patch does not apply.
@@ -2033,6 +2170,121 @@ mod tests {
                 shown("ours applies ours")
             );
         }
+    }
+
+    #[test]
+    fn binary_patch_with_truncated_zlib_data_is_refused_not_applied_forever() {
+        let dir = init_repo();
+        let root = dir.path();
+        let old: Vec<u8> = (0..400u32).map(|i| (i * 7919 % 251) as u8).collect();
+        fs::write(root.join("blob.bin"), &old).unwrap();
+        commit_all(root, "base");
+        let new: Vec<u8> = (0..400u32)
+            .map(|i| (i * 104_729 % 241) as u8 ^ 0x5a)
+            .collect();
+        fs::write(root.join("blob.bin"), &new).unwrap();
+        let patch = git_text(root, &["diff", "--binary"]);
+        git_cli(root, &["checkout", "--", "."]);
+        // Without the last data line of the first binary chunk, its zlib stream ends
+        // early while every line is still valid base85.
+        let lines: Vec<&str> = patch.lines().collect();
+        let start = lines
+            .iter()
+            .position(|l| l.starts_with("literal ") || l.starts_with("delta "))
+            .expect("a binary chunk");
+        let end = start
+            + 1
+            + lines[start + 1..]
+                .iter()
+                .position(|l| l.is_empty())
+                .unwrap();
+        assert!(end - start > 2, "several data lines:\n{patch}");
+        let mut cut = lines.clone();
+        cut.remove(end - 1);
+        let truncated = cut.join("\n") + "\n";
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let repo = root.to_path_buf();
+        std::thread::spawn(move || {
+            let _ = tx.send(apply(&repo, &truncated, false, false));
+        });
+        let result = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("apply returns (libgit2 loops forever on zlib data that ends early)");
+        let err = result.expect_err("a truncated binary patch is refused");
+        assert!(matches!(err, GitError::BadPatch(_)), "{err:?}");
+        assert!(err.to_string().contains("ends early"), "{err}");
+        assert_eq!(fs::read(root.join("blob.bin")).unwrap(), old);
+        // The patch as git printed it applies.
+        assert!(apply(root, &patch, false, false).unwrap().applied);
+        assert_eq!(fs::read(root.join("blob.bin")).unwrap(), new);
+    }
+
+    #[test]
+    fn unknown_file_mode_in_a_patch_is_a_bad_patch_not_a_panic() {
+        let dir = init_repo();
+        let root = dir.path();
+        fs::write(root.join("a.txt"), "a\n").unwrap();
+        commit_all(root, "base");
+        let new = "diff --git a/n.txt b/n.txt\nnew file mode 120644\nindex 0000000..ce01362\n\
+                   --- /dev/null\n+++ b/n.txt\n@@ -0,0 +1 @@\n+hello\n";
+        let chmod = "diff --git a/a.txt b/a.txt\nold mode 100644\nnew mode 100777\n";
+        for patch in [new, chmod] {
+            for (check_only, fuzzy) in [(false, false), (true, false), (false, true)] {
+                let err = apply(root, patch, check_only, fuzzy).unwrap_err();
+                assert!(matches!(err, GitError::BadPatch(_)), "{err:?}");
+                assert!(err.to_string().contains("unknown file mode"), "{err}");
+            }
+        }
+        assert!(!root.join("n.txt").exists());
+    }
+
+    #[test]
+    fn patch_paths_beyond_a_symbolic_link_are_conflicts_not_written_outside() {
+        let outer = tempfile::tempdir().unwrap();
+        let outside = outer.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        let dir = init_repo();
+        let root = dir.path();
+        fs::write(root.join("run.sh"), "echo hi\n").unwrap();
+        fs::write(root.join("a.txt"), "a\n").unwrap();
+        symlink(&outside, root.join("out")).unwrap();
+        symlink("out", root.join("out2")).unwrap();
+        commit_all(root, "base");
+        let new = |path: &str| {
+            format!(
+                "diff --git a/{path} b/{path}\nnew file mode 100644\nindex 0000000..ce01362\n\
+                 --- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+hello\n"
+            )
+        };
+        let rename = "diff --git a/run.sh b/out/run.sh\nsimilarity index 100%\n\
+                      rename from run.sh\nrename to out/run.sh\n";
+        let change = "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-a\n+b\n";
+        let cases = [
+            (new("out/pwned"), false),
+            (new("out/pwned"), true),
+            (new("out2/deeper/pwned"), false),
+            (rename.to_string(), false),
+            (format!("{change}{}", new("out/pwned")), true),
+        ];
+        for (patch, fuzzy) in cases {
+            for check_only in [true, false] {
+                let result = apply(root, &patch, check_only, fuzzy).unwrap();
+                assert!(!result.applied, "{patch}");
+                let conflict = result.conflicts.last().unwrap();
+                assert!(conflict.path.starts_with("out"), "{conflict:?}");
+                assert!(conflict.reason.contains("symbolic link"), "{conflict:?}");
+            }
+        }
+        assert_eq!(
+            fs::read_dir(&outside).unwrap().count(),
+            0,
+            "written outside"
+        );
+        assert_eq!(fs::read_to_string(root.join("a.txt")).unwrap(), "a\n");
+        assert!(root.join("run.sh").exists());
+        // A new file next to the links still applies.
+        assert!(apply(root, &new("in/ok"), false, false).unwrap().applied);
     }
 
     fn numbered(lines: std::ops::RangeInclusive<usize>, tag: &str) -> String {

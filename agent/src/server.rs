@@ -4,14 +4,16 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use axum::body::{Body, BodyDataStream};
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderMap};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use orchard_protocol::{ErrorCode, TOKEN_HEADER};
 use serde::de::DeserializeOwned;
@@ -150,6 +152,45 @@ async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: N
     next.run(req).await
 }
 
+/// Most of a request body left unread by its handler that is still read (and dropped)
+/// before the answer goes out, and for how long: hyper closes a connection whose request
+/// body was not read, and a client still sending then fails its write before it reads
+/// the answer (the server's proxy answered such a refused upload 502).
+pub const DRAIN_MAX: u64 = 64 << 20;
+/// See [`DRAIN_MAX`].
+pub const DRAIN_TIME: Duration = Duration::from_secs(10);
+
+/// Reads and drops the rest of a body, within [`DRAIN_MAX`] bytes and [`DRAIN_TIME`].
+pub async fn drain(stream: &mut BodyDataStream) {
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        let mut dropped = 0u64;
+        while let Some(Ok(chunk)) = stream.next().await {
+            dropped += chunk.len() as u64;
+            if dropped > DRAIN_MAX {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// Every request: the handler (or extractor, or fallback) reads the body through a
+/// stand-in, and what it left unread is drained once it answered (see [`DRAIN_MAX`]),
+/// whatever refused the request: a bad query, a wrong method, a failed write.
+async fn drain_unread(req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let real = Arc::new(tokio::sync::Mutex::new(body.into_data_stream()));
+    let stand_in = futures_util::stream::unfold(real.clone(), |real| async move {
+        let chunk = real.lock().await.next().await?;
+        Some((chunk, real))
+    });
+    let response = next
+        .run(Request::from_parts(parts, Body::from_stream(stand_in)))
+        .await;
+    drain(&mut *real.lock().await).await;
+    response
+}
+
 async fn route_not_found() -> ApiError {
     ApiError::new(ErrorCode::RouteNotFound, "no such route")
 }
@@ -171,18 +212,86 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(crate::git::routes())
         .fallback(route_not_found)
         .method_not_allowed_fallback(|| async {
-            ApiError::new(ErrorCode::RouteNotFound, "method not allowed on this route")
+            ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                "method not allowed on this route",
+            )
         })
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/livez", get(livez))
         .merge(authed)
+        .layer(middleware::from_fn(drain_unread))
         .with_state(state)
+}
+
+/// Raw HTTP/1.1 over TCP against the router, for tests that need the connection itself.
+#[cfg(test)]
+pub(crate) mod test_http {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::{router, AppState};
+
+    /// Serves the router with token `tok` on a fresh port.
+    pub async fn serve() -> SocketAddr {
+        let config = crate::config::Config::new("tok");
+        let state = AppState::new(config, Arc::new(crate::reaper::Reaper::new()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        addr
+    }
+
+    /// Sends the whole request, body included, then reads the answer: a server that
+    /// answers and closes before it read the body makes this fail (broken pipe or
+    /// reset) instead of answering.
+    pub async fn send(
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> std::io::Result<(u16, serde_json::Value)> {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: x\r\nx-orchard-token: tok\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body).await?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await?;
+        let split = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| std::io::Error::other("no answer"))?;
+        let status = String::from_utf8_lossy(&raw[9..12]).parse().unwrap_or(0);
+        let body = serde_json::from_slice(&raw[split + 4..]).unwrap_or_default();
+        Ok((status, body))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn unsupported_method_is_405_and_its_body_is_read_before_the_answer() {
+        let addr = test_http::serve().await;
+        let body = vec![b'x'; 8 << 20];
+        let (status, answer) = test_http::send(addr, "PUT", "/v1/sessions/x/run", &body)
+            .await
+            .expect("answered, not cut off mid-body");
+        assert_eq!(status, 405, "{answer}");
+        assert_eq!(answer["code"], "method_not_allowed");
+        let (status, answer) = test_http::send(addr, "PUT", "/v1/nope", &body)
+            .await
+            .expect("answered, not cut off mid-body");
+        assert_eq!((status, &answer["code"]), (404, &"route_not_found".into()));
+    }
 
     #[test]
     fn constant_time_eq_compares_content_and_length() {

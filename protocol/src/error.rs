@@ -39,6 +39,8 @@ pub enum ErrorCode {
     BodyTooLarge,
     /// The route does not exist.
     RouteNotFound,
+    /// The route exists, but not with this method.
+    MethodNotAllowed,
     /// The path, process or resource does not exist.
     NotFound,
     /// The target exists and the request asked not to overwrite it.
@@ -87,6 +89,7 @@ impl ErrorCode {
             | CommandNotFound | CwdNotFound | NotADirectory | IsADirectory => 400,
             PermissionDenied => 403,
             NotFound | RouteNotFound => 404,
+            MethodNotAllowed => 405,
             AlreadyExists | DirectoryNotEmpty | ProcessExited | StdinClosed => 409,
             BodyTooLarge => 413,
             // The sandbox's own pids or memory limit: its code's doing, not the agent's.
@@ -111,6 +114,7 @@ pub const ALL: &[(ErrorCode, &str)] = &[
     (ErrorCode::InvalidArgument, "invalid_argument"),
     (ErrorCode::BodyTooLarge, "body_too_large"),
     (ErrorCode::RouteNotFound, "route_not_found"),
+    (ErrorCode::MethodNotAllowed, "method_not_allowed"),
     (ErrorCode::NotFound, "not_found"),
     (ErrorCode::AlreadyExists, "already_exists"),
     (ErrorCode::NotADirectory, "not_a_directory"),

@@ -1130,7 +1130,7 @@ struct LayerTask {
 }
 
 /// Checks media types and digests of a manifest before anything is fetched.
-pub(crate) fn check_manifest(manifest: &Manifest, name: &str) -> Result<(), ImageError> {
+pub fn check_manifest(manifest: &Manifest, name: &str) -> Result<(), ImageError> {
     check_config_type(&manifest.config, name)?;
     digest::hex_of(&manifest.config.digest)?;
     for layer in &manifest.layers {

@@ -36,6 +36,13 @@ const PATH: Param = (
     "Path in the sandbox (relative: under /workspace or /).",
 );
 
+const LIST_PATH: Param = (
+    "path",
+    "string",
+    false,
+    "Directory in the sandbox (relative: under /workspace or /); default the working directory.",
+);
+
 /// The orchestrator's own routes (the agent's are added under `/v1/sandboxes/{id}`).
 pub const ROUTES: &[Route] = &[
     Route { method: "GET", path: "/", summary: "Banner.", auth: false, query: &[], request: Body::Empty, response: Body::Json(any_json) },
@@ -53,7 +60,7 @@ pub const ROUTES: &[Route] = &[
     Route { method: "POST", path: "/sandboxes/{id}/apply_patch", summary: "Apply a unified diff in the default directory, all or nothing.", auth: true, query: &[], request: Body::Json(schema::<ApplyPatch>), response: Body::Json(schema::<PatchResult>) },
     Route { method: "POST", path: "/sandboxes/{id}/files", summary: "Write a file (base64 content).", auth: true, query: &[], request: Body::Json(schema::<UploadFile>), response: Body::Json(schema::<Uploaded>) },
     Route { method: "GET", path: "/sandboxes/{id}/files", summary: "Read a file (base64 content).", auth: true, query: &[PATH], request: Body::Empty, response: Body::Json(schema::<FileContent>) },
-    Route { method: "GET", path: "/sandboxes/{id}/files/list", summary: "List a directory.", auth: true, query: &[PATH], request: Body::Empty, response: Body::Json(schema::<FileListing>) },
+    Route { method: "GET", path: "/sandboxes/{id}/files/list", summary: "List a directory.", auth: true, query: &[LIST_PATH], request: Body::Empty, response: Body::Json(schema::<FileListing>) },
     Route { method: "GET", path: "/jobs/{id}", summary: "A job.", auth: true, query: &[], request: Body::Empty, response: Body::Json(schema::<Job>) },
     Route { method: "GET", path: "/jobs/{id}/wait", summary: "Wait for a job to finish; a job still running is answered as running.", auth: true, query: &[TIMEOUT], request: Body::Empty, response: Body::Json(schema::<Job>) },
     Route { method: "POST", path: "/v1/sandboxes", summary: "Create a sandbox; by default answers once it is ready, with its agent endpoint and token.", auth: true, query: &[], request: Body::Json(schema::<SandboxCreate>), response: Body::Json(schema::<Sandbox>) },
@@ -105,17 +112,31 @@ pub fn document_value() -> Value {
     for (k, v) in gen.take_definitions() {
         doc["components"]["schemas"][k] = serde_json::to_value(v).unwrap_or(Value::Null);
     }
-    // Our own routes answer `Detail`; the proxied ones pass the agent's `ErrorBody`.
+    // Our own routes answer `Detail`. The proxied ones pass the agent's `ErrorBody`,
+    // but the server answers some of their errors itself (a missing key, an unknown or
+    // unready sandbox, an unreachable agent), as `Detail`.
+    let error = json!({"$ref": "#/components/schemas/ErrorBody"});
     if let Some(paths) = doc["paths"].as_object_mut() {
         for (path, ops) in paths.iter_mut() {
             let ours = ROUTES.iter().any(|r| r.path == path);
+            let schema = if ours {
+                detail.clone()
+            } else {
+                json!({"anyOf": [error, detail]})
+            };
             if let Some(ops) = ops.as_object_mut() {
                 for op in ops.values_mut() {
-                    if ours {
-                        op["responses"]["default"]["content"]["application/json"]["schema"] =
-                            detail.clone();
-                    }
+                    op["responses"]["default"]["content"]["application/json"]["schema"] =
+                        schema.clone();
                 }
+            }
+        }
+    }
+    // Routes whose success is not 200.
+    for (method, path, status) in [("post", "/v1/sandboxes", "201")] {
+        if let Some(responses) = doc["paths"][path][method]["responses"].as_object_mut() {
+            if let Some(ok) = responses.remove("200") {
+                responses.insert(status.to_string(), ok);
             }
         }
     }

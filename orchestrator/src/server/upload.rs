@@ -99,11 +99,25 @@ impl<W: std::io::Write> UploadParser<W> {
     }
 
     fn flush_groups(&mut self, last: bool) -> Result<(), Error> {
-        let whole = if last {
+        let mut whole = if last {
             self.pending.len()
         } else {
             self.pending.len() / 4 * 4
         };
+        // Padding is valid only at the very end of the content: a padded group waits
+        // for the end, and anything after one is refused (decoded group by group,
+        // `aGk=` then `aGk=` would pass where `aGk=aGk=` does not).
+        if !last {
+            if let Some(at) = self.pending[..whole].iter().position(|&b| b == b'=') {
+                let group_end = at / 4 * 4 + 4;
+                if group_end < self.pending.len() {
+                    return Err(Error::BadRequest(
+                        "content is not valid base64: padding before the end".into(),
+                    ));
+                }
+                whole = group_end - 4;
+            }
+        }
         if whole == 0 {
             return Ok(());
         }
@@ -369,6 +383,20 @@ mod tests {
                     .unwrap()
             );
             assert_eq!(parsed.size, bytes.len() as u64);
+        }
+    }
+
+    #[test]
+    fn padding_before_the_end_of_the_content_is_a_400_however_the_body_is_cut() {
+        let body = br#"{"path": "/a", "content": "aGk=aGk="}"#;
+        for piece in 1..=body.len() {
+            let err = parse_in_pieces(body, piece).err();
+            assert_eq!(err.map(|e| e.status()), Some(400), "pieces of {piece}");
+        }
+        let padded_last = br#"{"path": "/a", "content": "aGVsbG8haGk="}"#;
+        for piece in 1..=padded_last.len() {
+            let (_, bytes) = parse_in_pieces(padded_last, piece).unwrap();
+            assert_eq!(bytes, b"hello!hi", "pieces of {piece}");
         }
     }
 

@@ -848,8 +848,8 @@ async fn proxied_routes_pass_the_agents_errors_through() {
             Method::DELETE,
             format!("{v}/exec"),
             None,
-            404,
-            "route_not_found",
+            405,
+            "method_not_allowed",
         ),
     ];
     for (m, path, body, status, code) in cases {
