@@ -10,6 +10,7 @@ end makes it delete its sandboxes; before that the session checks that none was 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -112,9 +113,9 @@ def _wait_ready_file(proc: subprocess.Popen[bytes], ready: Path, log: Path) -> s
     pytest.fail(f"orchard serve did not write {ready} in {START_DEADLINE_S}s")
 
 
-@pytest.fixture(scope="session")
-def server() -> Iterator[Server]:
-    """Starts ``orchard serve`` with a fresh data dir and key; imports busybox."""
+@contextlib.contextmanager
+def running_server() -> Iterator[Server]:
+    """``orchard serve`` with a fresh data dir and key, busybox imported; stopped at exit."""
     if not os.access(ORCHARD_BIN, os.X_OK):
         pytest.fail(f"no orchard binary at {ORCHARD_BIN} (set ORCHARD_BIN or build it)")
     if not os.access(AGENT_BIN, os.X_OK):
@@ -144,24 +145,11 @@ def server() -> Iterator[Server]:
         stderr=subprocess.STDOUT,
     )
     srv = Server("", api_key, data_dir, proc, log_path)
-    saved = {
-        k: os.environ.get(k) for k in ("SANDBOX_BASE_URL", "SANDBOX_API_KEY", "SANDBOX_PREFIX")
-    }
     try:
         srv.base_url = _wait_ready_file(proc, ready, log_path)
         import_image(srv, IMAGES / "busybox", BUSYBOX)
-        os.environ["SANDBOX_BASE_URL"] = srv.base_url
-        os.environ["SANDBOX_API_KEY"] = api_key
-        os.environ["SANDBOX_PREFIX"] = "sdktest"
         yield srv
-        left = srv.sandbox_ids()
-        assert left == [], f"sandboxes left behind by the tests: {left}"
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=60)
@@ -170,6 +158,28 @@ def server() -> Iterator[Server]:
             proc.wait()
         log.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    """The session's server; ``SANDBOX_BASE_URL``/``SANDBOX_API_KEY`` point at it."""
+    saved = {
+        k: os.environ.get(k) for k in ("SANDBOX_BASE_URL", "SANDBOX_API_KEY", "SANDBOX_PREFIX")
+    }
+    try:
+        with running_server() as srv:
+            os.environ["SANDBOX_BASE_URL"] = srv.base_url
+            os.environ["SANDBOX_API_KEY"] = srv.api_key
+            os.environ["SANDBOX_PREFIX"] = "sdktest"
+            yield srv
+            left = srv.sandbox_ids()
+            assert left == [], f"sandboxes left behind by the tests: {left}"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="session")
