@@ -74,7 +74,9 @@ run_one() {
   local t=$1 log=$logs/$1.log
   mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t"
   local rc=0
-  "$bin_dir/$t" -max_total_time="$FUZZ_TIME" -timeout=20 -rss_limit_mb=2048 \
+  # The targets' scratch directories (std::env::temp_dir) go with the run.
+  mkdir -p "$logs/tmp"
+  TMPDIR=$logs/tmp "$bin_dir/$t" -max_total_time="$FUZZ_TIME" -timeout=20 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="fuzz/artifacts/$t/" \
     "fuzz/corpus/$t" "fuzz/seeds/$t" >"$log" 2>&1 || rc=$?
   local runs cov corpus
