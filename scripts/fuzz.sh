@@ -10,7 +10,10 @@
 #   FUZZ_TIME=600 scripts/fuzz.sh   a longer run
 #
 # FUZZ_TIME (default 20) is the time per target; FUZZ_JOBS (default 2) how many run at
-# once. CI builds everything cold, so the defaults are for build time: the `dev` profile
+# once; FUZZ_SEED (default 1) libFuzzer's random seed, fixed so that CI explores the same
+# inputs first on every run of a commit (0: a new seed each run, for exploring). A crash
+# found once becomes a committed seed (fuzz/seeds/<target>/regression-*), replayed on
+# every run. CI builds everything cold, so the defaults are for build time: the `dev` profile
 # (no optimization; FUZZ_RELEASE=1 builds optimized, for long runs) and no sanitizer
 # (the code is safe Rust over libgit2: what the run looks for is panics, the targets'
 # invariant assertions included, and debug assertions and overflow checks are on).
@@ -19,6 +22,7 @@ cd "$(dirname "$0")/.."
 
 FUZZ_TIME=${FUZZ_TIME:-20}
 FUZZ_JOBS=${FUZZ_JOBS:-2}
+FUZZ_SEED=${FUZZ_SEED:-1}
 CARGO_FUZZ_VERSION=0.13.2
 BUILD_FLAGS=(--sanitizer none)
 if [ "${FUZZ_RELEASE:-0}" = 1 ]; then
@@ -76,7 +80,7 @@ run_one() {
   local rc=0
   # The targets' scratch directories (std::env::temp_dir) go with the run.
   mkdir -p "$logs/tmp"
-  TMPDIR=$logs/tmp "$bin_dir/$t" -max_total_time="$FUZZ_TIME" -timeout=20 -rss_limit_mb=2048 \
+  TMPDIR=$logs/tmp "$bin_dir/$t" -max_total_time="$FUZZ_TIME" -seed="$FUZZ_SEED" -timeout=20 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="fuzz/artifacts/$t/" \
     "fuzz/corpus/$t" "fuzz/seeds/$t" >"$log" 2>&1 || rc=$?
   local runs cov corpus

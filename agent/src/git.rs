@@ -590,6 +590,15 @@ pub fn apply(
 ) -> Result<GitApplyResult, GitError> {
     let repo = open(repo)?;
     let root = workdir(&repo)?;
+    // libgit2 reads the patch's paths as C strings: a NUL inside a header line cut
+    // one short and left a delta with no new path, which its apply then passed to
+    // strcmp (a segfault, found by fuzzing). Git never prints a NUL in a patch: text
+    // with one is binary and travels as a `GIT binary patch`, in base85.
+    if let Some(at) = patch.find('\0') {
+        return Err(GitError::BadPatch(format!(
+            "it contains a NUL byte (at byte {at}); binary content travels as a GIT binary patch"
+        )));
+    }
     let patch = normalize_patch(patch);
     let diff = Diff::from_buffer(patch.as_bytes())
         .map_err(|err| GitError::BadPatch(err.message().to_string()))?;
@@ -598,6 +607,7 @@ pub fn apply(
         return Err(GitError::BadPatch("it changes no file".into()));
     }
     check_modes(&diff)?;
+    check_paths(&diff)?;
     check_binary_data(&diff)?;
     // libgit2 writes every post-image as a blob before checking it out, also in check
     // mode; they stay in memory.
@@ -968,6 +978,21 @@ fn check_modes(diff: &Diff<'_>) -> Result<(), GitError> {
                     delta_path(&delta)
                 )));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a delta without an old or a new path. libgit2's parser gives both to every
+/// delta it reads from a well-formed patch (the same path twice for an added or a
+/// deleted file), and its apply compares them without checking for none.
+fn check_paths(diff: &Diff<'_>) -> Result<(), GitError> {
+    for delta in diff.deltas() {
+        if delta.old_file().path_bytes().is_none() || delta.new_file().path_bytes().is_none() {
+            return Err(GitError::BadPatch(format!(
+                "{}: a file header without both paths",
+                delta_path(&delta)
+            )));
         }
     }
     Ok(())
@@ -2237,6 +2262,32 @@ mod tests {
             }
         }
         assert!(!root.join("n.txt").exists());
+    }
+
+    /// Found by `make fuzz` (git_apply): a NUL in a `diff --git` line left a deleted
+    /// file's delta without a new path, and libgit2's apply segfaulted on it, taking
+    /// the agent (the sandbox's PID 1) down with it.
+    #[test]
+    fn regression_a_nul_in_a_patch_header_is_a_bad_patch_not_a_segfault() {
+        let dir = init_repo();
+        let root = dir.path();
+        fs::write(root.join("x"), "c\n").unwrap();
+        commit_all(root, "base");
+        let patch = "diff --git a/n\0diff --git a/x b/x\ndeleted file mode 100644\n\
+                     --- a/x\n+++ /dev/null\n@@ -1 +0,0 @@\n-c\n";
+        let parsed = Diff::from_buffer(normalize_patch(patch).as_bytes()).unwrap();
+        let delta = parsed.deltas().next().unwrap();
+        assert!(
+            delta.new_file().path().is_none(),
+            "libgit2 changed: the test needs a new input"
+        );
+        assert!(matches!(check_paths(&parsed), Err(GitError::BadPatch(_))));
+        for (check_only, fuzzy) in [(false, false), (true, false), (false, true)] {
+            let err = apply(root, patch, check_only, fuzzy).unwrap_err();
+            assert!(matches!(err, GitError::BadPatch(_)), "{err:?}");
+            assert!(err.to_string().contains("NUL byte"), "{err}");
+        }
+        assert_eq!(fs::read(root.join("x")).unwrap(), b"c\n");
     }
 
     #[test]
