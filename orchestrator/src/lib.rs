@@ -4,6 +4,8 @@
 //!   into a content-addressed store of unpacked layers.
 //! - [`backend`]: where sandboxes run; [`backend::local`] drives runc over overlayfs.
 //! - [`service`]: records, lifecycle, jobs, quotas and policies, independent of HTTP.
+//! - [`state`]: the [`state::StateStore`] trait (records, jobs, quotas, leases,
+//!   notifications) and its in-memory implementation.
 //! - [`server`]: the REST API (Orchard-compatible routes and `/v1/`).
 //! - [`config`], [`serve`]: `orchard serve`; [`cli`]: the commands for people.
 //! - [`metrics`], [`log`]: Prometheus metrics and JSON logs.
@@ -17,3 +19,5 @@ pub mod metrics;
 pub mod serve;
 pub mod server;
 pub mod service;
+pub mod state;
+pub mod time;

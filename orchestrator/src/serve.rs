@@ -141,8 +141,14 @@ pub fn start_image_gc(config: &Config, service: &Service) {
     let store = service.images().clone();
     let root = store.root().to_path_buf();
     let users = service.clone();
+    // Called on a blocking thread of the runtime (the pass runs in `spawn_blocking`).
     let in_use = move || InUse {
-        references: users.all().iter().map(|r| r.image.clone()).collect(),
+        references: tokio::runtime::Handle::current()
+            .block_on(users.all())
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.image.clone())
+            .collect(),
         layers: gc::mounted_layers(&root),
     };
     let metrics = service.metrics().clone();

@@ -56,6 +56,66 @@ pub struct CreateSpec {
     pub labels: BTreeMap<String, String>,
 }
 
+/// Whether `id` is a valid sandbox id: 1-63 characters of `a-z0-9-_.`, starting with a
+/// letter or digit (a name every backend can use: a directory, a runc id, a pod name).
+pub fn valid_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b.iter().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'-' | b'_' | b'.')
+        })
+}
+
+/// How a sandbox's agent is reached: what a backend hands back.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentEndpoint {
+    /// A Unix socket on this host (the local backend).
+    Unix(PathBuf),
+    /// `http://ip:port` (a pod IP on Kubernetes).
+    Http(std::net::SocketAddr),
+}
+
+impl AgentEndpoint {
+    /// The client's view of it.
+    pub fn client(&self) -> orchard_client::Endpoint {
+        match self {
+            AgentEndpoint::Unix(p) => orchard_client::Endpoint::Unix(p.clone()),
+            AgentEndpoint::Http(a) => orchard_client::Endpoint::Tcp(*a),
+        }
+    }
+
+    /// Parses `http://ip:port` (a pod's agent URL).
+    pub fn parse_url(url: &str) -> Option<AgentEndpoint> {
+        let rest = url.strip_prefix("http://")?.trim_end_matches('/');
+        rest.parse().ok().map(AgentEndpoint::Http)
+    }
+
+    /// The `/v1` wire form: `socket` or `url`, with the token.
+    pub fn wire(&self, token: &str) -> orchard_protocol::sandbox::AgentEndpoint {
+        let (socket, url) = match self {
+            AgentEndpoint::Unix(p) => (Some(p.display().to_string()), None),
+            AgentEndpoint::Http(a) => (None, Some(format!("http://{a}"))),
+        };
+        orchard_protocol::sandbox::AgentEndpoint {
+            socket,
+            url,
+            token: token.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for AgentEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentEndpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+            AgentEndpoint::Http(a) => write!(f, "http://{a}"),
+        }
+    }
+}
+
 /// A sandbox as a backend reports it.
 #[derive(Debug, Clone)]
 pub struct BackendSandbox {
@@ -65,10 +125,8 @@ pub struct BackendSandbox {
     pub image: String,
     /// Creation time, ISO-8601 UTC.
     pub created_at: String,
-    /// Unix socket of its agent, if reached by one.
-    pub socket: Option<PathBuf>,
-    /// `http://ip:port` of its agent, if reached over TCP.
-    pub url: Option<String>,
+    /// How its agent is reached.
+    pub agent: AgentEndpoint,
     /// The agent's token.
     pub token: String,
     /// Its init is alive.

@@ -21,7 +21,7 @@ use orchard_protocol::pty::close_code;
 use serde::Deserialize;
 
 use super::{ApiJson, ApiPath, AppState, Auth, MAX_UPLOAD_JSON};
-use crate::service::{iso, CreateRequest, Error, JobOptions, Phase, Record, Service};
+use crate::service::{iso, CreateRequest, Error, JobOptions, Phase, SandboxRecord, Service};
 
 /// Longest server-side wait a request may ask for.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
@@ -99,7 +99,7 @@ async fn banner() -> Json<serde_json::Value> {
 }
 
 async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
-    let counts = state.service.counts();
+    let counts = state.service.counts().await;
     Json(serde_json::json!({
         "status": "healthy",
         "version": env!("CARGO_PKG_VERSION"),
@@ -141,24 +141,24 @@ fn amount(cpu: f64, memory: u64) -> serde_json::Value {
 async fn resources(State(state): State<AppState>, Auth(tenant): Auth) -> Json<serde_json::Value> {
     let (mut cpu, mut mem) = (0.0, 0u64);
     let mut pods = Vec::new();
-    for r in state.service.all() {
-        let phase = r.phase();
+    for r in state.service.all().await.unwrap_or_default() {
+        let phase = &r.phase;
         let (c, m) = (
             crate::service::units::parse_cpu(&r.cpu).unwrap_or(0.0),
             crate::service::units::parse_memory(&r.memory).unwrap_or(0),
         );
-        if !matches!(phase, Phase::Failed(_) | Phase::Deleted) {
+        if !matches!(phase, Phase::Failed { .. }) {
             cpu += c;
             mem += m;
         }
-        if r.tenant == tenant {
+        if r.tenant == tenant.0 {
             pods.push(serde_json::json!({
                 "name": r.id,
                 "namespace": state.service.backend().name(),
                 "phase": match phase {
                     Phase::Pending => "Pending",
-                    Phase::Running(_) => "Running",
-                    Phase::Failed(_) | Phase::Deleted => "Failed",
+                    Phase::Ready => "Running",
+                    Phase::Failed { .. } => "Failed",
                 },
                 "cpu_request": c,
                 "memory_request_bytes": m,
@@ -183,16 +183,14 @@ async fn resources(State(state): State<AppState>, Auth(tenant): Auth) -> Json<se
 pub fn compat_phase(phase: &Phase) -> (SandboxPhase, String) {
     match phase {
         Phase::Pending => (SandboxPhase::Pending, "the sandbox is starting".into()),
-        Phase::Running(_) => (SandboxPhase::Ready, String::new()),
-        Phase::Failed(m) => (SandboxPhase::Failed, m.clone()),
-        Phase::Deleted => (SandboxPhase::Failed, "the sandbox was deleted".into()),
+        Phase::Ready => (SandboxPhase::Ready, String::new()),
+        Phase::Failed { message } => (SandboxPhase::Failed, message.clone()),
     }
 }
 
 /// The compatible view of a record.
-pub fn sandbox_status(service: &Service, r: &Record) -> SandboxStatus {
-    let phase = r.phase();
-    let (status, status_message) = compat_phase(&phase);
+pub fn sandbox_status(service: &Service, r: &SandboxRecord) -> SandboxStatus {
+    let (status, status_message) = compat_phase(&r.phase);
     SandboxStatus {
         sandbox_id: r.id.clone(),
         namespace: service.backend().name().to_string(),
@@ -202,12 +200,12 @@ pub fn sandbox_status(service: &Service, r: &Record) -> SandboxStatus {
         cpu: r.cpu.clone(),
         memory: r.memory.clone(),
         created_at: r.created_ms as f64 / 1000.0,
-        ready: matches!(phase, Phase::Running(_)),
+        ready: r.phase == Phase::Ready,
         status,
         status_message,
-        working_dir: match &phase {
-            Phase::Running(l) => l.workdir.clone(),
-            _ => r.working_dir.clone(),
+        working_dir: match &r.agent {
+            Some(a) => a.workdir.clone(),
+            None => r.working_dir.clone(),
         },
     }
 }
@@ -217,18 +215,21 @@ async fn create(
     Auth(tenant): Auth,
     ApiJson(req): ApiJson<CreateSandbox>,
 ) -> Result<Json<CreatedSandbox>, Error> {
-    let record = state.service.create(
-        &tenant,
-        CreateRequest {
-            image: req.image.clone(),
-            id: req.sandbox_id,
-            cpu: req.cpu.clone(),
-            memory: req.memory.clone(),
-            block_network: req.block_network,
-            ready_timeout_s: req.timeout,
-            ..Default::default()
-        },
-    )?;
+    let record = state
+        .service
+        .create(
+            &tenant,
+            CreateRequest {
+                image: req.image.clone(),
+                id: req.sandbox_id,
+                cpu: req.cpu.clone(),
+                memory: req.memory.clone(),
+                block_network: req.block_network,
+                ready_timeout_s: req.timeout,
+                ..Default::default()
+            },
+        )
+        .await?;
     Ok(Json(CreatedSandbox {
         sandbox_id: record.id.clone(),
         namespace: state.service.backend().name().to_string(),
@@ -236,7 +237,7 @@ async fn create(
         block_network: req.block_network,
         cpu: record.cpu.clone(),
         memory: record.memory.clone(),
-        timeout: record.ready_timeout.as_secs(),
+        timeout: record.ready_timeout().as_secs(),
         status: "pending".into(),
         working_dir: record.working_dir.clone(),
     }))
@@ -247,7 +248,7 @@ async fn status(
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxStatus>, Error> {
-    let r = state.service.get(&tenant, &id)?;
+    let r = state.service.get(&tenant, &id).await?;
     Ok(Json(sandbox_status(&state.service, &r)))
 }
 
@@ -279,7 +280,7 @@ async fn heartbeat(
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxAck>, Error> {
-    state.service.heartbeat(&tenant, &id)?;
+    state.service.heartbeat(&tenant, &id).await?;
     Ok(Json(SandboxAck {
         status: "ok".into(),
         sandbox_id: id,
@@ -306,22 +307,26 @@ async fn exec(
             return Err(Error::BadRequest("command must not be empty".into()));
         }
     }
-    let entry = state.service.submit(
-        &tenant,
-        &id,
-        req.command,
-        JobOptions {
-            timeout,
-            cwd: req.cwd,
-            env: req.env.unwrap_or_default(),
-            login_shell: req.login_shell,
-        },
-    )?;
+    let job = state
+        .service
+        .submit(
+            &tenant,
+            &id,
+            req.command,
+            JobOptions {
+                timeout_ms: timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+                cwd: req.cwd,
+                env: req.env.unwrap_or_default(),
+                login_shell: req.login_shell,
+            },
+        )
+        .await?;
     if req.wait {
-        Ok(Json(entry.wait(None).await).into_response())
+        let done = state.service.wait_job(&tenant, &job.job_id, None).await?;
+        Ok(Json(done).into_response())
     } else {
         Ok(Json(QueuedJob {
-            job_id: entry.id(),
+            job_id: job.job_id,
             status: "queued".into(),
         })
         .into_response())
@@ -333,7 +338,7 @@ async fn job(
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, Error> {
-    Ok(Json(state.service.job(&tenant, &id)?).into_response())
+    Ok(Json(state.service.job(&tenant, &id).await?).into_response())
 }
 
 async fn job_wait(
@@ -343,8 +348,8 @@ async fn job_wait(
     ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> Result<Response, Error> {
     let timeout = q.duration(Duration::from_secs(30))?;
-    let entry = state.service.jobs().get(&tenant, &id)?;
-    Ok(Json(entry.wait(Some(timeout)).await).into_response())
+    let job = state.service.wait_job(&tenant, &id, Some(timeout)).await?;
+    Ok(Json(job).into_response())
 }
 
 async fn apply_patch(
@@ -353,7 +358,7 @@ async fn apply_patch(
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ApplyPatch, MAX_UPLOAD_JSON>,
 ) -> Result<Json<PatchResult>, Error> {
-    let live = state.service.ready(&tenant, &id)?;
+    let live = state.service.ready(&tenant, &id).await?;
     let apply = GitApplyRequest {
         repo: Service::default_dir(&live).to_string(),
         patch: req.patch,
@@ -465,7 +470,7 @@ async fn upload(
     body: axum::body::Body,
 ) -> Result<Json<Uploaded>, Error> {
     use http_body_util::BodyExt;
-    let live = state.service.ready(&tenant, &id)?;
+    let live = state.service.ready(&tenant, &id).await?;
     let spool = Spool::new(&state.service.config().data_dir)?;
     let file = std::fs::File::options()
         .write(true)
@@ -579,7 +584,7 @@ async fn download(
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> Result<Response, Error> {
-    let live = state.service.ready(&tenant, &id)?;
+    let live = state.service.ready(&tenant, &id).await?;
     let path = Service::resolve(&live, &q.path);
     let body = live.agent.read_stream(&path).await?;
     let prefix = format!(
@@ -657,7 +662,7 @@ async fn list_files(
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<FileListing>, Error> {
-    let live = state.service.ready(&tenant, &id)?;
+    let live = state.service.ready(&tenant, &id).await?;
     let path = match &q.path {
         Some(p) if !p.is_empty() => Service::resolve(&live, p),
         _ => Service::default_dir(&live).to_string(),
@@ -771,12 +776,12 @@ async fn pty(
             close_code::UNAUTHORIZED,
             "invalid or missing API key".to_string(),
         )),
-        Some(tenant) => match state.service.get(&tenant, &id) {
+        Some(tenant) => match state.service.get(&tenant, &id).await {
             Err(_) => Err((close_code::NOT_FOUND, format!("sandbox {id} not found"))),
-            Ok(r) => match r.phase() {
-                Phase::Running(live) => Ok(live),
-                _ => Err((close_code::NOT_READY, format!("sandbox {id} is not ready"))),
-            },
+            Ok(r) => state
+                .service
+                .live_of(&r)
+                .map_err(|_| (close_code::NOT_READY, format!("sandbox {id} is not ready"))),
         },
     };
     ws.on_upgrade(move |socket| async move {

@@ -300,7 +300,10 @@ async fn bad_method(req: Request) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let body = state.service.metrics().render(&state.service.counts());
+    let body = state
+        .service
+        .metrics()
+        .render(&state.service.counts().await);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 

@@ -36,11 +36,65 @@ pub struct Connector {
     endpoints: Arc<Mutex<HashMap<String, Endpoint>>>,
 }
 
-type ConnectFuture =
-    Pin<Box<dyn Future<Output = Result<TokioIo<tokio::net::UnixStream>, std::io::Error>> + Send>>;
+/// A connection to an agent, over its Unix socket or TCP.
+pub enum AgentStream {
+    /// The local backend's socket.
+    Unix(TokioIo<tokio::net::UnixStream>),
+    /// A pod's IP.
+    Tcp(TokioIo<tokio::net::TcpStream>),
+}
+
+macro_rules! both {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            AgentStream::Unix($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+            AgentStream::Tcp($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+        }
+    };
+}
+
+impl hyper::rt::Read for AgentStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        both!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl hyper::rt::Write for AgentStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        both!(self, s => s.poll_write(cx, buf))
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        both!(self, s => s.poll_flush(cx))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        both!(self, s => s.poll_shutdown(cx))
+    }
+}
+
+impl hyper_util::client::legacy::connect::Connection for AgentStream {
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        hyper_util::client::legacy::connect::Connected::new()
+    }
+}
+
+type ConnectFuture = Pin<Box<dyn Future<Output = Result<AgentStream, std::io::Error>> + Send>>;
 
 impl tower_service::Service<Uri> for Connector {
-    type Response = TokioIo<tokio::net::UnixStream>;
+    type Response = AgentStream;
     type Error = std::io::Error;
     type Future = ConnectFuture;
 
@@ -58,12 +112,15 @@ impl tower_service::Service<Uri> for Connector {
         });
         Box::pin(async move {
             match endpoint {
-                Some(Endpoint::Unix(path)) => {
-                    Ok(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-                }
-                Some(Endpoint::Tcp(addr)) => Err(std::io::Error::other(format!(
-                    "agents over TCP ({addr}) are not proxied by this server"
+                Some(Endpoint::Unix(path)) => Ok(AgentStream::Unix(TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
                 ))),
+                Some(Endpoint::Tcp(addr)) => {
+                    let tcp = tokio::net::TcpStream::connect(addr).await?;
+                    // Small request/answer pairs: no Nagle delay.
+                    tcp.set_nodelay(true)?;
+                    Ok(AgentStream::Tcp(TokioIo::new(tcp)))
+                }
                 None => Err(std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     "unknown agent endpoint",
@@ -170,7 +227,7 @@ async fn forward(
     ApiPath((id, rest)): ApiPath<(String, String)>,
     req: Request,
 ) -> Result<Response, Error> {
-    let live = state.service.ready(&tenant, &id)?;
+    let live = state.service.ready(&tenant, &id).await?;
     let agent_path = format!("/v1/{rest}");
     let (mut parts, body) = req.into_parts();
     if super::is_websocket(&parts.headers) {
@@ -378,15 +435,28 @@ pub async fn bridge(client: WebSocket, live: &Live, path: &str) {
     }
 }
 
-type AgentSocket = tokio_tungstenite::WebSocketStream<tokio::net::UnixStream>;
+/// A connection to an agent: a Unix socket (local backend) or TCP (a pod's IP).
+trait AgentIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AgentIo for T {}
+
+type AgentSocket = tokio_tungstenite::WebSocketStream<Box<dyn AgentIo>>;
 
 async fn connect_agent(live: &Live, path: &str) -> Result<AgentSocket, String> {
-    let Endpoint::Unix(socket) = live.agent.endpoint() else {
-        return Err("agents over TCP are not bridged by this server".into());
+    let stream: Box<dyn AgentIo> = match live.agent.endpoint() {
+        Endpoint::Unix(socket) => Box::new(
+            tokio::net::UnixStream::connect(socket)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        Endpoint::Tcp(addr) => {
+            let tcp = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| e.to_string())?;
+            // Keystrokes go out at once.
+            let _ = tcp.set_nodelay(true);
+            Box::new(tcp)
+        }
     };
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .map_err(|e| e.to_string())?;
     let mut req =
         tungstenite::client::IntoClientRequest::into_client_request(format!("ws://agent{path}"))
             .map_err(|e| e.to_string())?;

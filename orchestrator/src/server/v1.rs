@@ -13,7 +13,7 @@ use orchard_protocol::sandbox::{Sandbox, SandboxCreate, SandboxDone, SandboxList
 
 use super::compat::{ApiQuery, WaitQuery};
 use super::{ApiJson, ApiPath, AppState, Auth};
-use crate::service::{iso, CreateRequest, Error, Phase, Record, Service};
+use crate::service::{iso, CreateRequest, Error, Phase, SandboxRecord, Service};
 
 /// The lifecycle routes.
 pub fn routes() -> Router<AppState> {
@@ -25,24 +25,24 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// The `/v1` view of a record.
-pub fn sandbox(service: &Service, r: &Record) -> Sandbox {
-    let phase = r.phase();
-    let (ready_at, agent) = match &phase {
-        Phase::Running(l) => (Some(iso(l.ready_ms)), Some(l.endpoint.clone())),
+pub fn sandbox(service: &Service, r: &SandboxRecord) -> Sandbox {
+    let phase = &r.phase;
+    let (ready_at, agent) = match (&r.agent, phase) {
+        (Some(a), Phase::Ready) => (Some(iso(a.ready_ms)), Some(a.endpoint.wire(&a.token))),
         _ => (None, None),
     };
     Sandbox {
         id: r.id.clone(),
         image: r.image.clone(),
         status: phase.name().to_string(),
-        ready: matches!(phase, Phase::Running(_)),
+        ready: *phase == Phase::Ready,
         status_message: match phase {
-            Phase::Failed(m) => Some(m),
+            Phase::Failed { message } => Some(message.clone()),
             _ => None,
         },
         created_at: iso(r.created_ms),
         ready_at,
-        expires_at: r.expires_ms(service.policy()).map(iso),
+        expires_at: service.expires_ms(r).map(iso),
         block_network: r.block_network,
         cpu: Some(r.cpu.clone()),
         memory: Some(r.memory.clone()),
@@ -56,24 +56,27 @@ async fn create(
     Auth(tenant): Auth,
     ApiJson(req): ApiJson<SandboxCreate>,
 ) -> Result<Response, Error> {
-    let record = state.service.create(
-        &tenant,
-        CreateRequest {
-            image: req.image,
-            id: req.id,
-            cpu: req.cpu,
-            memory: req.memory,
-            block_network: req.block_network,
-            ready_timeout_s: req.ready_timeout_s,
-            ttl_s: req.ttl_s,
-            env: req.env,
-            labels: req.labels,
-        },
-    )?;
+    let record = state
+        .service
+        .create(
+            &tenant,
+            CreateRequest {
+                image: req.image,
+                id: req.id,
+                cpu: req.cpu,
+                memory: req.memory,
+                block_network: req.block_network,
+                ready_timeout_s: req.ready_timeout_s,
+                ttl_s: req.ttl_s,
+                env: req.env,
+                labels: req.labels,
+            },
+        )
+        .await?;
     if req.wait {
         // The create's own deadline ends this wait; the extra second covers the
         // hand-over from the create task.
-        let limit = record.ready_timeout + Duration::from_secs(1);
+        let limit = record.ready_timeout() + Duration::from_secs(1);
         if let Err(e) = state.service.wait_ready(&tenant, &record.id, limit).await {
             // A sandbox that could not start is not left behind for the caller.
             if let Error::Sandbox(_) | Error::Timeout(_) = e {
@@ -85,15 +88,19 @@ async fn create(
     Ok((StatusCode::CREATED, Json(sandbox(&state.service, &record))).into_response())
 }
 
-async fn list(State(state): State<AppState>, Auth(tenant): Auth) -> Json<SandboxList> {
-    Json(SandboxList {
+async fn list(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+) -> Result<Json<SandboxList>, Error> {
+    Ok(Json(SandboxList {
         sandboxes: state
             .service
             .list(&tenant)
+            .await?
             .iter()
             .map(|r| sandbox(&state.service, r))
             .collect(),
-    })
+    }))
 }
 
 async fn one(
@@ -101,7 +108,7 @@ async fn one(
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Sandbox>, Error> {
-    let r = state.service.get(&tenant, &id)?;
+    let r = state.service.get(&tenant, &id).await?;
     Ok(Json(sandbox(&state.service, &r)))
 }
 
@@ -134,10 +141,10 @@ async fn heartbeat(
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SandboxDone>, Error> {
-    let r = state.service.heartbeat(&tenant, &id)?;
+    let r = state.service.heartbeat(&tenant, &id).await?;
     Ok(Json(SandboxDone {
         id,
         status: "ok".into(),
-        expires_at: r.expires_ms(state.service.policy()).map(iso),
+        expires_at: state.service.expires_ms(&r).map(iso),
     }))
 }

@@ -1,5 +1,5 @@
-//! How a compatible job runs: one worker task per sandbox takes jobs from its queue in
-//! submission order and runs each through the agent as `bash -c` (a login shell as
+//! How a compatible job runs: one worker task per sandbox, holding the sandbox's lease,
+//! takes jobs from its queue in the store in submission order and runs each through the agent as `bash -c` (a login shell as
 //! Orchard runs it when asked: [`orchard_protocol::login`]; `sh` when the image has no
 //! bash), in the sandbox's default working directory
 //! (`/workspace` unless the operator set another). A list command is quoted element by
@@ -8,35 +8,17 @@
 //! `error` `Command timed out after Ns`. Output is kept up to the configured cap per
 //! stream (64 MiB by default; the job says `output_truncated` past it).
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use orchard_protocol::compat::CompatCommand;
 use orchard_protocol::exec::timeout_error;
 use orchard_protocol::login::{filter_login_noise, login_shell_argv};
 use orchard_protocol::{Command, ErrorCode, ExecRequest};
-use tokio::sync::mpsc;
 
-use super::jobs::JobEntry;
-use super::{Live, Phase, Record, Service};
+use crate::state::{JobRecord, Phase, SandboxRecord, Topic};
 
-/// Options of a compatible job.
-#[derive(Debug, Clone, Default)]
-pub struct JobOptions {
-    /// Time limit.
-    pub timeout: Option<Duration>,
-    /// Working directory.
-    pub cwd: Option<String>,
-    /// Extra environment.
-    pub env: BTreeMap<String, String>,
-    /// A login shell as Orchard runs it (`bash --login -i -c`, `~/.bashrc` sourced,
-    /// its noise filtered from stderr: see [`orchard_protocol::login`]).
-    pub login_shell: bool,
-}
-
-/// A queued job with its options.
-pub type Queued = (Arc<JobEntry>, JobOptions);
+use super::{Live, Service};
 
 /// `s` quoted for a POSIX shell.
 pub fn shell_quote(s: &str) -> String {
@@ -61,69 +43,115 @@ pub fn script(command: &CompatCommand) -> String {
     }
 }
 
-/// Starts the worker of one sandbox. It ends when the record is dropped.
-pub(super) fn spawn_worker(
-    service: Service,
-    record: Weak<Record>,
-    mut rx: mpsc::UnboundedReceiver<Queued>,
-) {
+/// How long a worker's lease on its sandbox lasts without renewal.
+const LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// Starts the job worker of `rec`: it takes the sandbox's lease, then runs its queued
+/// jobs one at a time in submission order, woken by the store when one is added or the
+/// sandbox changes. Jobs queued while the sandbox is pending wait for it; when it failed
+/// or is gone, they fail. It ends when the record is gone.
+pub(super) fn spawn_worker(service: &Service, rec: &SandboxRecord) {
+    let weak = Arc::downgrade(&service.inner);
+    let (id, uid) = (rec.id.clone(), rec.uid.clone());
     tokio::spawn(async move {
-        while let Some((entry, opts)) = rx.recv().await {
-            let phase = match record.upgrade() {
-                Some(rec) => {
-                    let mut rx = rec.phase.subscribe();
-                    drop(rec);
-                    let phase = rx
-                        .wait_for(|p| !matches!(p, Phase::Pending))
-                        .await
-                        .map(|p| p.clone());
-                    phase.unwrap_or(Phase::Deleted)
-                }
-                None => Phase::Deleted,
-            };
-            match phase {
-                Phase::Running(live) => run(&service, &live, &entry, opts, &record).await,
-                Phase::Failed(m) => fail(
-                    &service,
-                    &entry,
-                    format!("the sandbox failed to start: {m}"),
-                ),
-                Phase::Deleted | Phase::Pending => {
-                    fail(&service, &entry, "the sandbox was deleted".into())
+        let lease_name = format!("sandbox/{id}");
+        let lease = loop {
+            let Some(inner) = weak.upgrade() else { return };
+            let service = Service { inner };
+            let mut changes = service.store().subscribe(Topic::Sandbox(id.clone()));
+            match service
+                .store()
+                .acquire_lease(&lease_name, &service.inner.holder, LEASE_TTL)
+                .await
+            {
+                Ok(Some(lease)) => break lease,
+                // Another worker holds it: wait for the sandbox to change or the lease
+                // to expire.
+                _ => {
+                    drop(service);
+                    let _ = tokio::time::timeout(LEASE_TTL, changes.changed()).await;
                 }
             }
+        };
+        loop {
+            let Some(inner) = weak.upgrade() else { return };
+            let service = Service { inner };
+            // Subscribed before the reads: a change after them wakes the wait below.
+            let mut queued = service.store().subscribe(Topic::Queue(id.clone()));
+            let mut changed = service.store().subscribe(Topic::Sandbox(id.clone()));
+            let rec = match service.store().sandbox(&id).await {
+                Ok(Some(r)) if r.value.uid == uid => r.value,
+                Ok(_) => {
+                    fail_queued(&service, &id, "the sandbox was deleted").await;
+                    let _ = service.store().release_lease(&lease).await;
+                    return;
+                }
+                Err(_) => {
+                    drop(service);
+                    let _ = tokio::time::timeout(LEASE_TTL, changed.changed()).await;
+                    continue;
+                }
+            };
+            let job = match &rec.phase {
+                Phase::Pending => None,
+                Phase::Failed { message } => {
+                    let why = format!("the sandbox failed to start: {message}");
+                    fail_queued(&service, &id, &why).await;
+                    None
+                }
+                Phase::Ready => service.store().take_job(&id, &lease).await.ok().flatten(),
+            };
+            let Some(job) = job else {
+                drop(service);
+                tokio::select! {
+                    _ = queued.changed() => {}
+                    _ = changed.changed() => {}
+                }
+                continue;
+            };
+            let Ok(live) = service.live_of(&rec) else {
+                continue;
+            };
+            let run = run(&service, &live, job, &rec);
+            tokio::pin!(run);
+            loop {
+                tokio::select! {
+                    _ = &mut run => break,
+                    _ = tokio::time::sleep(LEASE_TTL / 3) => {
+                        let _ = service.store().renew_lease(&lease, LEASE_TTL).await;
+                    }
+                }
+            }
+            let _ = service.store().renew_lease(&lease, LEASE_TTL).await;
         }
     });
 }
 
-fn fail(service: &Service, entry: &JobEntry, error: String) {
-    service.jobs().finish(
-        entry,
-        None,
-        String::new(),
-        String::new(),
-        Some(error),
-        false,
-    );
+/// Fails every queued job of sandbox `id` with `why`.
+async fn fail_queued(service: &Service, id: &str, why: &str) {
+    for job in service.store().drain_jobs(id).await.unwrap_or_default() {
+        fail(service, job, why.to_string()).await;
+    }
 }
 
-async fn run(
-    service: &Service,
-    live: &Live,
-    entry: &JobEntry,
-    opts: JobOptions,
-    record: &Weak<Record>,
-) {
+async fn fail(service: &Service, job: JobRecord, error: String) {
+    service
+        .finish_job(job, None, String::new(), String::new(), Some(error), false)
+        .await;
+}
+
+async fn run(service: &Service, live: &Live, job: JobRecord, rec: &SandboxRecord) {
     let started = Instant::now();
-    service.jobs().start(entry);
-    let job = entry.snapshot();
-    let script = script(&job.command);
+    let opts = job.options.clone();
+    let script = script(&job.job.command);
     let argv = if opts.login_shell {
         login_shell_argv(&live.shell, &script)
     } else {
         vec![live.shell.clone(), "-c".into(), script]
     };
-    let timeout = opts.timeout.unwrap_or(service.policy().exec_timeout);
+    let timeout = opts
+        .timeout_ms
+        .map_or(service.policy().exec_timeout, Duration::from_millis);
     let default_cwd = opts.cwd.is_none();
     let mut req = ExecRequest {
         command: Command::Argv(argv),
@@ -157,19 +185,19 @@ async fn run(
             if opts.login_shell {
                 stderr = filter_login_noise(&stderr);
             }
-            service.jobs().finish(
-                entry,
-                exit_code,
-                job_text(&r.stdout),
-                stderr,
-                error,
-                truncated,
-            );
+            service
+                .finish_job(
+                    job,
+                    exit_code,
+                    job_text(&r.stdout),
+                    stderr,
+                    error,
+                    truncated,
+                )
+                .await;
         }
         Err(e) => {
-            let deleted = record
-                .upgrade()
-                .is_none_or(|r| matches!(r.phase(), Phase::Deleted));
+            let deleted = !service.is_current(rec).await;
             let message = if deleted {
                 "the sandbox was deleted while the job ran".to_string()
             } else {
@@ -180,7 +208,7 @@ async fn run(
                     e => format!("the sandbox's agent could not be reached: {e}"),
                 }
             };
-            fail(service, entry, message);
+            fail(service, job, message).await;
         }
     }
 }

@@ -11,7 +11,12 @@ use std::time::Instant;
 
 use super::{now_ms, Inner, Phase, Service};
 
-/// Starts the loop; it ends when the service is dropped.
+/// How long the policy lease lasts: one replica runs the loop at a time.
+const POLICY_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Starts the loop; it ends when the service is dropped. Each pass runs only while this
+/// process holds the `policy` lease, so with a shared store one replica expires and
+/// reconciles at a time.
 pub(super) fn spawn(service: &Service) {
     let weak: Weak<Inner> = Arc::downgrade(&service.inner);
     let policy = service.policy().clone();
@@ -23,8 +28,14 @@ pub(super) fn spawn(service: &Service) {
             tick.tick().await;
             let Some(inner) = weak.upgrade() else { return };
             let service = Service { inner };
+            let ttl = POLICY_LEASE_TTL.max(policy.interval * 3);
+            let holder = service.inner.holder.clone();
+            match service.store().acquire_lease("policy", &holder, ttl).await {
+                Ok(Some(_)) => {}
+                _ => continue,
+            }
             expire(&service).await;
-            service.jobs().purge();
+            service.purge_jobs().await;
             if last_reconcile.elapsed() >= policy.reconcile_interval {
                 last_reconcile = Instant::now();
                 reconcile(&service).await;
@@ -38,21 +49,22 @@ pub(super) async fn expire(service: &Service) {
     let now = now_ms();
     let policy = service.policy().clone();
     let expired: Vec<_> = service
-        .records()
-        .values()
-        .filter(|r| r.expires_ms(&policy).is_some_and(|t| t <= now))
-        .cloned()
+        .all()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| service.expires_ms(r).is_some_and(|t| t <= now))
         .collect();
     for r in expired {
         let why = if policy.heartbeat_reaping
-            && r.heartbeat_ms()
+            && r.heartbeat_ms
                 .is_some_and(|h| h + policy.heartbeat_timeout.as_millis() as u64 <= now)
         {
             "no heartbeat within the heartbeat period"
         } else {
             "its time to live ended"
         };
-        service.remove(&r, why).await;
+        let _ = service.remove(&r, why).await;
     }
 }
 
@@ -69,25 +81,34 @@ pub(super) async fn reconcile(service: &Service) -> bool {
         }
     };
     let in_backend: HashMap<&str, bool> = list.iter().map(|s| (s.id.as_str(), s.running)).collect();
-    let records: Vec<_> = service.records().values().cloned().collect();
+    let Ok(records) = service.all().await else {
+        return false;
+    };
     for r in &records {
-        if let Phase::Running(_) = r.phase() {
-            match in_backend.get(r.id.as_str()) {
-                Some(true) => {}
-                Some(false) => {
-                    r.phase
-                        .send_replace(Phase::Failed("the sandbox stopped on its own".into()));
-                    let _ = service.backend().delete(&r.id).await;
+        if r.phase != Phase::Ready {
+            continue;
+        }
+        let message = match in_backend.get(r.id.as_str()) {
+            Some(true) => continue,
+            Some(false) => "the sandbox stopped on its own",
+            None => "the sandbox disappeared from the backend",
+        };
+        let failed = service
+            .update(None, &r.id, Some(&r.uid), |rec| {
+                rec.phase = Phase::Failed {
+                    message: message.into(),
                 }
-                None => {
-                    r.phase.send_replace(Phase::Failed(
-                        "the sandbox disappeared from the backend".into(),
-                    ));
-                }
-            }
+            })
+            .await;
+        if failed.is_ok() && in_backend.contains_key(r.id.as_str()) {
+            let _ = service.backend().delete(&r.id).await;
         }
     }
-    let known: Vec<String> = service.records().keys().cloned().collect();
+    // Read again: a create that finished meanwhile owns its sandbox.
+    let known: Vec<String> = match service.all().await {
+        Ok(all) => all.into_iter().map(|r| r.id).collect(),
+        Err(_) => return true,
+    };
     for sb in &list {
         if !known.contains(&sb.id) && sb.labels.contains_key("orchard.tenant") {
             crate::log::warn(

@@ -259,16 +259,7 @@ pub struct RecoverReport {
     pub problems: Vec<String>,
 }
 
-/// Whether `id` is a valid sandbox id.
-pub fn valid_id(id: &str) -> bool {
-    let b = id.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b.iter().all(|c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'-' | b'_' | b'.')
-        })
-}
+pub use crate::backend::valid_id;
 
 pub(super) fn valid_hostname(h: &str) -> bool {
     let b = h.as_bytes();

@@ -1,0 +1,72 @@
+//! What this process keeps per ready sandbox and never stores: a pooled client of its
+//! agent. The store holds the agent's endpoint and token (data); [`Runtime::live`]
+//! turns them into a [`Live`] once and reuses it, so every call to a sandbox shares one
+//! connection pool whichever replica made the sandbox. An entry is keyed by the
+//! record's incarnation (`uid`) and endpoint: a new sandbox under an old id, or an
+//! agent that moved, gets a new client.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use orchard_client::AgentClient;
+
+use crate::backend::AgentEndpoint;
+use crate::state::{AgentRecord, SandboxRecord};
+
+/// A ready sandbox's agent, as this process reaches it.
+pub struct Live {
+    /// A pooled client of its agent.
+    pub agent: AgentClient,
+    /// How to reach it directly.
+    pub endpoint: AgentEndpoint,
+    /// When it became ready (ms since the epoch).
+    pub ready_ms: u64,
+    /// `bash` when the image has it, else `sh`.
+    pub shell: String,
+    /// Default working directory: the configured one, made at create; `/` when it
+    /// could not be made (a read-only image).
+    pub workdir: String,
+}
+
+impl Live {
+    /// A client for the agent `rec`.
+    pub fn new(rec: &AgentRecord) -> Live {
+        Live {
+            agent: AgentClient::new(rec.endpoint.client(), rec.token.clone()),
+            endpoint: rec.endpoint.clone(),
+            ready_ms: rec.ready_ms,
+            shell: rec.shell.clone(),
+            workdir: rec.workdir.clone(),
+        }
+    }
+}
+
+/// The agent clients of this process, by sandbox id.
+#[derive(Default)]
+pub struct Runtime {
+    agents: Mutex<HashMap<String, (String, Arc<Live>)>>,
+}
+
+impl Runtime {
+    /// The live agent of a ready record (`None` before it is ready).
+    pub fn live(&self, rec: &SandboxRecord) -> Option<Arc<Live>> {
+        let agent = rec.agent.as_ref()?;
+        let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((uid, live)) = agents.get(&rec.id) {
+            if uid == &rec.uid && live.endpoint == agent.endpoint {
+                return Some(live.clone());
+            }
+        }
+        let live = Arc::new(Live::new(agent));
+        agents.insert(rec.id.clone(), (rec.uid.clone(), live.clone()));
+        Some(live)
+    }
+
+    /// Forgets the client of `id` (the sandbox is gone).
+    pub fn forget(&self, id: &str) {
+        self.agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+}

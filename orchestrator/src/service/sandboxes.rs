@@ -1,0 +1,642 @@
+//! The sandbox lifecycle over the store: create (validated up front, then a create
+//! task: image, backend, agent probe), wait for ready, heartbeat, delete, adopt what a
+//! previous process left, shut down.
+//!
+//! Who deletes the backend sandbox is decided by the store: [`StateStore::remove_sandbox`]
+//! is atomic and answers the record as it was. Removed while `pending`, the create task
+//! finds its record gone when it tries to mark it ready (the compare-and-set fails) and
+//! deletes what it made; removed later, the remover deletes it. Exactly one of them
+//! does, whichever replica each runs on.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::{BackendSandbox, CreateSpec};
+use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version};
+
+use super::runtime::Live;
+use super::{
+    exec, now_ms, random_hex, units, validate_env_and_labels, CreateRequest, Error, Service,
+    Tenant, MAX_TTL_S, META,
+};
+
+/// The quota counter of a tenant's sandboxes.
+fn held_counter(tenant: &str) -> String {
+    format!("tenant/{tenant}/sandboxes")
+}
+
+impl Service {
+    /// The record `id` of `tenant`.
+    pub async fn get(&self, tenant: &Tenant, id: &str) -> Result<SandboxRecord, Error> {
+        Ok(self.get_versioned(tenant, id).await?.0)
+    }
+
+    async fn get_versioned(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+    ) -> Result<(SandboxRecord, Version), Error> {
+        match self.store().sandbox(id).await? {
+            Some(r) if r.value.tenant == tenant.0 => Ok((r.value, r.version)),
+            _ => Err(Error::no_sandbox(id)),
+        }
+    }
+
+    /// The records of `tenant`, oldest first.
+    pub async fn list(&self, tenant: &Tenant) -> Result<Vec<SandboxRecord>, Error> {
+        let mut list: Vec<_> = self
+            .all()
+            .await?
+            .into_iter()
+            .filter(|r| r.tenant == tenant.0)
+            .collect();
+        list.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+        Ok(list)
+    }
+
+    /// Every record, of every tenant.
+    pub async fn all(&self) -> Result<Vec<SandboxRecord>, Error> {
+        Ok(self
+            .store()
+            .sandboxes()
+            .await?
+            .into_iter()
+            .map(|r| r.value)
+            .collect())
+    }
+
+    /// Counts of every record by phase name.
+    pub async fn counts(&self) -> BTreeMap<&'static str, u64> {
+        let mut counts = BTreeMap::from([("pending", 0), ("running", 0), ("failed", 0)]);
+        for r in self.all().await.unwrap_or_default() {
+            *counts.entry(r.phase.name()).or_default() += 1;
+        }
+        counts
+    }
+
+    /// The live agent of a ready sandbox; 409 while pending, 502 when failed.
+    pub async fn ready(&self, tenant: &Tenant, id: &str) -> Result<Arc<Live>, Error> {
+        let rec = self.get(tenant, id).await?;
+        self.live_of(&rec)
+    }
+
+    /// The live agent of `rec`, or why there is none.
+    pub fn live_of(&self, rec: &SandboxRecord) -> Result<Arc<Live>, Error> {
+        let id = &rec.id;
+        match &rec.phase {
+            Phase::Ready => self
+                .inner
+                .runtime
+                .live(rec)
+                .ok_or_else(|| Error::internal("the sandbox has no agent", id)),
+            Phase::Pending => Err(Error::Conflict(format!("sandbox {id} is not ready yet"))),
+            Phase::Failed { message } => {
+                Err(Error::Sandbox(format!("sandbox {id} failed: {message}")))
+            }
+        }
+    }
+
+    /// Waits until the sandbox is ready (`Ok`), failed (502) or `timeout` passes (408).
+    pub async fn wait_ready(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<SandboxRecord, Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Subscribed before the read: a change after the read wakes the wait.
+            let mut changes = self.store().subscribe(Topic::Sandbox(id.to_string()));
+            let rec = self.get(tenant, id).await?;
+            match &rec.phase {
+                Phase::Ready => return Ok(rec),
+                Phase::Failed { message } => {
+                    return Err(Error::Sandbox(format!(
+                        "sandbox {id} failed to start: {message}"
+                    )))
+                }
+                Phase::Pending => {}
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return Err(Error::Timeout(format!(
+                    "sandbox {id} was not ready within {} s",
+                    timeout.as_secs_f64()
+                )));
+            }
+        }
+    }
+
+    /// Changes the record `id` with `change`, retrying on a concurrent write; answers the
+    /// record as written.
+    pub(super) async fn update(
+        &self,
+        tenant: Option<&Tenant>,
+        id: &str,
+        uid: Option<&str>,
+        change: impl Fn(&mut SandboxRecord),
+    ) -> Result<SandboxRecord, Error> {
+        loop {
+            let Some(current) = self.store().sandbox(id).await? else {
+                return Err(Error::no_sandbox(id));
+            };
+            let mut rec = current.value;
+            if tenant.is_some_and(|t| t.0 != rec.tenant) || uid.is_some_and(|u| u != rec.uid) {
+                return Err(Error::no_sandbox(id));
+            }
+            change(&mut rec);
+            match self
+                .store()
+                .update_sandbox(rec.clone(), current.version)
+                .await
+            {
+                Ok(_) => return Ok(rec),
+                Err(StoreError::Conflict(_)) => continue,
+                Err(StoreError::NotFound(_)) => return Err(Error::no_sandbox(id)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Records a heartbeat; from now on the sandbox is reaped when they stop.
+    pub async fn heartbeat(&self, tenant: &Tenant, id: &str) -> Result<SandboxRecord, Error> {
+        let now = now_ms();
+        self.update(Some(tenant), id, None, |r| r.heartbeat_ms = Some(now))
+            .await
+    }
+
+    /// Deletes a sandbox: its record at once (waiters are woken, queued jobs fail), then
+    /// everything it holds in the backend before answering.
+    pub async fn delete(&self, tenant: &Tenant, id: &str) -> Result<(), Error> {
+        let rec = self.get(tenant, id).await?;
+        self.remove(&rec, "the sandbox was deleted").await
+    }
+
+    /// Removes a record and its backend sandbox; `why` is logged.
+    pub(super) async fn remove(&self, rec: &SandboxRecord, why: &str) -> Result<(), Error> {
+        let Some(was) = self.store().remove_sandbox(&rec.id, &rec.uid).await? else {
+            // Someone else removed it first; they delete what it holds.
+            return Ok(());
+        };
+        self.store()
+            .release_slot(&held_counter(&was.tenant))
+            .await?;
+        self.inner.runtime.forget(&was.id);
+        match was.phase {
+            // The create task removes what it made once it finds the record gone.
+            Phase::Pending => {}
+            Phase::Ready | Phase::Failed { .. } => {
+                let _ = self.backend().delete(&was.id).await;
+            }
+        }
+        crate::log::info(
+            "sandbox removed",
+            &[("sandbox_id", &was.id), ("reason", why)],
+        );
+        Ok(())
+    }
+
+    /// Refuses limits no sandbox here can have (a client's mistake: 400).
+    fn check_capacity(&self, cpus: Option<f64>, memory: Option<u64>) -> Result<(), Error> {
+        let Some(cap) = self.backend().capacity() else {
+            return Ok(());
+        };
+        if let Some(c) = cpus.filter(|c| *c > cap.cpus) {
+            return Err(Error::BadRequest(format!(
+                "cpu {c}: a sandbox here can have at most {} CPUs",
+                cap.cpus
+            )));
+        }
+        if let Some(m) = memory.filter(|m| *m > cap.memory_bytes) {
+            return Err(Error::BadRequest(format!(
+                "memory of {m} bytes: a sandbox here can have at most {} bytes ({} MiB)",
+                cap.memory_bytes,
+                cap.memory_bytes >> 20
+            )));
+        }
+        Ok(())
+    }
+
+    /// Takes one of `tenant`'s sandbox slots and one create of its rate; on `Err`
+    /// nothing is held.
+    async fn take_quota(&self, tenant: &Tenant) -> Result<(), Error> {
+        let q = self.inner.config.quotas;
+        let counter = held_counter(&tenant.0);
+        if !self
+            .store()
+            .acquire_slot(&counter, q.max_sandboxes as u64)
+            .await?
+        {
+            return Err(Error::Quota(format!(
+                "this API key holds {} sandboxes, its limit is {}; delete one first",
+                q.max_sandboxes, q.max_sandboxes
+            )));
+        }
+        if q.creates_per_minute > 0 {
+            let key = format!("tenant/{}/creates", tenant.0);
+            let admitted = self
+                .store()
+                .hit_rate(&key, Duration::from_secs(60), q.creates_per_minute as u64)
+                .await;
+            if !matches!(admitted, Ok(true)) {
+                self.store().release_slot(&counter).await?;
+                admitted?;
+                return Err(Error::Quota(format!(
+                    "this API key may create {} sandboxes per minute; try again in a minute",
+                    q.creates_per_minute
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts creating a sandbox and returns its record at once (phase `pending`).
+    pub async fn create(
+        &self,
+        tenant: &Tenant,
+        req: CreateRequest,
+    ) -> Result<SandboxRecord, Error> {
+        if req.image.trim().is_empty() {
+            return Err(Error::BadRequest("image must not be empty".into()));
+        }
+        // Input the backend would refuse is refused here, as a 400: found only by the
+        // create task, it would be a sandbox that failed to start (502).
+        crate::image::Reference::parse(&req.image).map_err(|e| Error::BadRequest(e.to_string()))?;
+        validate_env_and_labels(&req.env, &req.labels)?;
+        let defaults = &self.inner.config.defaults;
+        let cpus = Some(units::parse_cpu(
+            req.cpu.as_deref().unwrap_or(&defaults.cpu),
+        )?);
+        let memory = Some(units::parse_memory(
+            req.memory.as_deref().unwrap_or(&defaults.memory),
+        )?);
+        self.check_capacity(cpus, memory)?;
+        let policy = &self.inner.config.policy;
+        let ready_timeout = match req.ready_timeout_s {
+            None | Some(0) => policy.ready_timeout,
+            Some(s) => Duration::from_secs(s).min(policy.max_ready_timeout),
+        };
+        let ttl = match req.ttl_s {
+            Some(0) => None,
+            Some(s) if s > MAX_TTL_S => {
+                return Err(Error::BadRequest(format!(
+                    "ttl_s {s}: at most {MAX_TTL_S} seconds (100 years); 0 keeps the sandbox until deleted"
+                )))
+            }
+            Some(s) => Some(Duration::from_secs(s)),
+            None => policy.default_ttl,
+        };
+        for k in req.labels.keys() {
+            if k.starts_with(META) {
+                return Err(Error::BadRequest(format!(
+                    "label {k:?}: keys starting with {META:?} are reserved"
+                )));
+            }
+        }
+        let id = match &req.id {
+            Some(id) => {
+                if !crate::backend::valid_id(id) {
+                    return Err(Error::BadRequest(format!(
+                        "invalid sandbox id {id:?}: use 1-63 characters of a-z, 0-9, '-', '_', '.', starting with a letter or digit"
+                    )));
+                }
+                id.clone()
+            }
+            None => format!("sb-{}", random_hex(6)),
+        };
+        let cfg = &self.inner.config;
+        let room = (cfg.max_concurrent_creates.max(1) + cfg.create_queue) as u64;
+        if self.inner.pending.load(Ordering::Relaxed) >= room {
+            return Err(Error::Unavailable(format!(
+                "{} sandboxes are being created and {} more wait in the queue, which is full; retry shortly",
+                cfg.max_concurrent_creates, cfg.create_queue
+            )));
+        }
+        if self.store().sandbox(&id).await?.is_some() {
+            return Err(Error::Conflict(format!("sandbox {id} already exists")));
+        }
+        self.take_quota(tenant).await?;
+        let rec = self.new_record(id.clone(), tenant, &req, ready_timeout, ttl, now_ms());
+        match self.store().insert_sandbox(rec.clone()).await {
+            Ok(_) => {}
+            Err(e) => {
+                self.store().release_slot(&held_counter(&tenant.0)).await?;
+                return Err(match e {
+                    StoreError::Exists(_) => {
+                        Error::Conflict(format!("sandbox {id} already exists"))
+                    }
+                    e => e.into(),
+                });
+            }
+        }
+        exec::spawn_worker(self, &rec);
+        let spec = self.create_spec(&rec, &req, cpus, memory);
+        self.inner.pending.fetch_add(1, Ordering::Relaxed);
+        let service = self.clone();
+        let task_rec = rec.clone();
+        tokio::spawn(async move { service.run_create(task_rec, spec).await });
+        Ok(rec)
+    }
+
+    /// A new pending record.
+    fn new_record(
+        &self,
+        id: String,
+        tenant: &Tenant,
+        req: &CreateRequest,
+        ready_timeout: Duration,
+        ttl: Option<Duration>,
+        created_ms: u64,
+    ) -> SandboxRecord {
+        let defaults = &self.inner.config.defaults;
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        SandboxRecord {
+            id,
+            uid: random_hex(8),
+            tenant: tenant.0.clone(),
+            image: req.image.clone(),
+            cpu: req.cpu.clone().unwrap_or_else(|| defaults.cpu.clone()),
+            memory: req
+                .memory
+                .clone()
+                .unwrap_or_else(|| defaults.memory.clone()),
+            working_dir: defaults.working_dir.clone(),
+            block_network: req.block_network,
+            ready_timeout_ms: ms(ready_timeout),
+            ttl_ms: ttl.map(ms),
+            labels: req.labels.clone(),
+            created_ms,
+            heartbeat_ms: None,
+            phase: Phase::Pending,
+            agent: None,
+        }
+    }
+
+    /// What the backend is asked for; the server's own metadata rides in its labels, so
+    /// a restarted server can rebuild the record.
+    fn create_spec(
+        &self,
+        rec: &SandboxRecord,
+        req: &CreateRequest,
+        cpus: Option<f64>,
+        memory_bytes: Option<u64>,
+    ) -> (String, CreateSpecParts) {
+        let mut labels = req.labels.clone();
+        labels.insert(format!("{META}tenant"), rec.tenant.clone());
+        labels.insert(format!("{META}image"), rec.image.clone());
+        labels.insert(format!("{META}created_ms"), rec.created_ms.to_string());
+        labels.insert(
+            format!("{META}block_network"),
+            rec.block_network.to_string(),
+        );
+        labels.insert(format!("{META}cpu"), rec.cpu.clone());
+        labels.insert(format!("{META}memory"), rec.memory.clone());
+        if let Some(t) = rec.ttl_ms {
+            labels.insert(format!("{META}ttl_s"), (t / 1000).to_string());
+        }
+        let env = req.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        (
+            rec.image.clone(),
+            CreateSpecParts {
+                cpus,
+                memory_bytes,
+                env,
+                labels,
+            },
+        )
+    }
+
+    /// The create task: waits for a slot, makes the sandbox within its readiness limit,
+    /// and marks the record ready or failed.
+    async fn run_create(self, rec: SandboxRecord, (image, parts): (String, CreateSpecParts)) {
+        let started = Instant::now();
+        let mut attempt = {
+            let (service, rec) = (self.clone(), rec.clone());
+            tokio::spawn(async move {
+                // Creates beyond the concurrency limit wait here, in arrival order
+                // (tokio's semaphore is fair); the readiness limit counts the wait.
+                let _slot = service
+                    .inner
+                    .create_slots
+                    .acquire()
+                    .await
+                    .map_err(|e| format!("internal error: {e}"))?;
+                if !service.is_current(&rec).await {
+                    return Err("the sandbox was deleted before it started".to_string());
+                }
+                service.start(&rec, image, parts).await
+            })
+        };
+        let outcome = match tokio::time::timeout(rec.ready_timeout(), &mut attempt).await {
+            Ok(joined) => joined.unwrap_or_else(|e| Err(format!("internal error: {e}"))),
+            Err(_) => {
+                // The backend create goes on in its own task; what it makes is removed
+                // once it is done.
+                let svc = self.clone();
+                let id = rec.id.clone();
+                tokio::spawn(async move {
+                    if let Ok(Ok(_)) = attempt.await {
+                        let _ = svc.backend().delete(&id).await;
+                    }
+                });
+                Err(format!(
+                    "the sandbox was not ready within {} s",
+                    rec.ready_timeout().as_secs()
+                ))
+            }
+        };
+        self.inner.pending.fetch_sub(1, Ordering::Relaxed);
+        match outcome {
+            Ok(agent) => {
+                self.metrics()
+                    .create_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                let marked = self
+                    .update(None, &rec.id, Some(&rec.uid), |r| {
+                        r.phase = Phase::Ready;
+                        r.agent = Some(agent.clone());
+                    })
+                    .await;
+                if marked.is_ok() {
+                    crate::log::info("sandbox ready", &[("sandbox_id", &rec.id)]);
+                } else {
+                    // Deleted while it was being made: what was made goes too.
+                    let _ = self.backend().delete(&rec.id).await;
+                }
+            }
+            Err(message) => {
+                crate::log::warn(
+                    "sandbox failed to start",
+                    &[("sandbox_id", &rec.id), ("error", &message)],
+                );
+                let _ = self
+                    .update(None, &rec.id, Some(&rec.uid), |r| {
+                        r.phase = Phase::Failed {
+                            message: message.clone(),
+                        }
+                    })
+                    .await;
+            }
+        }
+    }
+
+    /// Whether `rec`'s incarnation is still stored.
+    pub(super) async fn is_current(&self, rec: &SandboxRecord) -> bool {
+        matches!(self.store().sandbox(&rec.id).await, Ok(Some(r)) if r.value.uid == rec.uid)
+    }
+
+    async fn start(
+        &self,
+        rec: &SandboxRecord,
+        image: String,
+        parts: CreateSpecParts,
+    ) -> Result<AgentRecord, String> {
+        let store = self.images().clone();
+        let found = match store.get(&image) {
+            Ok(Some(i)) => i,
+            Ok(None) => store
+                .ensure(&image, |_| {})
+                .await
+                .map_err(|e| format!("image {image}: {e}"))?,
+            Err(e) => return Err(format!("image {image}: {e}")),
+        };
+        let spec = CreateSpec {
+            id: rec.id.clone(),
+            image: found,
+            cpus: parts.cpus,
+            memory_bytes: parts.memory_bytes,
+            egress: !rec.block_network,
+            env: parts.env,
+            labels: parts.labels,
+        };
+        let sb = self
+            .backend()
+            .create(spec)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(self.probe(&sb).await)
+    }
+
+    /// What the compatible exec needs to know about a ready sandbox's image (bash or sh,
+    /// `/workspace`, made when missing), asked of its agent.
+    async fn probe(&self, sb: &BackendSandbox) -> AgentRecord {
+        let agent = orchard_client::AgentClient::new(sb.agent.client(), sb.token.clone());
+        let bash =
+            agent.stat("/bin/bash").await.is_ok() || agent.stat("/usr/bin/bash").await.is_ok();
+        let wanted = &self.inner.config.defaults.working_dir;
+        let workdir = match agent.stat(wanted).await {
+            Ok(s) if s.kind == orchard_protocol::files::FileKind::Directory => wanted.clone(),
+            _ => match agent.mkdir(wanted).await {
+                Ok(_) => wanted.clone(),
+                Err(e) => {
+                    crate::log::warn(
+                        "cannot make the default working directory; commands run in /",
+                        &[("path", wanted), ("error", &e.to_string())],
+                    );
+                    "/".into()
+                }
+            },
+        };
+        AgentRecord {
+            endpoint: sb.agent.clone(),
+            token: sb.token.clone(),
+            ready_ms: now_ms(),
+            shell: if bash { "bash" } else { "sh" }.into(),
+            workdir,
+        }
+    }
+
+    /// Adopts the backend's sandboxes a previous process made, rebuilding their records
+    /// from the labels it left.
+    pub(super) async fn adopt(&self) -> Result<(), Error> {
+        self.backend()
+            .recover()
+            .await
+            .map_err(|e| Error::internal("cannot recover sandboxes", e))?;
+        let list = match self.backend().list().await {
+            Ok(l) => l,
+            Err(e) => {
+                crate::log::warn(
+                    "cannot list sandboxes to adopt",
+                    &[("error", &e.to_string())],
+                );
+                return Ok(());
+            }
+        };
+        for sb in list {
+            let Some(tenant) = sb.labels.get("orchard.tenant").cloned() else {
+                // Not made by a server: leave it to whoever made it.
+                continue;
+            };
+            if self.store().sandbox(&sb.id).await?.is_some() {
+                // Another replica's record (a shared store): it is theirs already.
+                continue;
+            }
+            let meta = |k: &str| sb.labels.get(&format!("{META}{k}")).cloned();
+            let labels = sb
+                .labels
+                .iter()
+                .filter(|(k, _)| !k.starts_with(META))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let tenant = Tenant(tenant);
+            let req = CreateRequest {
+                image: meta("image").unwrap_or_else(|| sb.image.clone()),
+                cpu: meta("cpu"),
+                memory: meta("memory"),
+                block_network: meta("block_network").as_deref() != Some("false"),
+                labels,
+                ..Default::default()
+            };
+            let ttl = meta("ttl_s")
+                .and_then(|t| t.parse().ok())
+                .map(Duration::from_secs);
+            let created = meta("created_ms")
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(now_ms);
+            let mut rec =
+                self.new_record(sb.id.clone(), &tenant, &req, Duration::ZERO, ttl, created);
+            rec.phase = Phase::Ready;
+            rec.agent = Some(self.probe(&sb).await);
+            // Adopted sandboxes count against the quota, but are never refused by it.
+            self.store()
+                .acquire_slot(&held_counter(&tenant.0), 0)
+                .await?;
+            if self.store().insert_sandbox(rec.clone()).await.is_err() {
+                self.store().release_slot(&held_counter(&tenant.0)).await?;
+                continue;
+            }
+            exec::spawn_worker(self, &rec);
+            crate::log::info("adopted sandbox", &[("sandbox_id", &sb.id)]);
+        }
+        Ok(())
+    }
+
+    /// Deletes every sandbox (graceful shutdown).
+    pub async fn shutdown(&self) {
+        let all = self.all().await.unwrap_or_default();
+        let mut tasks = Vec::new();
+        for r in all {
+            let s = self.clone();
+            tasks.push(tokio::spawn(async move {
+                s.remove(&r, "the orchestrator shut down").await
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        let _ = self.backend().shutdown().await;
+    }
+}
+
+/// What a create task passes to the backend besides the record.
+struct CreateSpecParts {
+    cpus: Option<f64>,
+    memory_bytes: Option<u64>,
+    env: Vec<String>,
+    labels: BTreeMap<String, String>,
+}
