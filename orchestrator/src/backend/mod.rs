@@ -4,6 +4,8 @@
 //! previous process left. Futures are boxed so the server can hold any backend as
 //! `Arc<dyn Backend>` (tests wrap the local backend to inject failures).
 
+#[cfg(test)]
+pub mod fake;
 pub mod local;
 
 use std::collections::BTreeMap;

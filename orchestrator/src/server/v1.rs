@@ -56,7 +56,7 @@ async fn create(
     Auth(tenant): Auth,
     ApiJson(req): ApiJson<SandboxCreate>,
 ) -> Result<Response, Error> {
-    let record = state
+    let mut record = state
         .service
         .create(
             &tenant,
@@ -77,12 +77,15 @@ async fn create(
         // The create's own deadline ends this wait; the extra second covers the
         // hand-over from the create task.
         let limit = record.ready_timeout() + Duration::from_secs(1);
-        if let Err(e) = state.service.wait_ready(&tenant, &record.id, limit).await {
-            // A sandbox that could not start is not left behind for the caller.
-            if let Error::Sandbox(_) | Error::Timeout(_) = e {
-                let _ = state.service.delete(&tenant, &record.id).await;
+        match state.service.wait_ready(&tenant, &record.id, limit).await {
+            Ok(ready) => record = ready,
+            Err(e) => {
+                // A sandbox that could not start is not left behind for the caller.
+                if let Error::Sandbox(_) | Error::Timeout(_) = e {
+                    let _ = state.service.delete(&tenant, &record.id).await;
+                }
+                return Err(e);
             }
-            return Err(e);
         }
     }
     Ok((StatusCode::CREATED, Json(sandbox(&state.service, &record))).into_response())

@@ -471,3 +471,6 @@ mod random_tests {
         assert_eq!(random_hex(8).len(), 16);
     }
 }
+
+#[cfg(test)]
+mod tests;
