@@ -17,8 +17,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Query, State};
-use axum::http::request::Parts;
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,15 +28,15 @@ use orchard_protocol::files::{
     Done, ExtractResult, FileKind, FileList, FileStat, MkdirRequest, MoveRequest, WriteResult,
 };
 use orchard_protocol::ErrorCode;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::archive;
 use crate::error::{ApiError, ApiResult};
+use crate::extract::{content_length, ApiQuery, JsonBody};
 use crate::fsuser;
-use crate::server::{content_length, AppState, JsonBody};
+use crate::state::AppState;
 
 /// Most entries one listing returns.
 pub const MAX_LIST_ENTRIES: usize = 10_000;
@@ -68,19 +67,6 @@ pub fn routes() -> Router<Arc<AppState>> {
             "/v1/files/archive",
             get(download_archive).put(upload_archive),
         )
-}
-
-/// Query parameters parsed like `Query`, but refused with the API's own error body.
-pub struct ApiQuery<T>(pub T);
-
-impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        Query::<T>::try_from_uri(&parts.uri)
-            .map(|Query(value)| ApiQuery(value))
-            .map_err(|err| ApiError::invalid(err.body_text()))
-    }
 }
 
 #[derive(Deserialize)]
@@ -900,7 +886,7 @@ mod tests {
 
     #[tokio::test]
     async fn refused_upload_is_answered_after_its_body_is_read_not_cut_off() {
-        let addr = crate::server::test_http::serve().await;
+        let addr = crate::test_http::serve().await;
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("t").display().to_string();
         let body = vec![b'x'; 8 << 20];
@@ -929,7 +915,7 @@ mod tests {
             ),
         ];
         for (path, status, code) in cases {
-            let (got, answer) = crate::server::test_http::send(addr, "PUT", &path, &body)
+            let (got, answer) = crate::test_http::send(addr, "PUT", &path, &body)
                 .await
                 .unwrap_or_else(|e| panic!("PUT {path}: cut off mid-body: {e}"));
             assert_eq!(
@@ -1492,11 +1478,7 @@ mod tests {
     async fn routes_answer_over_http() {
         let mut config = crate::config::Config::new("tok");
         config.limits.max_upload_bytes = 1000;
-        let state = AppState::new(config, Arc::new(crate::reaper::Reaper::new()));
-        let app = crate::server::router(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let addr = crate::test_http::serve_with(config).await;
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().display().to_string();
 

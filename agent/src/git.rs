@@ -48,7 +48,8 @@ use orchard_protocol::git::{
 use orchard_protocol::ErrorCode;
 
 use crate::error::{ApiError, ApiResult};
-use crate::server::{AppState, JsonBody};
+use crate::extract::JsonBody;
+use crate::state::AppState;
 
 /// Author and committer name of commits that name none.
 pub const DEFAULT_AUTHOR_NAME: &str = "Orchard Agent";
@@ -2791,12 +2792,7 @@ mod tests {
 
     #[tokio::test]
     async fn routes_answer_over_http() {
-        let config = crate::config::Config::new("tok");
-        let state = AppState::new(config, Arc::new(crate::reaper::Reaper::new()));
-        let app = crate::server::router(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let addr = crate::test_http::serve().await;
         let (dir, patch) = repo_with_patch();
         let repo = dir.path().display().to_string();
 
