@@ -19,8 +19,9 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use crate::buffer::HeadTail;
 use crate::error::{ApiError, ApiResult};
-use crate::server::{AppState, JsonBody};
+use crate::extract::JsonBody;
 use crate::spawn::{kill_group, spawn, SpawnSpec, Spawned};
+use crate::state::AppState;
 use crate::supervise::{supervise, Counters, Sink, Stream, Timing};
 
 /// Frames buffered between the pumps and a slow streaming client.

@@ -11,7 +11,7 @@ use axum::Json;
 use orchard_protocol::health::Health;
 
 use crate::procfs;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// `GET /v1/health`.
 pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {

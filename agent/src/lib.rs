@@ -3,7 +3,9 @@
 //! It needs nothing from the image (it is a static musl binary) and serves the sandbox's
 //! capabilities over HTTP on a Unix socket and/or TCP, behind the sandbox token.
 //!
-//! - [`server`] wires the HTTP routes, token auth and body limits over [`server::AppState`].
+//! - [`server`] wires the HTTP routes and token auth over [`state::AppState`], the state
+//!   every handler shares; [`extract`] holds the JSON and query extractors and the body
+//!   limits the capabilities share.
 //! - [`spawn`] starts every command in its own session; [`reaper`] is the only place
 //!   that waits on children, so PID 1's orphan reaping never steals a status.
 //! - [`supervise`] watches a command to its end (output pumps, timeout, kill, drain),
@@ -22,6 +24,7 @@ pub mod buffer;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod extract;
 pub mod files;
 pub mod fsuser;
 pub mod git;
@@ -35,5 +38,9 @@ pub mod run;
 pub mod server;
 pub mod session;
 pub mod spawn;
+pub mod state;
 pub mod supervise;
 pub mod tools;
+
+#[cfg(test)]
+mod test_http;

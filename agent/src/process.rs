@@ -10,8 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Path, State};
-
-use crate::files::ApiQuery;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
@@ -30,9 +28,10 @@ use crate::buffer::Ring;
 use crate::config::{Config, MAX_TRACKED_PROCESSES};
 use crate::error::{ApiError, ApiResult};
 use crate::exec::{acquire_slot, prepare};
+use crate::extract::{ApiQuery, JsonBody};
 use crate::registry::Registry;
-use crate::server::{AppState, JsonBody};
 use crate::spawn::{kill_group, kill_one, spawn};
+use crate::state::AppState;
 use crate::supervise::{supervise, Counters, Sink, Stream};
 
 /// Timeout of a background process that sets none: effectively never.

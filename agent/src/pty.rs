@@ -32,11 +32,12 @@ use tokio::sync::{broadcast, watch};
 
 use crate::buffer::Ring;
 use crate::error::{ApiError, ApiResult};
+use crate::extract::JsonBody;
 use crate::procfs;
 use crate::reaper::Exit;
 use crate::registry::Registry;
-use crate::server::{AppState, JsonBody};
 use crate::spawn::{kill_one, spawn_pty, SpawnSpec};
+use crate::state::AppState;
 
 /// Scrollback kept per terminal for re-attaching viewers.
 pub const SCROLLBACK_BYTES: usize = 256 * 1024;

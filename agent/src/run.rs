@@ -13,8 +13,9 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::reaper::Reaper;
-use crate::server::{router, AppState};
+use crate::server::router;
 use crate::spawn::{group_alive, kill_group};
+use crate::state::AppState;
 
 /// OOM score of the agent itself: far below its children (which reset theirs to 0),
 /// so the kernel kills a memory hog rather than PID 1.

@@ -1,120 +1,25 @@
-//! HTTP transport: shared state, the router, token auth, JSON bodies with limits, and
-//! the listeners. Handlers live in their capability's module (`exec`, `process`,
-//! `files`, `health`); this module only wires them.
+//! HTTP transport: the router, token auth, and draining what a handler left unread.
+//! Handlers live in their capability's module (`exec`, `process`, `session`, `pty`,
+//! `files`, `git`, `health`); this module only wires them. The state they share is in
+//! [`crate::state`], the extractors and body limits in [`crate::extract`], so no
+//! capability depends on this module.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::{Body, BodyDataStream};
-use axum::extract::{FromRequest, Request, State};
-use axum::http::{header, HeaderMap};
+use axum::extract::{Request, State};
+use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use futures_util::StreamExt;
-use http_body_util::BodyExt;
 use orchard_protocol::{ErrorCode, TOKEN_HEADER};
-use serde::de::DeserializeOwned;
-use tokio::sync::Semaphore;
 
-use crate::config::Config;
 use crate::error::ApiError;
-use crate::process::ProcessTable;
-use crate::pty::PtyTable;
-use crate::reaper::Reaper;
-use crate::session::SessionTable;
-
-/// State shared by every handler.
-pub struct AppState {
-    /// Configuration and limits.
-    pub config: Config,
-    /// When the agent started.
-    pub started: Instant,
-    /// The one owner of `waitpid`.
-    pub reaper: Arc<Reaper>,
-    /// One permit per running command (sync, streamed or background).
-    pub exec_slots: Arc<Semaphore>,
-    /// Background processes.
-    pub processes: ProcessTable,
-    /// Persistent shell sessions.
-    pub sessions: SessionTable,
-    /// Terminals.
-    pub ptys: PtyTable,
-    /// Set once shutdown began; new work is refused.
-    pub shutting_down: AtomicBool,
-}
-
-impl AppState {
-    /// State for `config`, reaping through `reaper`.
-    pub fn new(config: Config, reaper: Arc<Reaper>) -> Arc<Self> {
-        let slots = config.limits.max_concurrent_execs as usize;
-        Arc::new(Self {
-            processes: ProcessTable::new(&config),
-            sessions: SessionTable::default(),
-            ptys: PtyTable::default(),
-            config,
-            started: Instant::now(),
-            reaper,
-            exec_slots: Arc::new(Semaphore::new(slots)),
-            shutting_down: AtomicBool::new(false),
-        })
-    }
-}
-
-/// A JSON request body, read up to the body limit and parsed into `T`; failures are
-/// answered as `body_too_large` or `invalid_json` with serde's description.
-pub struct JsonBody<T>(pub T);
-
-impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
-        let limit = state.config.limits.max_body_bytes;
-        let bytes = read_limited(req, limit).await?;
-        // serde's derived structs also accept a JSON array, filling fields by position;
-        // every request body of ours is an object.
-        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(ApiError::new(
-                ErrorCode::InvalidJson,
-                "invalid request body: expected a JSON object",
-            ));
-        }
-        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
-            ApiError::new(ErrorCode::InvalidJson, format!("invalid request body: {e}"))
-        })
-    }
-}
-
-/// Reads a whole body, refusing more than `limit` bytes.
-pub async fn read_limited(req: Request, limit: u64) -> Result<bytes::Bytes, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            ErrorCode::BodyTooLarge,
-            format!("request body is larger than the limit of {limit} bytes"),
-        )
-    };
-    if content_length(req.headers()).is_some_and(|n| n > limit) {
-        return Err(too_large());
-    }
-    let limited = http_body_util::Limited::new(req.into_body(), limit as usize);
-    match limited.collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(_) => Err(ApiError::invalid("the request body could not be read")),
-    }
-}
-
-/// The Content-Length header, when present and valid.
-pub fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
-}
+use crate::state::AppState;
 
 /// Compares two byte strings in time that depends only on their lengths.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -225,58 +130,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Raw HTTP/1.1 over TCP against the router, for tests that need the connection itself.
-#[cfg(test)]
-pub(crate) mod test_http {
-    use std::net::SocketAddr;
-    use std::sync::Arc;
-
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
-    use super::{router, AppState};
-
-    /// Serves the router with token `tok` on a fresh port.
-    pub async fn serve() -> SocketAddr {
-        let config = crate::config::Config::new("tok");
-        let state = AppState::new(config, Arc::new(crate::reaper::Reaper::new()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, router(state)).await });
-        addr
-    }
-
-    /// Sends the whole request, body included, then reads the answer: a server that
-    /// answers and closes before it read the body makes this fail (broken pipe or
-    /// reset) instead of answering.
-    pub async fn send(
-        addr: SocketAddr,
-        method: &str,
-        path: &str,
-        body: &[u8],
-    ) -> std::io::Result<(u16, serde_json::Value)> {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: x\r\nx-orchard-token: tok\r\n\
-             content-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body).await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| std::io::Error::other("no answer"))?;
-        let status = String::from_utf8_lossy(&raw[9..12]).parse().unwrap_or(0);
-        let body = serde_json::from_slice(&raw[split + 4..]).unwrap_or_default();
-        Ok((status, body))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_http;
 
     #[tokio::test]
     async fn unsupported_method_is_405_and_its_body_is_read_before_the_answer() {

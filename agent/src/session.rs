@@ -37,11 +37,12 @@ use tokio::time::Instant;
 
 use crate::buffer::HeadTail;
 use crate::error::{ApiError, ApiResult};
+use crate::extract::JsonBody;
 use crate::procfs;
 use crate::reaper::Exit;
 use crate::registry::Registry;
-use crate::server::{AppState, JsonBody};
 use crate::spawn::{kill_group, kill_one, spawn, SpawnSpec};
+use crate::state::AppState;
 
 /// Most sessions alive at once.
 pub const MAX_SESSIONS: usize = 64;

@@ -1,0 +1,372 @@
+//! Pulling: the manifest (through an index to linux/amd64), the config, then every
+//! layer streamed from the registry into an unpacking thread, several at once, each
+//! layer downloaded once however many pulls want it.
+
+use std::io::{self, Read};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::flight::{follow, Listener, Role};
+use super::{Inner, Progress, MAX_CONFIG};
+use crate::image::digest::{self, of_bytes, verify_bytes};
+use crate::image::manifest::{
+    check_config_type, check_layer_type, parse_manifest, select_platform, ConfigFile, Descriptor,
+    Manifest, ManifestDoc,
+};
+use crate::image::reference::Reference;
+use crate::image::registry::{self, Endpoint};
+use crate::image::unpack;
+use crate::image::{Image, ImageError};
+
+/// Chunks queued between a download and its unpacking thread.
+const QUEUE: usize = 16;
+/// Bytes between two progress reports of one layer.
+const PROGRESS_STEP: u64 = 256 << 10;
+
+/// Counts layers of one pull and fans its progress out.
+#[derive(Clone)]
+struct Reporter {
+    reference: String,
+    total: usize,
+    done: Arc<AtomicUsize>,
+    listener: Listener,
+}
+
+impl Reporter {
+    fn bytes(&self, layer: &str, done: u64, total: u64) {
+        (self.listener)(Progress {
+            reference: self.reference.clone(),
+            layer: layer.to_string(),
+            layer_bytes_done: done,
+            layer_bytes_total: total,
+            layers_done: self.done.load(Ordering::SeqCst),
+            layers_total: self.total,
+        });
+    }
+
+    fn layer_done(&self, layer: &str, size: u64) {
+        let done = self.done.fetch_add(1, Ordering::SeqCst) + 1;
+        (self.listener)(Progress {
+            reference: self.reference.clone(),
+            layer: layer.to_string(),
+            layer_bytes_done: size,
+            layer_bytes_total: size,
+            layers_done: done.min(self.total),
+            layers_total: self.total,
+        });
+    }
+}
+
+/// Feeds downloaded chunks to a blocking reader (the unpacking thread).
+struct ChannelReader {
+    chunks: mpsc::Receiver<Bytes>,
+    current: Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            match self.chunks.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        self.current.advance(n);
+        Ok(n)
+    }
+}
+
+impl Inner {
+    pub(super) async fn pull_now(
+        self: Arc<Self>,
+        reference: Reference,
+        report: Listener,
+    ) -> Result<Image, ImageError> {
+        let name = reference.to_string();
+        let endpoints = Arc::new(registry::endpoints(&self.config, &reference));
+        let fetched = self
+            .registry
+            .manifest(&endpoints, &reference, reference.manifest_ref(), 0)
+            .await?;
+        let first = fetched.endpoint;
+        let what = format!("manifest of {name}");
+        let top_digest = of_bytes(&fetched.bytes);
+        if let Some(pinned) = &reference.digest {
+            verify_bytes(&what, &fetched.bytes, pinned)?;
+        }
+        if let Some(header) = fetched
+            .digest_header
+            .as_deref()
+            .filter(|h| h.starts_with(digest::SHA256_PREFIX))
+        {
+            verify_bytes(&what, &fetched.bytes, header)?;
+        }
+        // (manifest, its digest, the index and its digest when the name points at one)
+        let (manifest_bytes, manifest_digest, index, manifest) =
+            match parse_manifest(&fetched.bytes, fetched.content_type.as_deref(), &what)? {
+                ManifestDoc::Manifest(manifest) => (fetched.bytes, top_digest, None, manifest),
+                ManifestDoc::Index(index) => {
+                    let chosen = select_platform(&index, &name)?.digest.clone();
+                    digest::hex_of(&chosen)?;
+                    let child = self
+                        .registry
+                        .manifest(&endpoints, &reference, &chosen, first)
+                        .await?;
+                    let child_what = format!("manifest {chosen} of {name}");
+                    verify_bytes(&child_what, &child.bytes, &chosen)?;
+                    match parse_manifest(&child.bytes, child.content_type.as_deref(), &child_what)?
+                    {
+                        ManifestDoc::Manifest(manifest) => (
+                            child.bytes,
+                            chosen,
+                            Some((fetched.bytes, top_digest)),
+                            manifest,
+                        ),
+                        ManifestDoc::Index(_) => {
+                            return Err(ImageError::invalid(
+                                child_what,
+                                "an index inside an index",
+                            ));
+                        }
+                    }
+                }
+            };
+        check_manifest(&manifest, &name)?;
+        let config_digest = manifest.config.digest.clone();
+        let config_bytes = match self.read_blob(&config_digest) {
+            Some(bytes) => bytes,
+            None => {
+                let bytes = self
+                    .registry
+                    .small_blob(&endpoints, &reference, &config_digest, first, MAX_CONFIG)
+                    .await?;
+                verify_bytes(
+                    &format!("config {config_digest} of {name}"),
+                    &bytes,
+                    &config_digest,
+                )?;
+                bytes
+            }
+        };
+        let config = ConfigFile::parse(
+            &config_bytes,
+            &format!("config of {name}"),
+            manifest.layers.len(),
+        )?;
+        let mut blobs = vec![manifest_digest.as_str(), config_digest.as_str()];
+        blobs.extend(index.as_ref().map(|(_, digest)| digest.as_str()));
+        let _pins = self.pin_image(&blobs, config.diff_ids())?;
+        self.write_blob(&manifest_digest, &manifest_bytes)?;
+        self.write_blob(&config_digest, &config_bytes)?;
+        if let Some((bytes, digest)) = &index {
+            self.write_blob(digest, bytes)?;
+        }
+
+        let reporter = Reporter {
+            reference: name.clone(),
+            total: manifest.layers.len(),
+            done: Arc::new(AtomicUsize::new(0)),
+            listener: report,
+        };
+        let mut tasks = JoinSet::new();
+        for (descriptor, diff_id) in manifest.layers.iter().zip(config.diff_ids()) {
+            let task = LayerTask {
+                reference: reference.clone(),
+                endpoints: endpoints.clone(),
+                first,
+                descriptor: descriptor.clone(),
+                diff_id: diff_id.clone(),
+                reporter: reporter.clone(),
+            };
+            tasks.spawn(self.clone().ensure_layer(task));
+        }
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok(())) => {}
+                // Returning drops the JoinSet, which aborts the other layers.
+                Ok(Err(err)) => return Err(err),
+                Err(err) => {
+                    return Err(ImageError::invalid(
+                        format!("layers of {name}"),
+                        format!("download task failed: {err}"),
+                    ))
+                }
+            }
+        }
+        let index_digest = index.map(|(_, digest)| digest);
+        self.record(
+            &name,
+            &manifest_digest,
+            index_digest,
+            &config_digest,
+            &config,
+        )
+    }
+
+    /// Makes sure a layer is unpacked, downloading it unless it is there or another
+    /// pull is already fetching it.
+    async fn ensure_layer(self: Arc<Self>, task: LayerTask) -> Result<(), ImageError> {
+        let dest = self.layer_path(&task.diff_id)?;
+        let key = digest::hex_of(&task.diff_id)?.to_string();
+        loop {
+            if dest.is_dir() {
+                task.reporter
+                    .layer_done(&task.descriptor.digest, task.descriptor.size);
+                return Ok(());
+            }
+            match self.layers.join(&key, None) {
+                Role::Leader(flight) => {
+                    let result = flight.finish(self.clone().download_layer(&task, &dest).await);
+                    if result.is_ok() {
+                        task.reporter
+                            .layer_done(&task.descriptor.digest, task.descriptor.size);
+                    }
+                    return result;
+                }
+                Role::Follower(outcome) => match follow(outcome).await {
+                    Some(Ok(())) => {
+                        task.reporter
+                            .layer_done(&task.descriptor.digest, task.descriptor.size);
+                        return Ok(());
+                    }
+                    Some(Err(err)) => return Err(err),
+                    None => continue,
+                },
+            }
+        }
+    }
+
+    /// Streams a layer blob into an unpacking thread, then installs the layer.
+    async fn download_layer(
+        self: Arc<Self>,
+        task: &LayerTask,
+        dest: &Path,
+    ) -> Result<(), ImageError> {
+        let _permit = self
+            .downloads
+            .acquire()
+            .await
+            .map_err(|_| ImageError::invalid("image store", "shutting down"))?;
+        if dest.is_dir() {
+            return Ok(());
+        }
+        let descriptor = &task.descriptor;
+        let what = format!("layer {} of {}", descriptor.digest, task.reference);
+        let mut response = self
+            .registry
+            .blob(
+                &task.endpoints,
+                &task.reference,
+                &descriptor.digest,
+                task.first,
+            )
+            .await?;
+        let source = response.url().to_string();
+        let total = if descriptor.size > 0 {
+            descriptor.size
+        } else {
+            response.content_length().unwrap_or(0)
+        };
+        let work = self.work_dir("layer")?;
+        let (sender, receiver) = mpsc::channel::<Bytes>(QUEUE);
+        // The work directory goes with the thread: if this task is cancelled, the thread
+        // still sees the end of the stream, finishes, and its drop removes the directory
+        // (not before, while it is still being written).
+        let unpacking = {
+            let blob = descriptor.digest.clone();
+            let diff_id = task.diff_id.clone();
+            let what = what.clone();
+            tokio::task::spawn_blocking(move || {
+                let reader = ChannelReader {
+                    chunks: receiver,
+                    current: Bytes::new(),
+                };
+                let result =
+                    unpack::unpack_verified(reader, work.path(), Some(&blob), &diff_id, &what);
+                (work, result)
+            })
+        };
+        let mut received = 0u64;
+        let mut reported = 0u64;
+        let mut failure = None;
+        task.reporter.bytes(&descriptor.digest, 0, total);
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    received += chunk.len() as u64;
+                    if descriptor.size > 0 && received > descriptor.size {
+                        failure = Some(ImageError::invalid(
+                            &what,
+                            format!(
+                                "{source} sent more than the {} bytes the manifest declares",
+                                descriptor.size
+                            ),
+                        ));
+                        break;
+                    }
+                    if sender.send(chunk).await.is_err() {
+                        break;
+                    }
+                    if received - reported >= PROGRESS_STEP {
+                        reported = received;
+                        task.reporter.bytes(&descriptor.digest, received, total);
+                    }
+                }
+                Ok(None) => break,
+                Err(err) => {
+                    failure = Some(ImageError::Unreachable {
+                        reference: task.reference.to_string(),
+                        tried: vec![format!(
+                            "{source}: download interrupted: {}",
+                            crate::image::error::chain(&err)
+                        )],
+                    });
+                    break;
+                }
+            }
+        }
+        drop(sender);
+        let (work, outcome) = unpacking
+            .await
+            .map_err(|err| ImageError::invalid(&what, format!("unpacking thread failed: {err}")))?;
+        // A broken download explains whatever the unpacker then saw.
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        outcome?;
+        task.reporter.bytes(&descriptor.digest, received, total);
+        // Flushing a large layer takes a while: off the async threads.
+        let dest = dest.to_path_buf();
+        tokio::task::spawn_blocking(move || work.install(&dest))
+            .await
+            .map_err(|err| ImageError::invalid(&what, format!("install thread failed: {err}")))?
+    }
+}
+
+/// What a layer download needs, owned so it can run as its own task.
+struct LayerTask {
+    reference: Reference,
+    endpoints: Arc<Vec<Endpoint>>,
+    first: usize,
+    descriptor: Descriptor,
+    diff_id: String,
+    reporter: Reporter,
+}
+
+/// Checks media types and digests of a manifest before anything is fetched.
+pub fn check_manifest(manifest: &Manifest, name: &str) -> Result<(), ImageError> {
+    check_config_type(&manifest.config, name)?;
+    digest::hex_of(&manifest.config.digest)?;
+    for layer in &manifest.layers {
+        check_layer_type(layer, name)?;
+        digest::hex_of(&layer.digest)?;
+    }
+    Ok(())
+}
