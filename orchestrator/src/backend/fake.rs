@@ -43,6 +43,8 @@ pub struct FakeBackend {
     pub deleted: Mutex<Vec<String>>,
     /// How many deletes were asked for: tests wait on it instead of sleeping.
     pub deletes: tokio::sync::watch::Sender<usize>,
+    /// How many creates reached the backend.
+    pub creates: tokio::sync::watch::Sender<usize>,
 }
 
 impl FakeBackend {
@@ -57,6 +59,7 @@ impl FakeBackend {
             created: Mutex::new(Vec::new()),
             deleted: Mutex::new(Vec::new()),
             deletes: tokio::sync::watch::Sender::new(0),
+            creates: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -104,7 +107,7 @@ impl FakeBackend {
         token: &str,
     ) -> Result<(AgentEndpoint, tokio::task::JoinHandle<()>), BackendError> {
         let failed = |e: std::io::Error| BackendError::Failed(format!("fake agent: {e}"));
-        let state = orchard_agent::server::AppState::new(
+        let state = orchard_agent::state::AppState::new(
             AgentConfig::new(token),
             Arc::new(Reaper::only_registered()),
         );
@@ -144,9 +147,12 @@ impl Backend for FakeBackend {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(spec.clone());
+            self.creates.send_modify(|n| *n += 1);
             if let Some(gate) = &self.gate {
                 let permit = gate.acquire().await;
-                permit.map_err(|e| BackendError::Failed(e.to_string()))?.forget();
+                permit
+                    .map_err(|e| BackendError::Failed(e.to_string()))?
+                    .forget();
             }
             if let Some(m) = self
                 .fail_creates

@@ -21,7 +21,9 @@ pub(super) fn spawn(service: &Service) {
     let weak: Weak<Inner> = Arc::downgrade(&service.inner);
     let policy = service.policy().clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(policy.interval);
+        // The first pass comes one interval after start, not at once: nothing is due yet.
+        let first = tokio::time::Instant::now() + policy.interval;
+        let mut tick = tokio::time::interval_at(first, policy.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_reconcile = Instant::now();
         loop {

@@ -38,7 +38,8 @@ fn tiny_layout(dir: &Path) {
     header.set_entry_type(tar::EntryType::Directory);
     header.set_mode(0o755);
     header.set_size(0);
-    tar.append_data(&mut header, "etc/", std::io::empty()).unwrap();
+    tar.append_data(&mut header, "etc/", std::io::empty())
+        .unwrap();
     let layer = tar.into_inner().unwrap();
     let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&layer)));
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -132,7 +133,12 @@ impl Harness {
         .unwrap()
     }
 
-    async fn call(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> (StatusCode, serde_json::Value) {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (StatusCode, serde_json::Value) {
         call(&self.app, method, path, Some(KEY), body).await
     }
 
@@ -208,12 +214,20 @@ fn shell(s: &str) -> CompatCommand {
 async fn a_sandbox_over_tcp_becomes_ready_and_its_jobs_run_in_submission_order() {
     let h = Harness::new(FakeBackend::tcp()).await;
     let (status, created) = h
-        .call("POST", "/sandboxes", Some(serde_json::json!({"image": IMAGE, "cpu": "1", "memory": "1Gi"})))
+        .call(
+            "POST",
+            "/sandboxes",
+            Some(serde_json::json!({"image": IMAGE, "cpu": "1", "memory": "1Gi"})),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{created}");
     let id = created["sandbox_id"].as_str().unwrap().to_string();
     let (status, waited) = h.call("GET", &format!("/sandboxes/{id}/wait"), None).await;
-    assert_eq!((status, waited["status"].as_str()), (StatusCode::OK, Some("ready")), "{waited}");
+    assert_eq!(
+        (status, waited["status"].as_str()),
+        (StatusCode::OK, Some("ready")),
+        "{waited}"
+    );
     let rec = h.service.get(&tenant(), &id).await.unwrap();
     assert!(matches!(
         rec.agent.as_ref().map(|a| &a.endpoint),
@@ -233,8 +247,14 @@ async fn a_sandbox_over_tcp_becomes_ready_and_its_jobs_run_in_submission_order()
         ids.push(job.job_id);
     }
     for job_id in &ids {
-        let (status, job) = h.call("GET", &format!("/jobs/{job_id}/wait?timeout=30"), None).await;
-        assert_eq!((status, job["status"].as_str()), (StatusCode::OK, Some("succeeded")), "{job}");
+        let (status, job) = h
+            .call("GET", &format!("/jobs/{job_id}/wait?timeout=30"), None)
+            .await;
+        assert_eq!(
+            (status, job["status"].as_str()),
+            (StatusCode::OK, Some("succeeded")),
+            "{job}"
+        );
     }
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "0\n1\n2\n3\n4\n");
     // The compatible exec with wait=true answers the finished job.
@@ -246,7 +266,10 @@ async fn a_sandbox_over_tcp_becomes_ready_and_its_jobs_run_in_submission_order()
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{job}");
-    assert_eq!((job["stdout"].as_str(), job["stderr"].as_str()), (Some("hi\n"), Some("err\n")));
+    assert_eq!(
+        (job["stdout"].as_str(), job["stderr"].as_str()),
+        (Some("hi\n"), Some("err\n"))
+    );
     assert_eq!(job["exit_code"], 3);
 }
 
@@ -262,7 +285,11 @@ async fn agents_on_unix_sockets_serve_jobs_and_the_v1_proxy() {
             Some(serde_json::json!({"command": ["echo", "a b"], "wait": true})),
         )
         .await;
-    assert_eq!((status, job["stdout"].as_str()), (StatusCode::OK, Some("a b\n")), "{job}");
+    assert_eq!(
+        (status, job["stdout"].as_str()),
+        (StatusCode::OK, Some("a b\n")),
+        "{job}"
+    );
     let (status, out) = h
         .call(
             "POST",
@@ -285,7 +312,11 @@ async fn the_v1_proxy_reaches_agents_over_tcp() {
             Some(serde_json::json!({"command": ["echo", "over tcp"]})),
         )
         .await;
-    assert_eq!((status, out["exit_code"].as_i64()), (StatusCode::OK, Some(0)), "{out}");
+    assert_eq!(
+        (status, out["exit_code"].as_i64()),
+        (StatusCode::OK, Some(0)),
+        "{out}"
+    );
 }
 
 #[tokio::test]
@@ -302,14 +333,25 @@ async fn waits_are_woken_by_the_change_and_time_out_when_none_comes() {
     // A job queued while pending waits for the sandbox.
     let job = h
         .service
-        .submit(&tenant(), &rec.id, shell("echo queued"), JobOptions::default())
+        .submit(
+            &tenant(),
+            &rec.id,
+            shell("echo queued"),
+            JobOptions::default(),
+        )
         .await
         .unwrap();
     let waiter = {
         let (s, id) = (h.service.clone(), rec.id.clone());
         tokio::spawn(async move { s.wait_ready(&tenant(), &id, Duration::from_secs(60)).await })
     };
-    let (status, body) = h.call("POST", &format!("/sandboxes/{}/exec", rec.id), Some(serde_json::json!({"command": "true"}))).await;
+    let (status, body) = h
+        .call(
+            "POST",
+            &format!("/sandboxes/{}/exec", rec.id),
+            Some(serde_json::json!({"command": "true"})),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "queued while pending: {body}");
     gate.add_permits(1);
     let ready = waiter.await.unwrap().unwrap();
@@ -326,8 +368,18 @@ async fn waits_are_woken_by_the_change_and_time_out_when_none_comes() {
 async fn quotas_refuse_past_their_limit_and_a_delete_frees_a_slot() {
     let h = Harness::with(FakeBackend::tcp(), |c| c.quotas.max_sandboxes = 1).await;
     let first = h.ready_sandbox().await;
-    let (status, body) = h.call("POST", "/sandboxes", Some(serde_json::json!({"image": IMAGE}))).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("quota_exceeded")), "{body}");
+    let (status, body) = h
+        .call(
+            "POST",
+            "/sandboxes",
+            Some(serde_json::json!({"image": IMAGE})),
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("quota_exceeded")),
+        "{body}"
+    );
     let (status, _) = h.call("DELETE", &format!("/sandboxes/{first}"), None).await;
     assert_eq!(status, StatusCode::OK);
     h.ready_sandbox().await;
@@ -352,14 +404,26 @@ async fn ttl_and_stopped_heartbeats_delete_sandboxes() {
     let forever = h.service.create(&tenant(), req).await.unwrap().id;
     h.service.heartbeat(&tenant(), &beating).await.unwrap();
     h.service.expire_now().await;
-    assert!(h.service.get(&tenant(), &beating).await.is_err(), "no heartbeat within 0 s");
-    assert!(h.service.get(&tenant(), &kept).await.is_ok(), "never sent one: not reaped");
-    assert_eq!(h.backend.ids().contains(&beating), false);
+    assert!(
+        h.service.get(&tenant(), &beating).await.is_err(),
+        "no heartbeat within 0 s"
+    );
+    assert!(
+        h.service.get(&tenant(), &kept).await.is_ok(),
+        "never sent one: not reaped"
+    );
+    assert!(!h.backend.ids().contains(&beating));
 
-    let h = Harness::with(FakeBackend::tcp(), |c| c.policy.default_ttl = Some(Duration::ZERO)).await;
+    let h = Harness::with(FakeBackend::tcp(), |c| {
+        c.policy.default_ttl = Some(Duration::ZERO)
+    })
+    .await;
     let short = h.ready_sandbox().await;
     h.service.expire_now().await;
-    assert!(h.service.get(&tenant(), &short).await.is_err(), "its TTL ended");
+    assert!(
+        h.service.get(&tenant(), &short).await.is_err(),
+        "its TTL ended"
+    );
     assert!(h.backend.ids().is_empty());
     let _ = forever;
 }
@@ -371,10 +435,17 @@ async fn reconciliation_fails_lost_sandboxes_but_not_when_the_backend_cannot_lis
     let stopped = h.ready_sandbox().await;
     h.backend.lose(&lost);
     h.backend.stop(&stopped);
-    h.backend.list_fails.store(true, std::sync::atomic::Ordering::Relaxed);
+    h.backend
+        .list_fails
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(!h.service.reconcile_now().await);
-    assert_eq!(h.service.get(&tenant(), &lost).await.unwrap().phase, Phase::Ready);
-    h.backend.list_fails.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        h.service.get(&tenant(), &lost).await.unwrap().phase,
+        Phase::Ready
+    );
+    h.backend
+        .list_fails
+        .store(false, std::sync::atomic::Ordering::Relaxed);
     assert!(h.service.reconcile_now().await);
     let phase = |id: String| {
         let s = h.service.clone();
@@ -382,15 +453,32 @@ async fn reconciliation_fails_lost_sandboxes_but_not_when_the_backend_cannot_lis
     };
     assert_eq!(
         phase(lost.clone()).await,
-        Phase::Failed { message: "the sandbox disappeared from the backend".into() }
+        Phase::Failed {
+            message: "the sandbox disappeared from the backend".into()
+        }
     );
     assert_eq!(
         phase(stopped.clone()).await,
-        Phase::Failed { message: "the sandbox stopped on its own".into() }
+        Phase::Failed {
+            message: "the sandbox stopped on its own".into()
+        }
     );
-    assert!(!h.backend.ids().contains(&stopped), "a stopped sandbox is deleted");
-    let (status, body) = h.call("POST", &format!("/sandboxes/{lost}/exec"), Some(serde_json::json!({"command": "true"}))).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_GATEWAY, Some("sandbox_failed")), "{body}");
+    assert!(
+        !h.backend.ids().contains(&stopped),
+        "a stopped sandbox is deleted"
+    );
+    let (status, body) = h
+        .call(
+            "POST",
+            &format!("/sandboxes/{lost}/exec"),
+            Some(serde_json::json!({"command": "true"})),
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::BAD_GATEWAY, Some("sandbox_failed")),
+        "{body}"
+    );
 }
 
 #[tokio::test]
@@ -416,19 +504,31 @@ async fn a_restarted_service_adopts_the_backends_sandboxes_and_runs_their_jobs()
         Some(serde_json::json!({"command": "echo adopted", "wait": true})),
     )
     .await;
-    assert_eq!((status, job["stdout"].as_str()), (StatusCode::OK, Some("adopted\n")), "{job}");
+    assert_eq!(
+        (status, job["stdout"].as_str()),
+        (StatusCode::OK, Some("adopted\n")),
+        "{job}"
+    );
 }
 
 #[tokio::test]
 async fn a_sandbox_deleted_while_pending_leaves_nothing_and_fails_its_jobs() {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let h = Harness::new(FakeBackend::tcp().gated(gate.clone())).await;
+    let mut creates = h.backend.creates.subscribe();
     let rec = h.service.create(&tenant(), create_req()).await.unwrap();
     let job = h
         .service
-        .submit(&tenant(), &rec.id, shell("echo never"), JobOptions::default())
+        .submit(
+            &tenant(),
+            &rec.id,
+            shell("echo never"),
+            JobOptions::default(),
+        )
         .await
         .unwrap();
+    // The backend is making it (held at the gate) when the delete comes.
+    creates.wait_for(|n| *n >= 1).await.unwrap();
     let mut deletes = h.backend.deletes.subscribe();
     h.service.delete(&tenant(), &rec.id).await.unwrap();
     let failed = h
@@ -452,39 +552,93 @@ async fn every_error_maps_to_its_status_and_code() {
     let h = Harness::new(FakeBackend::tcp().gated(gate.clone())).await;
     let expect = |status: StatusCode, code: &str, (got, body): (StatusCode, serde_json::Value)| {
         assert_eq!((got, body["code"].as_str()), (status, Some(code)), "{body}");
-        assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()), "{body}");
+        assert!(
+            body["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{body}"
+        );
     };
-    expect(StatusCode::UNAUTHORIZED, "unauthorized", call(&h.app, "GET", "/sandboxes/nope", None, None).await);
-    expect(StatusCode::NOT_FOUND, "not_found", h.call("GET", "/sandboxes/nope", None).await);
-    expect(StatusCode::NOT_FOUND, "not_found", h.call("GET", "/jobs/job-nope", None).await);
     expect(
-        StatusCode::BAD_REQUEST,
-        "bad_request",
-        h.call("POST", "/v1/sandboxes", Some(serde_json::json!({"image": IMAGE, "labels": {"orchard.tenant": "x"}}))).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        call(&h.app, "GET", "/sandboxes/nope", None, None).await,
+    );
+    expect(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        h.call("GET", "/sandboxes/nope", None).await,
+    );
+    expect(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        h.call("GET", "/jobs/job-nope", None).await,
     );
     expect(
         StatusCode::BAD_REQUEST,
         "bad_request",
-        h.call("POST", "/sandboxes", Some(serde_json::json!({"image": IMAGE, "sandbox_id": "Bad Id"}))).await,
+        h.call(
+            "POST",
+            "/v1/sandboxes",
+            Some(serde_json::json!({"image": IMAGE, "labels": {"orchard.tenant": "x"}})),
+        )
+        .await,
+    );
+    expect(
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        h.call(
+            "POST",
+            "/sandboxes",
+            Some(serde_json::json!({"image": IMAGE, "sandbox_id": "Bad Id"})),
+        )
+        .await,
     );
     expect(
         StatusCode::UNPROCESSABLE_ENTITY,
         "unprocessable",
-        h.call("POST", "/sandboxes", Some(serde_json::json!({"image": 5}))).await,
+        h.call("POST", "/sandboxes", Some(serde_json::json!({"image": 5})))
+            .await,
     );
     let id = h.service.create(&tenant(), create_req()).await.unwrap().id;
-    expect(StatusCode::CONFLICT, "conflict", h.call("GET", &format!("/v1/sandboxes/{id}/files?path=/"), None).await);
     expect(
         StatusCode::CONFLICT,
         "conflict",
-        h.call("POST", "/sandboxes", Some(serde_json::json!({"image": IMAGE, "sandbox_id": id}))).await,
+        h.call("GET", &format!("/v1/sandboxes/{id}/files?path=/"), None)
+            .await,
     );
-    expect(StatusCode::REQUEST_TIMEOUT, "timeout", h.call("GET", &format!("/v1/sandboxes/{id}/wait?timeout=0.01"), None).await);
+    expect(
+        StatusCode::CONFLICT,
+        "conflict",
+        h.call(
+            "POST",
+            "/sandboxes",
+            Some(serde_json::json!({"image": IMAGE, "sandbox_id": id})),
+        )
+        .await,
+    );
+    expect(
+        StatusCode::REQUEST_TIMEOUT,
+        "timeout",
+        h.call(
+            "GET",
+            &format!("/v1/sandboxes/{id}/wait?timeout=0.01"),
+            None,
+        )
+        .await,
+    );
     *h.backend.fail_creates.lock().unwrap() = Some("no room".into());
     gate.add_permits(1);
-    let (status, body) = h.call("GET", &format!("/v1/sandboxes/{id}/wait?timeout=30"), None).await;
-    expect(StatusCode::BAD_GATEWAY, "sandbox_failed", (status, body.clone()));
-    assert!(body["detail"].as_str().unwrap().contains("no room"), "{body}");
+    let (status, body) = h
+        .call("GET", &format!("/v1/sandboxes/{id}/wait?timeout=30"), None)
+        .await;
+    expect(
+        StatusCode::BAD_GATEWAY,
+        "sandbox_failed",
+        (status, body.clone()),
+    );
+    assert!(
+        body["detail"].as_str().unwrap().contains("no room"),
+        "{body}"
+    );
     // Another tenant's sandbox is not found, not forbidden.
     let other = Keys::new(["key-2"]);
     let app2 = router(AppState {
@@ -492,5 +646,16 @@ async fn every_error_maps_to_its_status_and_code() {
         keys: Arc::new(other),
         proxy: crate::server::proxy::AgentProxy::default(),
     });
-    expect(StatusCode::NOT_FOUND, "not_found", call(&app2, "GET", &format!("/sandboxes/{id}"), Some("key-2"), None).await);
+    expect(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        call(
+            &app2,
+            "GET",
+            &format!("/sandboxes/{id}"),
+            Some("key-2"),
+            None,
+        )
+        .await,
+    );
 }
