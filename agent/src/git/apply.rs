@@ -279,17 +279,39 @@ fn check_modes(diff: &Diff<'_>) -> Result<(), GitError> {
 /// Refuses a delta without an old or a new path. libgit2's parser gives both to every
 /// delta it reads from a well-formed patch (the same path twice for an added or a
 /// deleted file), and its apply compares them without checking for none.
+///
+/// Also refuses a path the filesystem cannot hold (a name over [`MAX_NAME`] bytes or a
+/// path over [`MAX_PATH`]): libgit2 applies file by file, so a rename to such a name
+/// removed the old file and then failed, leaving the tree half changed (found by
+/// fuzzing).
 pub(super) fn check_paths(diff: &Diff<'_>) -> Result<(), GitError> {
     for delta in diff.deltas() {
-        if delta.old_file().path_bytes().is_none() || delta.new_file().path_bytes().is_none() {
+        let (Some(old), Some(new)) = (delta.old_file().path_bytes(), delta.new_file().path_bytes())
+        else {
             return Err(GitError::BadPatch(format!(
                 "{}: a file header without both paths",
                 delta_path(&delta)
             )));
+        };
+        for path in [old, new] {
+            let long_name = path.split(|b| *b == b'/').any(|n| n.len() > MAX_NAME);
+            if long_name || path.len() > MAX_PATH {
+                return Err(GitError::BadPatch(format!(
+                    "{}: a path longer than the filesystem allows ({MAX_NAME} bytes a name, \
+                     {MAX_PATH} a path)",
+                    delta_path(&delta)
+                )));
+            }
         }
     }
     Ok(())
 }
+
+/// Longest file name Linux filesystems take (`NAME_MAX`).
+const MAX_NAME: usize = 255;
+/// Longest path the work tree's paths may have (`PATH_MAX` less room for the tree's
+/// own location).
+const MAX_PATH: usize = 3072;
 
 /// Refuses a binary hunk whose zlib data does not inflate to exactly its stated size.
 /// libgit2 (1.9) loops forever, never returning, on zlib data that ends early

@@ -80,6 +80,31 @@ fn unknown_file_mode_in_a_patch_is_a_bad_patch_not_a_panic() {
     assert!(!root.join("n.txt").exists());
 }
 
+/// Found by `make fuzz` (git_apply): a rename to a name longer than 255 bytes removed
+/// the old file, then failed on the new one, and answered "not applied" with the tree
+/// half changed.
+#[test]
+fn regression_a_rename_to_a_name_too_long_changes_nothing() {
+    let dir = init_repo();
+    let root = dir.path();
+    fs::write(root.join("run.sh"), "echo hi\n").unwrap();
+    commit_all(root, "base");
+    let long = format!("{}renamed.sh", "\u{fffd}".repeat(100));
+    let patch = format!(
+        "diff --git a/run.sh b/{long}\nsimilarity index 100%\nrename from run.sh\nrename to {long}\n"
+    );
+    for (check_only, fuzzy) in [(false, false), (true, false), (false, true)] {
+        let err = apply(root, &patch, check_only, fuzzy).unwrap_err();
+        assert!(matches!(err, GitError::BadPatch(_)), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("longer than the filesystem allows"),
+            "{err}"
+        );
+    }
+    assert_eq!(fs::read(root.join("run.sh")).unwrap(), b"echo hi\n");
+}
+
 /// Found by `make fuzz` (git_apply): a NUL in a `diff --git` line left a deleted
 /// file's delta without a new path, and libgit2's apply segfaulted on it, taking
 /// the agent (the sandbox's PID 1) down with it.
