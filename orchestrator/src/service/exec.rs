@@ -16,8 +16,9 @@ use orchard_protocol::exec::timeout_error;
 use orchard_protocol::login::{filter_login_noise, login_shell_argv};
 use orchard_protocol::{Command, ErrorCode, ExecRequest};
 
-use crate::state::{JobRecord, Phase, SandboxRecord, Topic};
+use crate::state::{JobRecord, Lease, Phase, SandboxRecord, Topic};
 
+use super::jobs::Outcome;
 use super::{Live, Service};
 
 /// `s` quoted for a POSIX shell.
@@ -109,10 +110,14 @@ pub(super) fn spawn_worker(service: &Service, rec: &SandboxRecord) {
                 }
                 continue;
             };
-            let Ok(live) = service.live_of(&rec) else {
-                continue;
+            let live = match service.live_of(&rec) {
+                Ok(live) => live,
+                Err(e) => {
+                    fail(&service, job, e.public_message()).await;
+                    continue;
+                }
             };
-            let run = run(&service, &live, job, &rec);
+            let run = run(&service, &live, job, &rec, &lease);
             tokio::pin!(run);
             loop {
                 tokio::select! {
@@ -135,12 +140,14 @@ async fn fail_queued(service: &Service, id: &str, why: &str) {
 }
 
 async fn fail(service: &Service, job: JobRecord, error: String) {
-    service
-        .finish_job(job, None, String::new(), String::new(), Some(error), false)
-        .await;
+    let outcome = Outcome {
+        error: Some(error),
+        ..Outcome::default()
+    };
+    service.finish_job(job, outcome, None).await;
 }
 
-async fn run(service: &Service, live: &Live, job: JobRecord, rec: &SandboxRecord) {
+async fn run(service: &Service, live: &Live, job: JobRecord, rec: &SandboxRecord, lease: &Lease) {
     let started = Instant::now();
     let opts = job.options.clone();
     let script = script(&job.job.command);
@@ -185,16 +192,14 @@ async fn run(service: &Service, live: &Live, job: JobRecord, rec: &SandboxRecord
             if opts.login_shell {
                 stderr = filter_login_noise(&stderr);
             }
-            service
-                .finish_job(
-                    job,
-                    exit_code,
-                    job_text(&r.stdout),
-                    stderr,
-                    error,
-                    truncated,
-                )
-                .await;
+            let outcome = Outcome {
+                exit_code,
+                stdout: job_text(&r.stdout),
+                stderr,
+                error,
+                truncated,
+            };
+            service.finish_job(job, outcome, Some(lease)).await;
         }
         Err(e) => {
             let deleted = !service.is_current(rec).await;
@@ -208,7 +213,11 @@ async fn run(service: &Service, live: &Live, job: JobRecord, rec: &SandboxRecord
                     e => format!("the sandbox's agent could not be reached: {e}"),
                 }
             };
-            fail(service, job, message).await;
+            let outcome = Outcome {
+                error: Some(message),
+                ..Outcome::default()
+            };
+            service.finish_job(job, outcome, Some(lease)).await;
         }
     }
 }

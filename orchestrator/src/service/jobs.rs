@@ -9,11 +9,27 @@ use std::time::Duration;
 
 use orchard_protocol::compat::{CompatCommand, Job, JobStatus};
 
-use crate::state::{JobOptions, JobRecord, Phase, Topic};
+use crate::state::{JobOptions, JobRecord, Lease, Phase, Topic};
 
 pub use crate::state::memory::{DEFAULT_OUTPUT_BUDGET, DROPPED_NOTE, RESTART_ERROR};
 
 use super::{now_ms, now_secs, random_hex, Error, Service, Tenant};
+
+/// How a job ended: `exit_code` and output when it ran, `error` when it could not run
+/// or timed out, `truncated` when the output passed the cap.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Its exit code (128 + signal when killed).
+    pub exit_code: Option<i32>,
+    /// Its output.
+    pub stdout: String,
+    /// Its error output.
+    pub stderr: String,
+    /// Why it could not run, or its time-out.
+    pub error: Option<String>,
+    /// A stream passed the cap.
+    pub truncated: bool,
+}
 
 impl Service {
     /// Queues a compatible job; jobs of one sandbox run one at a time in this order.
@@ -59,9 +75,11 @@ impl Service {
         // in it; fail the job rather than leave it queued.
         if !self.is_current(&rec).await {
             for job in self.store().drain_jobs(id).await? {
-                let why = "the sandbox was deleted".to_string();
-                self.finish_job(job, None, String::new(), String::new(), Some(why), false)
-                    .await;
+                let outcome = Outcome {
+                    error: Some("the sandbox was deleted".into()),
+                    ..Outcome::default()
+                };
+                self.finish_job(job, outcome, None).await;
             }
         }
         Ok(job)
@@ -103,18 +121,22 @@ impl Service {
         }
     }
 
-    /// Finishes a job: `exit_code` and output when it ran, `error` when it could not run
-    /// or timed out, `truncated` when the output passed the cap. A job that finished
-    /// already stays as it was.
+    /// Finishes a job with `outcome`. A job that finished already stays as it was; with
+    /// `lease` (its worker's), the write is refused once another worker took the
+    /// sandbox's lease.
     pub(super) async fn finish_job(
         &self,
         mut job: JobRecord,
-        exit_code: Option<i32>,
-        stdout: String,
-        stderr: String,
-        error: Option<String>,
-        truncated: bool,
+        outcome: Outcome,
+        lease: Option<&Lease>,
     ) {
+        let Outcome {
+            exit_code,
+            stdout,
+            stderr,
+            error,
+            truncated,
+        } = outcome;
         let j = &mut job.job;
         j.status = if exit_code == Some(0) && error.is_none() {
             JobStatus::Succeeded
@@ -131,7 +153,7 @@ impl Service {
             j.started_at = j.completed_at;
         }
         job.finished_ms = Some(now_ms());
-        if let Err(e) = self.store().finish_job(job, None).await {
+        if let Err(e) = self.store().finish_job(job, lease).await {
             crate::log::warn("cannot store a finished job", &[("error", &e.to_string())]);
         }
     }
