@@ -76,6 +76,9 @@ struct Maps {
     next_fence: u64,
     /// Bytes of output held by finished jobs.
     held: u64,
+    /// The order jobs finished in, in this process (ties of `finished_ms`).
+    finish_seq: HashMap<String, u64>,
+    next_finish: u64,
 }
 
 impl Maps {
@@ -262,15 +265,15 @@ impl MemoryStore {
         if maps.held <= self.budget {
             return Vec::new();
         }
-        let mut finished: Vec<(u64, f64, String)> = maps
+        let mut finished: Vec<(u64, u64, String)> = maps
             .jobs
             .values()
             .filter_map(|j| {
-                j.finished_ms
-                    .map(|t| (t, j.job.completed_at.unwrap_or(0.0), j.job.job_id.clone()))
+                let seq = maps.finish_seq.get(&j.job.job_id).copied().unwrap_or(0);
+                j.finished_ms.map(|t| (t, seq, j.job.job_id.clone()))
             })
             .collect();
-        finished.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        finished.sort();
         let mut emptied = Vec::new();
         for (_, _, id) in finished {
             if maps.held <= self.budget {
@@ -435,6 +438,9 @@ impl StateStore for MemoryStore {
                 Some(_) => {}
             }
             maps.held += output_len(&job);
+            maps.next_finish += 1;
+            let seq = maps.next_finish;
+            maps.finish_seq.insert(id.clone(), seq);
             maps.jobs.insert(id.clone(), job.clone());
             self.enforce_budget(&mut maps)
         };
@@ -455,6 +461,7 @@ impl StateStore for MemoryStore {
                 .map(|j| j.job.job_id.clone())
                 .collect();
             for id in &expired {
+                maps.finish_seq.remove(id);
                 if let Some(j) = maps.jobs.remove(id) {
                     let len = output_len(&j);
                     maps.held -= len.min(maps.held);
