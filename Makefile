@@ -22,6 +22,7 @@ build: agent
 	cargo build --workspace
 
 lint:
+	@scripts/check-doc-links.sh
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
