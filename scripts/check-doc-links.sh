@@ -9,7 +9,7 @@
 # points outside the repository and is refused too: that is how `../shared/DESIGN.md`
 # crept in before.
 #
-#   scripts/check-doc-links.sh              README.md and docs/*.md
+#   scripts/check-doc-links.sh              README.md, docs/*.md and the SDK README
 #   scripts/check-doc-links.sh FILE.md ...  only these files
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ root=$PWD
 if [ $# -gt 0 ]; then
   files=("$@")
 else
-  files=(README.md docs/*.md)
+  files=(README.md docs/*.md sdk/python/README.md)
 fi
 
 bad=0

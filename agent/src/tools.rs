@@ -1,5 +1,5 @@
 //! Publishing the harness tools (codex, claude, pi, opencode, hermes) inside the sandbox
-//! the way Orchard users expect to find them (`../shared/COMPAT.md`, "Harness tools"):
+//! the way Orchard users expect to find them (README.md, `make harness`):
 //!
 //! - the tools' directory itself (mounted read-only by the backend, e.g. at
 //!   `/opt/sandbox-tools`, with `bin/` and `VERSIONS`), whose `bin/` the backend appends

@@ -1,4 +1,4 @@
-//! The Orchard-compatible routes, exactly as `../shared/COMPAT.md` lists them: field
+//! The Orchard-compatible routes, exactly as Orchard answers them (docs/api.md): field
 //! names, status codes and semantics are what users' existing code relies on.
 
 use std::time::Duration;
