@@ -70,8 +70,8 @@ impl Service {
     /// Counts of every record by phase name.
     pub async fn counts(&self) -> BTreeMap<&'static str, u64> {
         let mut counts = BTreeMap::from([("pending", 0), ("running", 0), ("failed", 0)]);
-        for r in self.all().await.unwrap_or_default() {
-            *counts.entry(r.phase.name()).or_default() += 1;
+        for (phase, n) in self.store().phase_counts().await.unwrap_or_default() {
+            *counts.entry(phase).or_default() += n;
         }
         counts
     }

@@ -327,6 +327,14 @@ impl StateStore for MemoryStore {
         ready(Ok(self.lock().sandboxes.values().cloned().collect()))
     }
 
+    fn phase_counts(&self) -> StoreFuture<'_, std::collections::BTreeMap<&'static str, u64>> {
+        let mut counts = std::collections::BTreeMap::new();
+        for r in self.lock().sandboxes.values() {
+            *counts.entry(r.value.phase.name()).or_default() += 1;
+        }
+        ready(Ok(counts))
+    }
+
     fn update_sandbox(&self, record: SandboxRecord, expected: Version) -> StoreFuture<'_, Version> {
         let mut maps = self.lock();
         let version = maps.next_version + 1;
