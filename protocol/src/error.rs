@@ -309,6 +309,18 @@ mod tests {
     }
 
     #[test]
+    fn the_orchestrators_body_is_detail_and_code() {
+        let body = crate::compat::Detail::new(ServiceErrorCode::QuotaExceeded, "delete one");
+        let v = serde_json::to_value(&body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"detail": "delete one", "code": "quota_exceeded"})
+        );
+        let bare: crate::compat::Detail = serde_json::from_str(r#"{"detail": "x"}"#).unwrap();
+        assert_eq!(bare.code, None);
+    }
+
+    #[test]
     fn error_body_shape_is_code_and_message() {
         let body = ErrorBody::new(ErrorCode::NoShell, "no /bin/sh in this image");
         let v = serde_json::to_value(&body).unwrap();

@@ -1,7 +1,7 @@
-//! The orchestrator's one error enum. Every route answers its failures through it, and
-//! [`Error::status`] / [`Error::code`] are the only place codes map to HTTP statuses.
-//! Messages of internal failures are logged, never sent: a 5xx body says what failed
-//! in user terms only.
+//! The service's error enum: what went wrong, in the service's terms. What the API
+//! answers for each, its status and machine-readable code, is decided in one place, by
+//! the server (`crate::server::error`), not here. Messages of internal failures are
+//! logged, never sent: a 5xx body says what failed in user terms only.
 
 use crate::backend::BackendError;
 
@@ -53,42 +53,6 @@ pub enum Error {
 }
 
 impl Error {
-    /// The HTTP status.
-    pub fn status(&self) -> u16 {
-        match self {
-            Error::BadRequest(_) => 400,
-            Error::Unauthorized(_) => 401,
-            Error::Forbidden(_) => 403,
-            Error::NotFound(_) => 404,
-            Error::Timeout(_) => 408,
-            Error::Conflict(_) => 409,
-            Error::TooLarge(_) => 413,
-            Error::Unprocessable(_) => 422,
-            Error::Quota(_) => 429,
-            Error::Internal { .. } => 500,
-            Error::Sandbox(_) => 502,
-            Error::Unavailable(_) => 503,
-        }
-    }
-
-    /// The machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Error::BadRequest(_) => "bad_request",
-            Error::Unauthorized(_) => "unauthorized",
-            Error::Forbidden(_) => "permission_denied",
-            Error::NotFound(_) => "not_found",
-            Error::Timeout(_) => "timeout",
-            Error::Conflict(_) => "conflict",
-            Error::TooLarge(_) => "body_too_large",
-            Error::Unprocessable(_) => "unprocessable",
-            Error::Quota(_) => "quota_exceeded",
-            Error::Internal { .. } => "internal",
-            Error::Sandbox(_) => "sandbox_failed",
-            Error::Unavailable(_) => "unavailable",
-        }
-    }
-
     /// What the client is told.
     pub fn public_message(&self) -> String {
         match self {
