@@ -27,17 +27,22 @@ impl From<&Error> for ServiceErrorCode {
     fn from(e: &Error) -> Self {
         use ServiceErrorCode as C;
         match e {
-            Error::BadRequest(_) => C::BadRequest,
+            Error::BadRequest(_)
+            | Error::BadSandboxId(_)
+            | Error::BadEnv(_)
+            | Error::BadLabel(_) => C::BadRequest,
             Error::Unauthorized(_) => C::Unauthorized,
             Error::Forbidden(_) => C::PermissionDenied,
-            Error::NotFound(_) => C::NotFound,
-            Error::Timeout(_) => C::Timeout,
-            Error::Conflict(_) => C::Conflict,
+            Error::NotFound(_) | Error::NoSandbox(_) | Error::NoJob(_) => C::NotFound,
+            Error::Timeout(_) | Error::ReadyTimeout { .. } => C::Timeout,
+            Error::Conflict(_) | Error::SandboxExists(_) | Error::NotReady(_) => C::Conflict,
             Error::TooLarge(_) => C::BodyTooLarge,
             Error::Unprocessable(_) => C::Unprocessable,
-            Error::Quota(_) => C::QuotaExceeded,
+            Error::Quota(_) | Error::QuotaExceeded(_) => C::QuotaExceeded,
             Error::Internal { .. } => C::Internal,
-            Error::Sandbox(_) => C::SandboxFailed,
+            Error::Sandbox(_) | Error::StartFailed { .. } | Error::SandboxFailed { .. } => {
+                C::SandboxFailed
+            }
             Error::Unavailable(_) => C::Unavailable,
         }
     }
@@ -74,9 +79,9 @@ mod tests {
 
     use super::*;
 
-    /// Every variant with the status and code the API has always answered for it.
+    /// Every generic variant with the status and code the API has always answered for it.
     #[test]
-    fn every_error_maps_to_its_status_and_code() {
+    fn every_generic_error_maps_to_its_status_and_code() {
         let s = || "x".to_string();
         let cases: Vec<(Error, u16, &str)> = vec![
             (Error::BadRequest(s()), 400, "bad_request"),
@@ -98,6 +103,39 @@ mod tests {
         }
     }
 
+    /// Every domain variant answers what the generic variant it stands for answered
+    /// (`NotReady` was a `Conflict`, `QuotaExceeded` a `Quota`, ...).
+    #[test]
+    fn every_domain_error_maps_to_the_status_and_code_it_always_had() {
+        let pinned: &[(&str, u16, &str)] = &[
+            ("NoSandbox", 404, "not_found"),
+            ("NoJob", 404, "not_found"),
+            ("SandboxExists", 409, "conflict"),
+            ("BadSandboxId", 400, "bad_request"),
+            ("NotReady", 409, "conflict"),
+            ("ReadyTimeout", 408, "timeout"),
+            ("StartFailed", 502, "sandbox_failed"),
+            ("SandboxFailed", 502, "sandbox_failed"),
+            ("BadEnv", 400, "bad_request"),
+            ("BadLabel", 400, "bad_request"),
+            ("QuotaExceeded", 429, "quota_exceeded"),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for (e, _) in Error::domain_examples() {
+            let debug = format!("{e:?}");
+            let variant = debug.split(['(', ' ', '{']).next().unwrap_or_default();
+            let Some((_, want_status, want_code)) = pinned.iter().find(|p| p.0 == variant) else {
+                panic!("{variant} has no pinned status and code here");
+            };
+            assert_eq!(ServiceErrorCode::from(&e).as_str(), *want_code, "{e:?}");
+            assert_eq!(status(&e), *want_status, "{e:?}");
+            seen.insert(variant.to_string());
+        }
+        for (variant, _, _) in pinned {
+            assert!(seen.contains(*variant), "no example of {variant}");
+        }
+    }
+
     async fn answer(e: Error) -> (u16, Option<String>, serde_json::Value) {
         let resp = e.into_response();
         let status = resp.status().as_u16();
@@ -111,8 +149,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_answer_is_detail_and_code_with_retry_after_on_503() {
-        let (status, retry, body) =
-            answer(Error::Conflict("sandbox sb-1 is not ready yet".into())).await;
+        let (status, retry, body) = answer(Error::not_ready("sb-1")).await;
         assert_eq!(status, 409);
         assert_eq!(retry, None);
         assert_eq!(
