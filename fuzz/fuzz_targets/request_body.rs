@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use orchard::server::parse_json;
+use orchard::server::{error, parse_json};
 use orchard::service::units::{parse_cpu, parse_memory};
 use orchard_fuzz::round_trip;
 use orchard_protocol::compat::{ApplyPatch, CreateSandbox, ExecJob, UploadFile};
@@ -33,7 +33,7 @@ where
             Some(value)
         }
         Err(err) => {
-            let status = err.status();
+            let status = error::status(&err);
             assert!(
                 status == 400 || status == 422,
                 "{} answered {status}: {err}",
@@ -51,13 +51,13 @@ fn quantities(cpu: Option<&str>, memory: Option<&str>) {
                 v.is_finite() && (0.01..=1024.0).contains(&v),
                 "cpu {cpu:?} = {v}"
             ),
-            Err(e) => assert_eq!(e.status(), 400, "cpu {cpu:?}: {e}"),
+            Err(e) => assert_eq!(error::status(&e), 400, "cpu {cpu:?}: {e}"),
         }
     }
     if let Some(memory) = memory {
         match parse_memory(memory) {
             Ok(v) => assert!((16 << 20..=1 << 50).contains(&v), "memory {memory:?} = {v}"),
-            Err(e) => assert_eq!(e.status(), 400, "memory {memory:?}: {e}"),
+            Err(e) => assert_eq!(error::status(&e), 400, "memory {memory:?}: {e}"),
         }
     }
 }
@@ -101,9 +101,9 @@ fuzz_target!(|body: &[u8]| {
             );
         }
         Err(err) => assert!(
-            matches!(err.status(), 400 | 422),
+            matches!(error::status(&err), 400 | 422),
             "ExecJob answered {}",
-            err.status()
+            error::status(&err)
         ),
     }
     // Bodies are usually short text: the quantity parsers get the raw text too.

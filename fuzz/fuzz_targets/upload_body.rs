@@ -10,6 +10,7 @@
 
 use base64::Engine;
 use libfuzzer_sys::fuzz_target;
+use orchard::server::error;
 use orchard::server::upload::UploadParser;
 use orchard_protocol::compat::UploadFile;
 
@@ -19,12 +20,12 @@ fn run(body: &[u8], piece: usize) -> Outcome {
     let mut parser = UploadParser::new(Vec::new());
     for chunk in body.chunks(piece.max(1)) {
         if let Err(e) = parser.push(chunk) {
-            return Err(e.status());
+            return Err(error::status(&e));
         }
     }
     match parser.finish() {
         Ok((parsed, bytes)) => Ok((parsed.path, parsed.size, bytes)),
-        Err(e) => Err(e.status()),
+        Err(e) => Err(error::status(&e)),
     }
 }
 

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::error::ServiceErrorCode;
+
 fn yes() -> bool {
     true
 }
@@ -301,7 +303,17 @@ pub struct Detail {
     pub detail: String,
     /// Machine-readable code (`not_found`, `quota_exceeded`, ...).
     #[serde(default)]
-    pub code: Option<String>,
+    pub code: Option<ServiceErrorCode>,
+}
+
+impl Detail {
+    /// An error body with its code.
+    pub fn new(code: ServiceErrorCode, detail: impl Into<String>) -> Self {
+        Self {
+            detail: detail.into(),
+            code: Some(code),
+        }
+    }
 }
 
 /// Labels and environment of a `/v1` create.

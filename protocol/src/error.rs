@@ -1,7 +1,11 @@
-//! The one error body every Orchard server answers with, and the status code of each
-//! error code. Servers map their internal errors to an [`ErrorCode`] in one place; the
-//! status code then follows from [`ErrorCode::http_status`], so two servers never
-//! disagree on what a code means.
+//! Error codes and the status code of each, for both servers.
+//!
+//! - The agent answers [`ErrorBody`] (`{"code", "message"}`) with an [`ErrorCode`].
+//! - The orchestrator answers [`crate::compat::Detail`] (`{"detail", "code"}`) with a
+//!   [`ServiceErrorCode`]; proxied agent routes pass the agent's body through.
+//!
+//! Each server maps its internal errors to a code in one place; the status then follows
+//! from the code's `http_status`, so a code always means the same status.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -135,9 +139,163 @@ pub const ALL: &[(ErrorCode, &str)] = &[
     (ErrorCode::Internal, "internal"),
 ];
 
+/// Machine-readable error codes of the orchestrator: the `code` of its error body
+/// (`Detail`). The description of each code opens with its HTTP status, the one
+/// `http_status` answers (a test holds them together; the SDK's tests read the statuses
+/// from here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceErrorCode {
+    /// HTTP 400: the request is wrong: malformed JSON, a bad value or query, an invalid
+    /// sandbox id, environment variable or label, limits no sandbox here can have. A
+    /// method a route does not have is answered with this code too, with status 405.
+    BadRequest,
+    /// HTTP 401: the API key is missing or wrong.
+    Unauthorized,
+    /// HTTP 403: the sandbox's filesystem refused (a read-only path, a file the image
+    /// user may not write), or the key may not change the shared images.
+    PermissionDenied,
+    /// HTTP 404: no such sandbox, job, image, file or route, or not the caller's.
+    NotFound,
+    /// HTTP 408: a server-side wait ran out (a sandbox not ready in time).
+    Timeout,
+    /// HTTP 409: the id is taken, or the sandbox is not in a state for this (not ready yet).
+    Conflict,
+    /// HTTP 413: the body is larger than the route allows.
+    BodyTooLarge,
+    /// HTTP 422: the body is JSON of the wrong shape (a missing field, a wrong type).
+    Unprocessable,
+    /// HTTP 429: a quota of the API key (sandboxes held, creates per minute).
+    QuotaExceeded,
+    /// HTTP 500: the server failed; the message says what was attempted, not how it failed.
+    Internal,
+    /// HTTP 502: the sandbox could not start, or its agent failed or could not be reached.
+    SandboxFailed,
+    /// HTTP 503: overloaded, safe to retry; the answer carries `Retry-After`.
+    Unavailable,
+}
+
+impl ServiceErrorCode {
+    /// Every code, in the order of the enum.
+    pub const ALL: [ServiceErrorCode; 12] = [
+        ServiceErrorCode::BadRequest,
+        ServiceErrorCode::Unauthorized,
+        ServiceErrorCode::PermissionDenied,
+        ServiceErrorCode::NotFound,
+        ServiceErrorCode::Timeout,
+        ServiceErrorCode::Conflict,
+        ServiceErrorCode::BodyTooLarge,
+        ServiceErrorCode::Unprocessable,
+        ServiceErrorCode::QuotaExceeded,
+        ServiceErrorCode::Internal,
+        ServiceErrorCode::SandboxFailed,
+        ServiceErrorCode::Unavailable,
+    ];
+
+    /// The HTTP status code this error is answered with.
+    pub fn http_status(self) -> u16 {
+        use ServiceErrorCode::*;
+        match self {
+            BadRequest => 400,
+            Unauthorized => 401,
+            PermissionDenied => 403,
+            NotFound => 404,
+            Timeout => 408,
+            Conflict => 409,
+            BodyTooLarge => 413,
+            Unprocessable => 422,
+            QuotaExceeded => 429,
+            Internal => 500,
+            SandboxFailed => 502,
+            Unavailable => 503,
+        }
+    }
+
+    /// The snake_case name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        use ServiceErrorCode::*;
+        match self {
+            BadRequest => "bad_request",
+            Unauthorized => "unauthorized",
+            PermissionDenied => "permission_denied",
+            NotFound => "not_found",
+            Timeout => "timeout",
+            Conflict => "conflict",
+            BodyTooLarge => "body_too_large",
+            Unprocessable => "unprocessable",
+            QuotaExceeded => "quota_exceeded",
+            Internal => "internal",
+            SandboxFailed => "sandbox_failed",
+            Unavailable => "unavailable",
+        }
+    }
+
+    /// The code of a wire name; `None` for a name this version does not know.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for ServiceErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The orchestrator's codes are a wire contract (docs/api.md, the SDK's error
+    /// classes): every name and status is pinned here, literally.
+    #[test]
+    fn every_service_code_has_its_pinned_name_and_status() {
+        use ServiceErrorCode::*;
+        let pinned = [
+            (BadRequest, "bad_request", 400),
+            (Unauthorized, "unauthorized", 401),
+            (PermissionDenied, "permission_denied", 403),
+            (NotFound, "not_found", 404),
+            (Timeout, "timeout", 408),
+            (Conflict, "conflict", 409),
+            (BodyTooLarge, "body_too_large", 413),
+            (Unprocessable, "unprocessable", 422),
+            (QuotaExceeded, "quota_exceeded", 429),
+            (Internal, "internal", 500),
+            (SandboxFailed, "sandbox_failed", 502),
+            (Unavailable, "unavailable", 503),
+        ];
+        assert_eq!(ServiceErrorCode::ALL.len(), pinned.len());
+        for (code, (pinned_code, name, status)) in ServiceErrorCode::ALL.into_iter().zip(pinned) {
+            assert_eq!(code, pinned_code);
+            assert_eq!(code.as_str(), name);
+            assert_eq!(code.to_string(), name);
+            assert_eq!(code.http_status(), status, "{name}");
+            assert_eq!(serde_json::to_string(&code).unwrap(), format!("\"{name}\""));
+            let back: ServiceErrorCode = serde_json::from_str(&format!("\"{name}\"")).unwrap();
+            assert_eq!(back, code);
+            assert_eq!(ServiceErrorCode::from_name(name), Some(code));
+        }
+        assert_eq!(ServiceErrorCode::from_name("no_such_code"), None);
+    }
+
+    /// [`ServiceErrorCode::ALL`] lists every variant, and each variant's documentation in
+    /// the schema (what the OpenAPI document and the SDK's test read) opens with its
+    /// status. The schema is derived from the enum itself, so a variant missing from
+    /// `ALL` shows here.
+    #[test]
+    fn the_schema_names_every_service_code_with_its_status() {
+        let schema = serde_json::to_value(schemars::schema_for!(ServiceErrorCode)).unwrap();
+        let variants = schema["oneOf"].as_array().expect("one schema per code");
+        assert_eq!(variants.len(), ServiceErrorCode::ALL.len());
+        for v in variants {
+            let name = v["enum"][0].as_str().unwrap();
+            let code = ServiceErrorCode::from_name(name).expect("a code of ALL");
+            let description = v["description"].as_str().unwrap();
+            let opening = format!("HTTP {}: ", code.http_status());
+            assert!(description.starts_with(&opening), "{name}: {description}");
+        }
+    }
 
     #[test]
     fn every_code_round_trips_with_its_listed_name() {
@@ -148,6 +306,18 @@ mod tests {
             let status = code.http_status();
             assert!((400..600).contains(&status), "{name} -> {status}");
         }
+    }
+
+    #[test]
+    fn the_orchestrators_body_is_detail_and_code() {
+        let body = crate::compat::Detail::new(ServiceErrorCode::QuotaExceeded, "delete one");
+        let v = serde_json::to_value(&body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"detail": "delete one", "code": "quota_exceeded"})
+        );
+        let bare: crate::compat::Detail = serde_json::from_str(r#"{"detail": "x"}"#).unwrap();
+        assert_eq!(bare.code, None);
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! documents cannot drift apart. It is types only: no runtime, no HTTP stack, so the
 //! static agent stays small and anything can depend on it.
 //!
-//! - [`error`]: the one error body ([`ErrorBody`]) and its machine-readable [`ErrorCode`],
-//!   with the HTTP status each code maps to.
+//! - [`error`]: the agent's error body ([`ErrorBody`]) and its machine-readable
+//!   [`ErrorCode`], and the orchestrator's codes ([`ServiceErrorCode`], the `code` of
+//!   [`compat::Detail`]), with the HTTP status each code maps to.
 //! - [`exec`]: synchronous and streamed command execution ([`ExecRequest`],
 //!   [`ExecResult`], [`ExecEvent`]).
 //! - [`process`]: background processes with buffered output.
@@ -34,7 +35,7 @@ pub mod sandbox;
 pub mod session;
 pub mod signal;
 
-pub use error::{ErrorBody, ErrorCode};
+pub use error::{ErrorBody, ErrorCode, ServiceErrorCode};
 pub use exec::{Command, ExecEvent, ExecRequest, ExecResult};
 pub use output::{Encoding, Output};
 

@@ -15,6 +15,8 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use orchard_protocol::{ErrorCode, ServiceErrorCode};
+
 use super::{CliError, Connect};
 
 /// Header of the API key (docs/api.md, "Auth").
@@ -210,6 +212,47 @@ fn causes(err: &dyn std::error::Error) -> String {
     parts.join(": ")
 }
 
+/// The machine-readable code of an error answer, of whichever server answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiCode {
+    /// The orchestrator's own, of a `{"detail", "code"}` body.
+    Service(ServiceErrorCode),
+    /// The agent's, of a `{"code", "message"}` body (passed through on proxied routes).
+    Agent(ErrorCode),
+    /// A code this CLI does not know (a newer server's), as it was sent.
+    Other(String),
+}
+
+impl ApiCode {
+    /// The code `name` of an orchestrator's body (`agent` false) or an agent's (true).
+    pub fn parse(name: &str, agent: bool) -> ApiCode {
+        let known = if agent {
+            orchard_protocol::error::ALL
+                .iter()
+                .find(|(_, n)| *n == name)
+                .map(|(c, _)| ApiCode::Agent(*c))
+        } else {
+            ServiceErrorCode::from_name(name).map(ApiCode::Service)
+        };
+        known.unwrap_or_else(|| ApiCode::Other(name.to_string()))
+    }
+
+    /// The code as it was sent.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ApiCode::Service(c) => c.as_str(),
+            ApiCode::Agent(c) => c.as_str(),
+            ApiCode::Other(s) => s,
+        }
+    }
+}
+
+impl std::fmt::Display for ApiCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A [`CliError::Api`] from an error answer: the orchestrator's `{"detail", "code"}`, the
 /// agent's `{"code", "message"}` (passed through on proxied routes), or plain text.
 pub fn error_from_body(status: u16, body: &[u8]) -> CliError {
@@ -219,11 +262,15 @@ pub fn error_from_body(status: u16, body: &[u8]) -> CliError {
         detail: Option<serde_json::Value>,
         #[serde(default)]
         message: Option<String>,
+        // A string, not a code: an unknown one must not lose the message.
         #[serde(default)]
         code: Option<String>,
     }
     let parsed = serde_json::from_slice::<Body>(body).ok();
-    let code = parsed.as_ref().and_then(|b| b.code.clone());
+    let code = parsed.as_ref().and_then(|b| {
+        let agent = b.detail.is_none() && b.message.is_some();
+        b.code.as_deref().map(|c| ApiCode::parse(c, agent))
+    });
     let detail = parsed
         .and_then(|b| match b.detail {
             Some(serde_json::Value::String(s)) => Some(s),
@@ -328,7 +375,7 @@ pub fn segment(s: &str) -> String {
 mod tests {
     use super::*;
 
-    fn api(err: CliError) -> (u16, Option<String>, String) {
+    fn api(err: CliError) -> (u16, Option<ApiCode>, String) {
         match err {
             CliError::Api {
                 status,
@@ -346,9 +393,28 @@ mod tests {
             br#"{"detail":"missing or wrong API key","code":"unauthorized"}"#,
         );
         assert_eq!(e.to_string(), "401: missing or wrong API key");
-        assert_eq!(api(e).1.as_deref(), Some("unauthorized"));
+        assert_eq!(
+            api(e).1,
+            Some(ApiCode::Service(ServiceErrorCode::Unauthorized))
+        );
         let e = error_from_body(400, br#"{"code":"cwd_not_found","message":"no /nope"}"#);
         assert_eq!(e.to_string(), "400: no /nope");
+        assert_eq!(api(e).1, Some(ApiCode::Agent(ErrorCode::CwdNotFound)));
+        // A code both servers have is read as the one of the server whose body it is.
+        let e = error_from_body(
+            404,
+            br#"{"detail":"sandbox x not found","code":"not_found"}"#,
+        );
+        assert_eq!(api(e).1, Some(ApiCode::Service(ServiceErrorCode::NotFound)));
+        let e = error_from_body(404, br#"{"code":"not_found","message":"no /x"}"#);
+        assert_eq!(api(e).1, Some(ApiCode::Agent(ErrorCode::NotFound)));
+        // A newer server's code keeps its message and its name.
+        let e = error_from_body(409, br#"{"detail":"busy","code":"sandbox_paused"}"#);
+        assert_eq!(e.to_string(), "409: busy");
+        let code = api(e).1.unwrap();
+        assert_eq!(code, ApiCode::Other("sandbox_paused".into()));
+        assert_eq!(code.to_string(), "sandbox_paused");
+        assert_eq!(api(error_from_body(500, b"oops")).1, None);
         let e = error_from_body(422, br#"{"detail":[{"loc":["body"],"msg":"x"}]}"#);
         assert!(e.to_string().starts_with("422: [{"), "{e}");
         assert_eq!(

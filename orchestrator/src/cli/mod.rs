@@ -194,7 +194,7 @@ pub enum CliError {
         /// HTTP status code.
         status: u16,
         /// The machine-readable code of the error body, when there was one.
-        code: Option<String>,
+        code: Option<client::ApiCode>,
         /// The server's message (`detail`, or the agent's `message`).
         detail: String,
     },

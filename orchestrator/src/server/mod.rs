@@ -4,10 +4,11 @@
 //!
 //! Requests are parsed into typed values by the extractors here ([`ApiJson`], [`Auth`])
 //! and every failure is a [`crate::service::Error`], turned into a response in one
-//! place ([`IntoResponse`] below). A middleware gives each request an id
+//! place ([`error`]: its status, code and body). A middleware gives each request an id
 //! (`x-request-id`, echoed), logs it as one JSON line and counts it.
 
 pub mod compat;
+pub mod error;
 pub mod images;
 pub mod openapi;
 pub mod proxy;
@@ -25,9 +26,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use http_body_util::BodyExt;
-use orchard_protocol::compat::Detail;
 use serde::de::DeserializeOwned;
 
+use self::error::{ErrorCodeExt, InternalDetail};
 use crate::service::{Error, Keys, Service, Tenant};
 
 /// Largest JSON body of most routes.
@@ -44,41 +45,6 @@ pub struct AppState {
     pub keys: Arc<Keys>,
     /// The pooled client proxying to agents.
     pub proxy: proxy::AgentProxy,
-}
-
-/// The error code of an error answer, for the logging middleware.
-#[derive(Clone, Copy)]
-struct ErrorCodeExt(&'static str);
-
-/// The internal detail of a 5xx, for the log only.
-#[derive(Clone)]
-struct InternalDetail(String);
-
-/// `Retry-After` of every 503: seconds a client waits before trying again.
-const RETRY_AFTER_S: &str = "2";
-
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = Detail {
-            detail: self.public_message(),
-            code: Some(self.code().to_string()),
-        };
-        let mut resp = (status, axum::Json(body)).into_response();
-        if let Error::Unavailable(_) = self {
-            // Orchard's SDK (and ours) wait this long before retrying a 503.
-            resp.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static(RETRY_AFTER_S),
-            );
-        }
-        resp.extensions_mut().insert(ErrorCodeExt(self.code()));
-        if let Error::Internal { detail, .. } = &self {
-            resp.extensions_mut().insert(InternalDetail(detail.clone()));
-        }
-        resp
-    }
 }
 
 /// A JSON body of type `T`: malformed JSON is 400, the wrong shape 422, a body over
@@ -250,7 +216,10 @@ async fn observe(State(state): State<AppState>, mut req: Request, next: Next) ->
     let status = resp.status().as_u16();
     let metrics = state.service.metrics();
     metrics.request(status);
-    let code = resp.extensions().get::<ErrorCodeExt>().map(|c| c.0);
+    let code = resp
+        .extensions()
+        .get::<ErrorCodeExt>()
+        .map(|c| c.0.as_str());
     if let Some(code) = code {
         metrics.error(code);
     }
@@ -352,7 +321,7 @@ mod tests {
         let status = |b: &str| {
             parse_json::<Body>(b.as_bytes())
                 .map(|_| 200)
-                .unwrap_or_else(|e| e.status())
+                .unwrap_or_else(|e| error::status(&e))
         };
         assert_eq!(status(r#"{"image": "x"}"#), 200);
         for malformed in [

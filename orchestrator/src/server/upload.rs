@@ -391,7 +391,11 @@ mod tests {
         let body = br#"{"path": "/a", "content": "aGk=aGk="}"#;
         for piece in 1..=body.len() {
             let err = parse_in_pieces(body, piece).err();
-            assert_eq!(err.map(|e| e.status()), Some(400), "pieces of {piece}");
+            assert_eq!(
+                err.map(|e| crate::server::error::status(&e)),
+                Some(400),
+                "pieces of {piece}"
+            );
         }
         let padded_last = br#"{"path": "/a", "content": "aGVsbG8haGk="}"#;
         for piece in 1..=padded_last.len() {
@@ -405,7 +409,7 @@ mod tests {
         let status = |b: &[u8]| {
             parse_in_pieces(b, 3)
                 .map(|_| 0)
-                .unwrap_or_else(|e| e.status())
+                .unwrap_or_else(|e| crate::server::error::status(&e))
         };
         assert_eq!(status(b"not json"), 400);
         assert_eq!(status(br#"{"path": "/a", "content": "!!!!"}"#), 400);

@@ -1,11 +1,17 @@
-//! The orchestrator's one error enum. Every route answers its failures through it, and
-//! [`Error::status`] / [`Error::code`] are the only place codes map to HTTP statuses.
-//! Messages of internal failures are logged, never sent: a 5xx body says what failed
-//! in user terms only.
+//! The service's error enum: what went wrong, in the service's terms. Domain facts have
+//! variants of their own ([`Error::NoSandbox`], [`Error::NotReady`],
+//! [`Error::QuotaExceeded`], [`Error::BadLabel`], ...); the rest are classes of input or
+//! failure ([`Error::BadRequest`], [`Error::Internal`], ...). What the API answers for
+//! each, its status and machine-readable code, is decided in one place, by the server
+//! (`crate::server::error`), not here. Messages of internal failures are logged, never
+//! sent: a 5xx body says what failed in user terms only.
+
+use std::time::Duration;
 
 use crate::backend::BackendError;
 
-/// What went wrong, as the API reports it.
+/// What went wrong. The `Display` of each variant is the message the client gets
+/// (but for [`Error::Internal`], whose `public` part only is sent).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Bad input (malformed JSON, a bad value).
@@ -18,22 +24,23 @@ pub enum Error {
     #[error("{0}")]
     Unauthorized(String),
     /// The sandbox's filesystem refused (a read-only path, a file the image user may
-    /// not write).
+    /// not write), or the key may not do this.
     #[error("{0}")]
     Forbidden(String),
-    /// No such sandbox, job, image or route (or not the caller's).
+    /// No such image, file or route (or not the caller's); a sandbox or job that does
+    /// not exist is [`Error::NoSandbox`] or [`Error::NoJob`].
     #[error("{0}")]
     NotFound(String),
     /// A server-side wait ran out.
     #[error("{0}")]
     Timeout(String),
-    /// The id is taken, or the sandbox is not in a state for this.
+    /// The target is not in a state for this.
     #[error("{0}")]
     Conflict(String),
     /// The body is larger than the route allows.
     #[error("{0}")]
     TooLarge(String),
-    /// A per-key quota.
+    /// A per-key quota, as a message; [`Error::QuotaExceeded`] says which.
     #[error("{0}")]
     Quota(String),
     /// The sandbox could not start or its agent could not be reached.
@@ -50,45 +57,119 @@ pub enum Error {
         /// What the log gets.
         detail: String,
     },
+    /// No sandbox with this id, or not the caller's (which must look the same).
+    #[error("sandbox {0} not found")]
+    NoSandbox(String),
+    /// No job with this id, or not the caller's.
+    #[error("job {0} not found")]
+    NoJob(String),
+    /// A sandbox with this id exists already.
+    #[error("sandbox {0} already exists")]
+    SandboxExists(String),
+    /// The sandbox id is not one a sandbox can have.
+    #[error(
+        "invalid sandbox id {0:?}: use 1-63 characters of a-z, 0-9, '-', '_', '.', starting with a letter or digit"
+    )]
+    BadSandboxId(String),
+    /// The sandbox is still starting: its agent cannot be used yet.
+    #[error("sandbox {0} is not ready yet")]
+    NotReady(String),
+    /// The sandbox was not ready within the wait.
+    #[error("sandbox {id} was not ready within {} s", .waited.as_secs_f64())]
+    ReadyTimeout {
+        /// The sandbox.
+        id: String,
+        /// How long the wait was.
+        waited: Duration,
+    },
+    /// The sandbox could not start.
+    #[error("sandbox {id} failed to start: {reason}")]
+    StartFailed {
+        /// The sandbox.
+        id: String,
+        /// Why, as the backend said.
+        reason: String,
+    },
+    /// The sandbox has failed (it is kept, in phase `failed`, until deleted).
+    #[error("sandbox {id} failed: {reason}")]
+    SandboxFailed {
+        /// The sandbox.
+        id: String,
+        /// Why, as the backend said.
+        reason: String,
+    },
+    /// An environment variable no sandbox can have.
+    #[error(transparent)]
+    BadEnv(#[from] BadEnv),
+    /// A label no sandbox can have.
+    #[error(transparent)]
+    BadLabel(#[from] BadLabel),
+    /// A quota of the caller's API key is used up.
+    #[error(transparent)]
+    QuotaExceeded(#[from] QuotaExceeded),
+}
+
+/// An environment variable of a create that no sandbox can have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadEnv {
+    /// An empty name, a name with `=` or NUL, or a value with NUL.
+    #[error("env {0:?}: names must be non-empty, without '=' or NUL, and values without NUL")]
+    Malformed(String),
+    /// A name the orchestrator sets itself.
+    #[error("env {0:?} is reserved")]
+    Reserved(String),
+}
+
+/// A label of a create that no sandbox can have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadLabel {
+    /// A key that is empty, longer than `max` or has other characters than
+    /// `A-Za-z0-9._-/`.
+    #[error("label key {key:?}: use 1-{max} characters of A-Z, a-z, 0-9, '.', '_', '-', '/'")]
+    Key {
+        /// The key.
+        key: String,
+        /// The longest key, in characters.
+        max: usize,
+    },
+    /// A value longer than `max` bytes.
+    #[error("label {key:?}: the value is longer than {max} bytes")]
+    ValueTooLong {
+        /// The key.
+        key: String,
+        /// The longest value, in bytes.
+        max: usize,
+    },
+    /// A key under a prefix the orchestrator keeps for its own labels.
+    #[error("label {key:?}: keys starting with {prefix:?} are reserved")]
+    Reserved {
+        /// The key.
+        key: String,
+        /// The reserved prefix.
+        prefix: &'static str,
+    },
+}
+
+/// A per-key quota that a create would exceed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaExceeded {
+    /// The key holds `limit` sandboxes (pending or running) already.
+    #[error("this API key holds {held} sandboxes, its limit is {limit}; delete one first")]
+    Sandboxes {
+        /// Sandboxes the key holds.
+        held: usize,
+        /// Sandboxes it may hold.
+        limit: usize,
+    },
+    /// The key made `limit` creates in the last minute.
+    #[error("this API key may create {limit} sandboxes per minute; try again in a minute")]
+    CreatesPerMinute {
+        /// Creates it may make per minute.
+        limit: usize,
+    },
 }
 
 impl Error {
-    /// The HTTP status.
-    pub fn status(&self) -> u16 {
-        match self {
-            Error::BadRequest(_) => 400,
-            Error::Unauthorized(_) => 401,
-            Error::Forbidden(_) => 403,
-            Error::NotFound(_) => 404,
-            Error::Timeout(_) => 408,
-            Error::Conflict(_) => 409,
-            Error::TooLarge(_) => 413,
-            Error::Unprocessable(_) => 422,
-            Error::Quota(_) => 429,
-            Error::Internal { .. } => 500,
-            Error::Sandbox(_) => 502,
-            Error::Unavailable(_) => 503,
-        }
-    }
-
-    /// The machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Error::BadRequest(_) => "bad_request",
-            Error::Unauthorized(_) => "unauthorized",
-            Error::Forbidden(_) => "permission_denied",
-            Error::NotFound(_) => "not_found",
-            Error::Timeout(_) => "timeout",
-            Error::Conflict(_) => "conflict",
-            Error::TooLarge(_) => "body_too_large",
-            Error::Unprocessable(_) => "unprocessable",
-            Error::Quota(_) => "quota_exceeded",
-            Error::Internal { .. } => "internal",
-            Error::Sandbox(_) => "sandbox_failed",
-            Error::Unavailable(_) => "unavailable",
-        }
-    }
-
     /// What the client is told.
     pub fn public_message(&self) -> String {
         match self {
@@ -105,12 +186,43 @@ impl Error {
         }
     }
 
+    /// [`Error::NoSandbox`].
     pub(crate) fn no_sandbox(id: &str) -> Error {
-        Error::NotFound(format!("sandbox {id} not found"))
+        Error::NoSandbox(id.to_string())
     }
 
+    /// [`Error::NoJob`].
     pub(crate) fn no_job(id: &str) -> Error {
-        Error::NotFound(format!("job {id} not found"))
+        Error::NoJob(id.to_string())
+    }
+
+    /// [`Error::NotReady`].
+    pub fn not_ready(id: &str) -> Error {
+        Error::NotReady(id.to_string())
+    }
+
+    /// [`Error::SandboxFailed`].
+    pub fn sandbox_failed(id: &str, reason: impl std::fmt::Display) -> Error {
+        Error::SandboxFailed {
+            id: id.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// [`Error::StartFailed`].
+    pub fn start_failed(id: &str, reason: impl std::fmt::Display) -> Error {
+        Error::StartFailed {
+            id: id.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// [`Error::ReadyTimeout`].
+    pub fn ready_timeout(id: &str, waited: Duration) -> Error {
+        Error::ReadyTimeout {
+            id: id.to_string(),
+            waited,
+        }
     }
 }
 
@@ -119,7 +231,7 @@ impl From<BackendError> for Error {
         match e {
             BackendError::NotFound(id) => Error::no_sandbox(&id),
             BackendError::Invalid(m) => Error::BadRequest(m),
-            BackendError::Exists(id) => Error::Conflict(format!("sandbox {id} already exists")),
+            BackendError::Exists(id) => Error::SandboxExists(id),
             BackendError::Unavailable(m) => Error::Unavailable(m),
             BackendError::Failed(m) => Error::Sandbox(m),
         }
@@ -143,5 +255,108 @@ impl From<orchard_client::ClientError> for Error {
             },
             e => Error::Sandbox(format!("the sandbox's agent could not be reached: {e}")),
         }
+    }
+}
+
+#[cfg(test)]
+impl Error {
+    /// One error of each domain variant with the message it sends, for the tests here
+    /// and the server's (which cannot name the sub-enums: the service does not export
+    /// them yet).
+    pub(crate) fn domain_examples() -> Vec<(Error, &'static str)> {
+        vec![
+            (Error::no_sandbox("sb-1"), "sandbox sb-1 not found"),
+            (Error::no_job("j-1"), "job j-1 not found"),
+            (
+                Error::SandboxExists("sb-1".into()),
+                "sandbox sb-1 already exists",
+            ),
+            (
+                Error::BadSandboxId("-x".into()),
+                "invalid sandbox id \"-x\": use 1-63 characters of a-z, 0-9, '-', '_', '.', \
+                     starting with a letter or digit",
+            ),
+            (Error::not_ready("sb-1"), "sandbox sb-1 is not ready yet"),
+            (
+                Error::ready_timeout("sb-1", Duration::from_millis(2500)),
+                "sandbox sb-1 was not ready within 2.5 s",
+            ),
+            (
+                Error::ready_timeout("sb-1", Duration::from_secs(30)),
+                "sandbox sb-1 was not ready within 30 s",
+            ),
+            (
+                Error::start_failed("sb-1", "no such image"),
+                "sandbox sb-1 failed to start: no such image",
+            ),
+            (
+                Error::sandbox_failed("sb-1", "out of memory"),
+                "sandbox sb-1 failed: out of memory",
+            ),
+            (
+                BadEnv::Malformed("A=B".into()).into(),
+                r#"env "A=B": names must be non-empty, without '=' or NUL, and values without NUL"#,
+            ),
+            (
+                BadEnv::Reserved("ORCHARD_AGENT_TOKEN".into()).into(),
+                r#"env "ORCHARD_AGENT_TOKEN" is reserved"#,
+            ),
+            (
+                BadLabel::Key {
+                    key: "a b".into(),
+                    max: 128,
+                }
+                .into(),
+                r#"label key "a b": use 1-128 characters of A-Z, a-z, 0-9, '.', '_', '-', '/'"#,
+            ),
+            (
+                BadLabel::ValueTooLong {
+                    key: "k".into(),
+                    max: 1024,
+                }
+                .into(),
+                r#"label "k": the value is longer than 1024 bytes"#,
+            ),
+            (
+                BadLabel::Reserved {
+                    key: "orchard.x".into(),
+                    prefix: "orchard.",
+                }
+                .into(),
+                r#"label "orchard.x": keys starting with "orchard." are reserved"#,
+            ),
+            (
+                QuotaExceeded::Sandboxes { held: 3, limit: 3 }.into(),
+                "this API key holds 3 sandboxes, its limit is 3; delete one first",
+            ),
+            (
+                QuotaExceeded::CreatesPerMinute { limit: 10 }.into(),
+                "this API key may create 10 sandboxes per minute; try again in a minute",
+            ),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The domain variants say exactly what the generic ones they stand for said, in
+    /// the same words as the service's checks wrote them.
+    #[test]
+    fn domain_variants_keep_the_messages_the_api_always_sent() {
+        for (e, message) in Error::domain_examples() {
+            assert_eq!(e.public_message(), message, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn an_internal_error_tells_the_client_only_its_public_part() {
+        let e = Error::internal("cannot open the job store", "EACCES on /var/lib/x");
+        assert_eq!(e.public_message(), "cannot open the job store");
+        assert_eq!(
+            e.to_string(),
+            "cannot open the job store: EACCES on /var/lib/x"
+        );
     }
 }

@@ -31,11 +31,13 @@ from .errors import (
     APIError,
     AuthError,
     BadRequestError,
+    BodyTooLargeError,
     ConflictError,
     NotFoundError,
     OrchardConnectionError,
     OrchardError,
     OrchardTimeoutError,
+    PermissionDeniedError,
     QuotaError,
     RequestTimeoutError,
     SandboxDeletedError,
@@ -43,6 +45,7 @@ from .errors import (
     ServerError,
     TerminalError,
     UnavailableError,
+    UnprocessableError,
 )
 from .models import (
     AgentEndpoint,
@@ -141,4 +144,7 @@ __all__ = [
     "RequestTimeoutError",
     "SandboxDeletedError",
     "TerminalError",
+    "BodyTooLargeError",
+    "UnprocessableError",
+    "PermissionDeniedError",
 ]

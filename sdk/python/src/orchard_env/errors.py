@@ -2,8 +2,12 @@
 
 Every error the server answers carries a JSON body: the orchestrator's
 ``{"detail": ..., "code": ...}``, or the agent's ``{"code": ..., "message": ...}`` on
-proxied and direct ``/v1`` routes. :func:`error_from_response` turns either into the
-exception class of its status code, keeping ``status``, ``code`` and ``detail``.
+proxied and direct ``/v1`` routes. :func:`error_from_response` turns either into an
+exception, keeping ``status``, ``code`` and ``detail``: each of the orchestrator's codes
+has its own class (``not_found`` is :class:`NotFoundError`, ``permission_denied``
+:class:`PermissionDeniedError`...), and an answer without a known code gets the class of
+its status. The class of a code is always one of its status's class, or a subclass, so
+catching the status class catches it.
 
 >>> try:
 ...     client.get_sandbox("no-such-sandbox")
@@ -32,6 +36,9 @@ __all__ = [
     "APIError",
     "BadRequestError",
     "AuthError",
+    "PermissionDeniedError",
+    "BodyTooLargeError",
+    "UnprocessableError",
     "NotFoundError",
     "ConflictError",
     "OrchardTimeoutError",
@@ -180,19 +187,40 @@ def _rebuild(
 
 
 class BadRequestError(APIError):
-    """400, 413 or 422: the request itself is wrong (bad argument, body too large...)."""
+    """400 ``bad_request``: the request itself is wrong (a bad argument, id, label...).
+
+    Also the base of the other request errors: 413 (:class:`BodyTooLargeError`), 422
+    (:class:`UnprocessableError`) and the agent's 400 codes (``cwd_not_found``...).
+    """
+
+
+class BodyTooLargeError(BadRequestError):
+    """413 ``body_too_large``: the body is larger than the route allows."""
+
+
+class UnprocessableError(BadRequestError):
+    """422 ``unprocessable``: the body is JSON of the wrong shape (a missing field...)."""
 
 
 class AuthError(APIError):
-    """401 or 403: the API key (or sandbox token) is missing or wrong."""
+    """401 ``unauthorized``: the API key (or sandbox token) is missing or wrong.
+
+    Also the base of every 403 (:class:`PermissionDeniedError`).
+    """
+
+
+class PermissionDeniedError(AuthError):
+    """403 ``permission_denied``: the sandbox's filesystem refused (a read-only path, a
+    file the image user may not write), or the key may not change the shared images."""
 
 
 class NotFoundError(APIError):
-    """404: no such sandbox, job, file, process, session or terminal."""
+    """404 ``not_found``: no such sandbox, job, file, process, session or terminal."""
 
 
 class ConflictError(APIError):
-    """409: the target exists already, or is in the wrong state (exited, not ready)."""
+    """409 ``conflict``: the target exists already, or is in the wrong state (exited,
+    not ready)."""
 
 
 class OrchardTimeoutError(OrchardError, builtins.TimeoutError, requests.exceptions.Timeout):
@@ -204,15 +232,18 @@ class OrchardTimeoutError(OrchardError, builtins.TimeoutError, requests.exceptio
 
 
 class RequestTimeoutError(OrchardTimeoutError, APIError):  # type: ignore[misc]
-    """408: a server-side wait ran out (an HTTP error and a :class:`TimeoutError`)."""
+    """408 ``timeout``: a server-side wait ran out (an HTTP error and a
+    :class:`TimeoutError`)."""
 
 
 class QuotaError(APIError):
-    """429: a quota or a concurrency limit was hit (``quota_exceeded``, ``too_many_execs``)."""
+    """429 ``quota_exceeded``: a quota of the API key was hit; also the agent's
+    concurrency limits (``too_many_execs``...)."""
 
 
 class SandboxError(APIError, RuntimeError):  # type: ignore[misc]
-    """502: the sandbox could not start, or its agent could not be reached.
+    """502 ``sandbox_failed``: the sandbox could not start, or its agent could not be
+    reached.
 
     Also a :class:`RuntimeError`, which is what Orchard's SDK raised for a failed sandbox.
     """
@@ -230,11 +261,11 @@ class SandboxDeletedError(OrchardError, RuntimeError):
 
 
 class ServerError(APIError):
-    """500 (or another 5xx without a class of its own): the server failed."""
+    """500 ``internal`` (or another 5xx without a class of its own): the server failed."""
 
 
 class UnavailableError(APIError):
-    """503: the server is overloaded; raised once the retries are used up."""
+    """503 ``unavailable``: the server is overloaded; raised once the retries are used up."""
 
 
 class OrchardConnectionError(
@@ -265,6 +296,24 @@ _BY_STATUS: dict[int, type[OrchardError]] = {
     503: UnavailableError,
 }
 
+#: The class of each of the orchestrator's codes (``ServiceErrorCode`` in the Rust
+#: ``protocol`` crate), one to one; ``tests/test_error_codes.py`` checks it against the
+#: committed OpenAPI document, so a code added on one side only fails there.
+_BY_CODE: dict[str, type[APIError]] = {
+    "bad_request": BadRequestError,
+    "unauthorized": AuthError,
+    "permission_denied": PermissionDeniedError,
+    "not_found": NotFoundError,
+    "timeout": RequestTimeoutError,
+    "conflict": ConflictError,
+    "body_too_large": BodyTooLargeError,
+    "unprocessable": UnprocessableError,
+    "quota_exceeded": QuotaError,
+    "internal": ServerError,
+    "sandbox_failed": SandboxError,
+    "unavailable": UnavailableError,
+}
+
 _CODE_BY_STATUS = {
     400: "bad_request",
     401: "unauthorized",
@@ -281,15 +330,16 @@ _CODE_BY_STATUS = {
 }
 
 
-def _class_for(status: int) -> type[OrchardError]:
+def _class_for(status: int, code: str | None = None) -> type[OrchardError]:
+    """The class of an answer: its code's, or its status's when the code is unknown or
+    does not go with the status (the class of a code never escapes the status's)."""
     cls = _BY_STATUS.get(status)
-    if cls is not None:
-        return cls
-    if status >= 500:
-        return ServerError
-    if status >= 400:
-        return BadRequestError
-    return APIError
+    if cls is None:
+        cls = ServerError if status >= 500 else BadRequestError if status >= 400 else APIError
+    by_code = _BY_CODE.get(code) if code else None
+    if by_code is not None and issubclass(by_code, cls):
+        return by_code
+    return cls
 
 
 def error_from_body(
@@ -307,6 +357,8 @@ def error_from_body(
     ('NotFoundError', 'no sandbox x')
     >>> error_from_body(429, b'{"code": "too_many_execs", "message": "busy"}').code
     'too_many_execs'
+    >>> type(error_from_body(403, b'{"detail": "read-only", "code": "permission_denied"}'))
+    <class 'orchard_env.errors.PermissionDeniedError'>
     """
     parsed: Any = None
     detail: str | None = None
@@ -328,9 +380,8 @@ def error_from_body(
     if detail is None:
         text = body.decode("utf-8", "replace").strip()
         detail = text[:500] if text else f"HTTP {status}"
-    err = _class_for(status)(
-        detail, status=status, code=code or _CODE_BY_STATUS.get(status), body=parsed
-    )
+    code = code or _CODE_BY_STATUS.get(status)
+    err = _class_for(status, code)(detail, status=status, code=code, body=parsed)
     if isinstance(err, APIError):
         err._attach(body, headers, method, url)
     return err

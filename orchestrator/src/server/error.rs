@@ -1,0 +1,170 @@
+//! The one place a [`service::Error`](Error) becomes an HTTP answer. The `From` impl
+//! below picks the [`ServiceErrorCode`] of each error; the status follows from
+//! [`ServiceErrorCode::http_status`], and [`IntoResponse`] writes the body
+//! `{"detail", "code"}` ([`Detail`]). The code and, for a 5xx, the internal detail ride
+//! along in the response's extensions for the request log, never in the body.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use orchard_protocol::compat::Detail;
+use orchard_protocol::ServiceErrorCode;
+
+use crate::service::Error;
+
+/// The code of an error answer, for the logging middleware.
+#[derive(Clone, Copy)]
+pub(super) struct ErrorCodeExt(pub(super) ServiceErrorCode);
+
+/// The internal detail of a 5xx, for the log only.
+#[derive(Clone)]
+pub(super) struct InternalDetail(pub(super) String);
+
+/// `Retry-After` of every 503: seconds a client waits before trying again.
+const RETRY_AFTER_S: &str = "2";
+
+/// What the API answers for each service error.
+impl From<&Error> for ServiceErrorCode {
+    fn from(e: &Error) -> Self {
+        use ServiceErrorCode as C;
+        match e {
+            Error::BadRequest(_)
+            | Error::BadSandboxId(_)
+            | Error::BadEnv(_)
+            | Error::BadLabel(_) => C::BadRequest,
+            Error::Unauthorized(_) => C::Unauthorized,
+            Error::Forbidden(_) => C::PermissionDenied,
+            Error::NotFound(_) | Error::NoSandbox(_) | Error::NoJob(_) => C::NotFound,
+            Error::Timeout(_) | Error::ReadyTimeout { .. } => C::Timeout,
+            Error::Conflict(_) | Error::SandboxExists(_) | Error::NotReady(_) => C::Conflict,
+            Error::TooLarge(_) => C::BodyTooLarge,
+            Error::Unprocessable(_) => C::Unprocessable,
+            Error::Quota(_) | Error::QuotaExceeded(_) => C::QuotaExceeded,
+            Error::Internal { .. } => C::Internal,
+            Error::Sandbox(_) | Error::StartFailed { .. } | Error::SandboxFailed { .. } => {
+                C::SandboxFailed
+            }
+            Error::Unavailable(_) => C::Unavailable,
+        }
+    }
+}
+
+/// The HTTP status of `e`.
+pub fn status(e: &Error) -> u16 {
+    ServiceErrorCode::from(e).http_status()
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let code = ServiceErrorCode::from(&self);
+        let body = Detail::new(code, self.public_message());
+        let status =
+            StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (status, axum::Json(body)).into_response();
+        if code == ServiceErrorCode::Unavailable {
+            // Orchard's SDK (and ours) wait this long before retrying a 503.
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_S));
+        }
+        resp.extensions_mut().insert(ErrorCodeExt(code));
+        if let Error::Internal { detail, .. } = self {
+            resp.extensions_mut().insert(InternalDetail(detail));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    /// Every generic variant with the status and code the API has always answered for it.
+    #[test]
+    fn every_generic_error_maps_to_its_status_and_code() {
+        let s = || "x".to_string();
+        let cases: Vec<(Error, u16, &str)> = vec![
+            (Error::BadRequest(s()), 400, "bad_request"),
+            (Error::Unprocessable(s()), 422, "unprocessable"),
+            (Error::Unauthorized(s()), 401, "unauthorized"),
+            (Error::Forbidden(s()), 403, "permission_denied"),
+            (Error::NotFound(s()), 404, "not_found"),
+            (Error::Timeout(s()), 408, "timeout"),
+            (Error::Conflict(s()), 409, "conflict"),
+            (Error::TooLarge(s()), 413, "body_too_large"),
+            (Error::Quota(s()), 429, "quota_exceeded"),
+            (Error::Sandbox(s()), 502, "sandbox_failed"),
+            (Error::Unavailable(s()), 503, "unavailable"),
+            (Error::internal("x", "y"), 500, "internal"),
+        ];
+        for (e, want_status, want_code) in cases {
+            assert_eq!(ServiceErrorCode::from(&e).as_str(), want_code, "{e:?}");
+            assert_eq!(status(&e), want_status, "{e:?}");
+        }
+    }
+
+    /// Every domain variant answers what the generic variant it stands for answered
+    /// (`NotReady` was a `Conflict`, `QuotaExceeded` a `Quota`, ...).
+    #[test]
+    fn every_domain_error_maps_to_the_status_and_code_it_always_had() {
+        let pinned: &[(&str, u16, &str)] = &[
+            ("NoSandbox", 404, "not_found"),
+            ("NoJob", 404, "not_found"),
+            ("SandboxExists", 409, "conflict"),
+            ("BadSandboxId", 400, "bad_request"),
+            ("NotReady", 409, "conflict"),
+            ("ReadyTimeout", 408, "timeout"),
+            ("StartFailed", 502, "sandbox_failed"),
+            ("SandboxFailed", 502, "sandbox_failed"),
+            ("BadEnv", 400, "bad_request"),
+            ("BadLabel", 400, "bad_request"),
+            ("QuotaExceeded", 429, "quota_exceeded"),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for (e, _) in Error::domain_examples() {
+            let debug = format!("{e:?}");
+            let variant = debug.split(['(', ' ', '{']).next().unwrap_or_default();
+            let Some((_, want_status, want_code)) = pinned.iter().find(|p| p.0 == variant) else {
+                panic!("{variant} has no pinned status and code here");
+            };
+            assert_eq!(ServiceErrorCode::from(&e).as_str(), *want_code, "{e:?}");
+            assert_eq!(status(&e), *want_status, "{e:?}");
+            seen.insert(variant.to_string());
+        }
+        for (variant, _, _) in pinned {
+            assert!(seen.contains(*variant), "no example of {variant}");
+        }
+    }
+
+    async fn answer(e: Error) -> (u16, Option<String>, serde_json::Value) {
+        let resp = e.into_response();
+        let status = resp.status().as_u16();
+        let retry = resp
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap().to_string());
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, retry, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_answer_is_detail_and_code_with_retry_after_on_503() {
+        let (status, retry, body) = answer(Error::not_ready("sb-1")).await;
+        assert_eq!(status, 409);
+        assert_eq!(retry, None);
+        assert_eq!(
+            body,
+            serde_json::json!({"detail": "sandbox sb-1 is not ready yet", "code": "conflict"})
+        );
+        let (status, retry, body) = answer(Error::Unavailable("the queue is full".into())).await;
+        assert_eq!(status, 503);
+        assert_eq!(retry.as_deref(), Some(RETRY_AFTER_S));
+        assert_eq!(body["code"], "unavailable");
+        let (status, _, body) = answer(Error::internal("listing failed", "EIO at /x")).await;
+        assert_eq!(status, 500);
+        assert_eq!(
+            body,
+            serde_json::json!({"detail": "listing failed", "code": "internal"})
+        );
+    }
+}
