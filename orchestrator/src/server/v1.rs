@@ -81,7 +81,11 @@ async fn create(
             Ok(ready) => record = ready,
             Err(e) => {
                 // A sandbox that could not start is not left behind for the caller.
-                if let Error::Sandbox(_) | Error::Timeout(_) = e {
+                if let Error::Sandbox(_)
+                | Error::Timeout(_)
+                | Error::StartFailed { .. }
+                | Error::ReadyTimeout { .. } = e
+                {
                     let _ = state.service.delete(&tenant, &record.id).await;
                 }
                 return Err(e);

@@ -261,8 +261,7 @@ impl From<orchard_client::ClientError> for Error {
 #[cfg(test)]
 impl Error {
     /// One error of each domain variant with the message it sends, for the tests here
-    /// and the server's (which cannot name the sub-enums: the service does not export
-    /// them yet).
+    /// and the server's.
     pub(crate) fn domain_examples() -> Vec<(Error, &'static str)> {
         vec![
             (Error::no_sandbox("sb-1"), "sandbox sb-1 not found"),

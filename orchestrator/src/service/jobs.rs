@@ -42,7 +42,7 @@ impl Service {
     ) -> Result<Job, Error> {
         let rec = self.get(tenant, id).await?;
         if let Phase::Failed { message } = &rec.phase {
-            return Err(Error::Sandbox(format!("sandbox {id} failed: {message}")));
+            return Err(Error::sandbox_failed(id, message));
         }
         if let CompatCommand::Argv(v) = &command {
             if v.is_empty() {

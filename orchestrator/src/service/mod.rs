@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 pub use crate::state::{JobOptions, Phase, SandboxRecord};
 pub use crate::time::{now_ms, now_secs};
 pub use auth::{Keys, Tenant};
-pub use error::Error;
+pub use error::{BadEnv, BadLabel, Error, QuotaExceeded};
 pub use runtime::Live;
 
 use crate::backend::Backend;
@@ -215,12 +215,10 @@ fn validate_env_and_labels(
 ) -> Result<(), Error> {
     for (k, v) in env {
         if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
-            return Err(Error::BadRequest(format!(
-                "env {k:?}: names must be non-empty, without '=' or NUL, and values without NUL"
-            )));
+            return Err(BadEnv::Malformed(k.clone()).into());
         }
         if k == "ORCHARD_AGENT_TOKEN" {
-            return Err(Error::BadRequest(format!("env {k:?} is reserved")));
+            return Err(BadEnv::Reserved(k.clone()).into());
         }
     }
     for (k, v) in labels {
@@ -229,14 +227,18 @@ fn validate_env_and_labels(
             && k.bytes()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-' | b'/'));
         if !key_ok {
-            return Err(Error::BadRequest(format!(
-                "label key {k:?}: use 1-128 characters of A-Z, a-z, 0-9, '.', '_', '-', '/'"
-            )));
+            return Err(BadLabel::Key {
+                key: k.clone(),
+                max: 128,
+            }
+            .into());
         }
         if v.len() > 1024 {
-            return Err(Error::BadRequest(format!(
-                "label {k:?}: the value is longer than 1024 bytes"
-            )));
+            return Err(BadLabel::ValueTooLong {
+                key: k.clone(),
+                max: 1024,
+            }
+            .into());
         }
     }
     Ok(())

@@ -18,8 +18,8 @@ use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version
 
 use super::runtime::Live;
 use super::{
-    exec, now_ms, random_hex, units, validate_env_and_labels, CreateRequest, Error, Service,
-    Tenant, MAX_TTL_S, META,
+    exec, now_ms, random_hex, units, validate_env_and_labels, BadLabel, CreateRequest, Error,
+    QuotaExceeded, Service, Tenant, MAX_TTL_S, META,
 };
 
 /// The quota counter of a tenant's sandboxes.
@@ -91,10 +91,8 @@ impl Service {
                 .runtime
                 .live(rec)
                 .ok_or_else(|| Error::internal("the sandbox has no agent", id)),
-            Phase::Pending => Err(Error::Conflict(format!("sandbox {id} is not ready yet"))),
-            Phase::Failed { message } => {
-                Err(Error::Sandbox(format!("sandbox {id} failed: {message}")))
-            }
+            Phase::Pending => Err(Error::not_ready(id)),
+            Phase::Failed { message } => Err(Error::sandbox_failed(id, message)),
         }
     }
 
@@ -112,21 +110,14 @@ impl Service {
             let rec = self.get(tenant, id).await?;
             match &rec.phase {
                 Phase::Ready => return Ok(rec),
-                Phase::Failed { message } => {
-                    return Err(Error::Sandbox(format!(
-                        "sandbox {id} failed to start: {message}"
-                    )))
-                }
+                Phase::Failed { message } => return Err(Error::start_failed(id, message)),
                 Phase::Pending => {}
             }
             if tokio::time::timeout_at(deadline, changes.changed())
                 .await
                 .is_err()
             {
-                return Err(Error::Timeout(format!(
-                    "sandbox {id} was not ready within {} s",
-                    timeout.as_secs_f64()
-                )));
+                return Err(Error::ready_timeout(id, timeout));
             }
         }
     }
@@ -231,10 +222,11 @@ impl Service {
             .acquire_slot(&counter, q.max_sandboxes as u64)
             .await?
         {
-            return Err(Error::Quota(format!(
-                "this API key holds {} sandboxes, its limit is {}; delete one first",
-                q.max_sandboxes, q.max_sandboxes
-            )));
+            return Err(QuotaExceeded::Sandboxes {
+                held: q.max_sandboxes,
+                limit: q.max_sandboxes,
+            }
+            .into());
         }
         if q.creates_per_minute > 0 {
             let key = format!("tenant/{}/creates", tenant.0);
@@ -245,10 +237,10 @@ impl Service {
             if !matches!(admitted, Ok(true)) {
                 self.store().release_slot(&counter).await?;
                 admitted?;
-                return Err(Error::Quota(format!(
-                    "this API key may create {} sandboxes per minute; try again in a minute",
-                    q.creates_per_minute
-                )));
+                return Err(QuotaExceeded::CreatesPerMinute {
+                    limit: q.creates_per_minute,
+                }
+                .into());
             }
         }
         Ok(())
@@ -292,17 +284,17 @@ impl Service {
         };
         for k in req.labels.keys() {
             if k.starts_with(META) {
-                return Err(Error::BadRequest(format!(
-                    "label {k:?}: keys starting with {META:?} are reserved"
-                )));
+                return Err(BadLabel::Reserved {
+                    key: k.clone(),
+                    prefix: META,
+                }
+                .into());
             }
         }
         let id = match &req.id {
             Some(id) => {
                 if !crate::backend::valid_id(id) {
-                    return Err(Error::BadRequest(format!(
-                        "invalid sandbox id {id:?}: use 1-63 characters of a-z, 0-9, '-', '_', '.', starting with a letter or digit"
-                    )));
+                    return Err(Error::BadSandboxId(id.clone()));
                 }
                 id.clone()
             }
@@ -317,7 +309,7 @@ impl Service {
             )));
         }
         if self.store().sandbox(&id).await?.is_some() {
-            return Err(Error::Conflict(format!("sandbox {id} already exists")));
+            return Err(Error::SandboxExists(id));
         }
         self.take_quota(tenant).await?;
         let rec = self.new_record(id.clone(), tenant, &req, ready_timeout, ttl, now_ms());
@@ -326,9 +318,7 @@ impl Service {
             Err(e) => {
                 self.store().release_slot(&held_counter(&tenant.0)).await?;
                 return Err(match e {
-                    StoreError::Exists(_) => {
-                        Error::Conflict(format!("sandbox {id} already exists"))
-                    }
+                    StoreError::Exists(_) => Error::SandboxExists(id),
                     e => e.into(),
                 });
             }

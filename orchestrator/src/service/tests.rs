@@ -329,7 +329,7 @@ async fn waits_are_woken_by_the_change_and_time_out_when_none_comes() {
         .wait_ready(&tenant(), &rec.id, Duration::from_millis(20))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    assert!(matches!(err, Error::ReadyTimeout { .. }), "{err:?}");
     // A job queued while pending waits for the sandbox.
     let job = h
         .service
@@ -388,7 +388,7 @@ async fn quotas_refuse_past_their_limit_and_a_delete_frees_a_slot() {
     h.ready_sandbox().await;
     h.ready_sandbox().await;
     let err = h.service.create(&tenant(), create_req()).await.unwrap_err();
-    assert!(matches!(err, Error::Quota(_)), "{err:?}");
+    assert!(matches!(err, Error::QuotaExceeded(_)), "{err:?}");
 }
 
 #[tokio::test]
