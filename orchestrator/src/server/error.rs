@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use orchard_protocol::compat::Detail;
 use orchard_protocol::ServiceErrorCode;
 
+use crate::backend::BackendError;
 use crate::service::Error;
 
 /// The code of an error answer, for the logging middleware.
@@ -44,6 +45,13 @@ impl From<&Error> for ServiceErrorCode {
                 C::SandboxFailed
             }
             Error::Unavailable(_) => C::Unavailable,
+            Error::Backend(b) => match b {
+                BackendError::NotFound(_) => C::NotFound,
+                BackendError::Invalid(_) => C::BadRequest,
+                BackendError::Exists(_) => C::Conflict,
+                BackendError::Unavailable(_) => C::Unavailable,
+                BackendError::Failed(_) => C::SandboxFailed,
+            },
         }
     }
 }
@@ -98,6 +106,27 @@ mod tests {
             (Error::internal("x", "y"), 500, "internal"),
         ];
         for (e, want_status, want_code) in cases {
+            assert_eq!(ServiceErrorCode::from(&e).as_str(), want_code, "{e:?}");
+            assert_eq!(status(&e), want_status, "{e:?}");
+        }
+    }
+
+    /// A backend's error keeps its kind to the edge and answers what it always did.
+    #[test]
+    fn backend_errors_map_by_kind() {
+        let s = || "x".to_string();
+        let cases = [
+            (BackendError::NotFound(s()), 404, "not_found"),
+            (BackendError::Invalid(s()), 400, "bad_request"),
+            (BackendError::Exists(s()), 409, "conflict"),
+            (BackendError::Unavailable(s()), 503, "unavailable"),
+            (BackendError::Failed(s()), 502, "sandbox_failed"),
+        ];
+        for (b, want_status, want_code) in cases {
+            let message = b.to_string();
+            let e = Error::from(b);
+            assert!(matches!(e, Error::Backend(_)), "{e:?}");
+            assert_eq!(e.public_message(), message);
             assert_eq!(ServiceErrorCode::from(&e).as_str(), want_code, "{e:?}");
             assert_eq!(status(&e), want_status, "{e:?}");
         }

@@ -107,6 +107,9 @@ pub enum Error {
     /// A quota of the caller's API key is used up.
     #[error(transparent)]
     QuotaExceeded(#[from] QuotaExceeded),
+    /// A backend call failed.
+    #[error(transparent)]
+    Backend(BackendError),
 }
 
 /// An environment variable of a create that no sandbox can have.
@@ -226,15 +229,11 @@ impl Error {
     }
 }
 
+/// A backend's error keeps its type up to the edge, where `server/error.rs` maps each
+/// kind to its code; its message is the backend's own.
 impl From<BackendError> for Error {
     fn from(e: BackendError) -> Self {
-        match e {
-            BackendError::NotFound(id) => Error::no_sandbox(&id),
-            BackendError::Invalid(m) => Error::BadRequest(m),
-            BackendError::Exists(id) => Error::SandboxExists(id),
-            BackendError::Unavailable(m) => Error::Unavailable(m),
-            BackendError::Failed(m) => Error::Sandbox(m),
-        }
+        Error::Backend(e)
     }
 }
 
