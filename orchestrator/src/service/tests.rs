@@ -659,3 +659,54 @@ async fn every_error_maps_to_its_status_and_code() {
         .await,
     );
 }
+
+/// The WebSocket bridge reaches an agent on TCP (a pod's IP) as it does a Unix socket:
+/// the compatible terminal runs `echo hi` and exits.
+#[tokio::test]
+async fn the_terminal_bridge_reaches_agents_over_tcp() {
+    use base64::Engine;
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    let h = Harness::new(FakeBackend::tcp()).await;
+    let id = h.ready_sandbox().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = h.app.clone();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = format!("ws://{addr}/sandboxes/{id}/exec/pty?api_key={KEY}");
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let send = |v: serde_json::Value| Message::Text(v.to_string().into());
+    ws.send(send(
+        serde_json::json!({"type": "init", "cmd": ["sh"], "env": {}, "cwd": "/",
+        "rows": 24, "cols": 80, "login_shell": false}),
+    ))
+    .await
+    .unwrap();
+    for line in ["echo hi\n", "exit\n"] {
+        let frame = serde_json::json!({"type": "stdin", "data": b64.encode(line)});
+        ws.send(send(frame)).await.unwrap();
+    }
+    let mut out = String::new();
+    let exit = loop {
+        let msg = tokio::time::timeout(Duration::from_secs(30), ws.next())
+            .await
+            .expect("a frame within 30 s")
+            .expect("the socket stays open until exit")
+            .unwrap();
+        let Message::Text(text) = msg else { continue };
+        let frame: serde_json::Value = serde_json::from_str(&text).unwrap();
+        match frame["type"].as_str() {
+            Some("stdout") => {
+                let bytes = b64.decode(frame["data"].as_str().unwrap()).unwrap();
+                out.push_str(&String::from_utf8_lossy(&bytes));
+            }
+            Some("exit") => break frame,
+            _ => {}
+        }
+    };
+    assert_eq!(exit["code"], 0, "{exit}");
+    assert!(out.contains("hi\r\n"), "{out:?}");
+    server.abort();
+}
