@@ -1,11 +1,21 @@
+# unasync: async
 """Handles on things inside a sandbox, for the async client: :class:`AsyncExecStream`,
 :class:`AsyncProcess`, :class:`AsyncSession` and :class:`AsyncTerminal` (made by
 :class:`~orchard_env.AsyncSandboxInstance` methods; split from ``aio`` to keep it short).
 """
+# unasync: sync
+# """Handles on things inside a sandbox, for the sync client: :class:`ExecStream`,
+# :class:`Process`, :class:`Session` and :class:`Terminal` (made by
+# :class:`~orchard_env.SandboxInstance` methods; split from ``_sync`` to keep it short).
+# """
+# unasync: end
 
 from __future__ import annotations
 
+# unasync: async
 import asyncio
+
+# unasync: end
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -15,7 +25,11 @@ import httpx
 from . import _ops
 from ._http import Request, transport_error
 from ._streams import NdjsonDecoder, exec_event
+
+# unasync: async
 from .errors import OrchardError
+
+# unasync: end
 from .models import (
     ExecEvent,
     ExecExit,
@@ -34,19 +48,33 @@ __all__ = ["AsyncExecStream", "AsyncProcess", "AsyncSession", "AsyncTerminal"]
 
 
 class AsyncExecStream:
+    # unasync: async
     """Async :class:`~orchard_env.ExecStream`: ``async for`` over the events."""
+
+    # unasync: sync
+    # """The events of a streamed command (:meth:`SandboxInstance.exec_stream`).
+    #
+    # Iterable once; a context manager that closes the connection when left early.
+    # After the last event, :attr:`exit` holds the :class:`~orchard_env.ExecExit`.
+    # """
+    # unasync: end
 
     def __init__(self, sandbox: AsyncSandboxInstance, request: Request) -> None:
         self._sandbox = sandbox
         self._request = request
         self._cm: Any = None
+        # unasync: async
         self._chunks: AsyncIterator[bytes] | None = None
         self._pending: list[Any] = []
         self._decoder = NdjsonDecoder()
         self._done = False
+        # unasync: sync
+        # self._response: httpx.Response | None = None
+        # unasync: end
         #: How the command ended, once the stream is over.
         self.exit: ExecExit | None = None
 
+    # unasync: async
     async def _start(self) -> AsyncIterator[bytes]:
         if self._chunks is None:
             route = await self._sandbox._route()
@@ -85,6 +113,37 @@ class AsyncExecStream:
             await self.aclose()
             raise
 
+    # unasync: sync
+    # def _start(self) -> httpx.Response:
+    #     if self._response is None:
+    #         self._cm = self._sandbox._driver.stream(self._request, self._sandbox._route())
+    #         self._response = self._cm.__enter__()
+    #     return self._response
+    #
+    # def __iter__(self) -> Iterator[ExecEvent]:
+    #     response = self._start()
+    #     decoder = NdjsonDecoder()
+    #     try:
+    #         for chunk in response.iter_bytes():
+    #             for frame in decoder.feed(chunk):
+    #                 event = exec_event(frame)
+    #                 if event is None:
+    #                     continue
+    #                 if isinstance(event, ExecExit):
+    #                     self.exit = event
+    #                 yield event
+    #         for frame in decoder.end():
+    #             event = exec_event(frame)
+    #             if event is not None:
+    #                 if isinstance(event, ExecExit):
+    #                     self.exit = event
+    #                 yield event
+    #     except httpx.HTTPError as err:
+    #         raise transport_error(err, self._request) from err
+    #     finally:
+    #         self.close()
+    # unasync: end
+
     async def aclose(self) -> None:
         """Closes the connection (the command keeps running unless ``kill_on_disconnect``)."""
         if self._cm is not None:
@@ -105,7 +164,12 @@ class AsyncExecStream:
 
 
 class AsyncProcess:
+    # unasync: async
     """Async :class:`~orchard_env.Process`."""
+
+    # unasync: sync
+    # """A background process in a sandbox (:meth:`SandboxInstance.start_process`)."""
+    # unasync: end
 
     def __init__(self, sandbox: AsyncSandboxInstance, info: ProcessInfo) -> None:
         self._sandbox = sandbox
@@ -133,7 +197,7 @@ class AsyncProcess:
         return self.info
 
     async def read_output(self, max_bytes: int | None = None) -> ProcessOutput:
-        """Output written since the previous call."""
+        """Output written since the previous call (offsets are tracked here)."""
         out: ProcessOutput = await self._sandbox._run(
             _ops.process_output(self.id, self._stdout_offset, self._stderr_offset, max_bytes)
         )
@@ -158,7 +222,7 @@ class AsyncProcess:
         return self.info
 
     async def wait(self, timeout: float | None = None) -> ProcessInfo:
-        """Waits for it to end (at most ``timeout`` seconds)."""
+        """Waits for it to end (at most ``timeout`` seconds); returns it as it is then."""
         self.info = await self._sandbox._run(_ops.process_wait(self.id, timeout))
         return self.info
 
@@ -168,7 +232,15 @@ class AsyncProcess:
 
 
 class AsyncSession:
+    # unasync: async
     """Async :class:`~orchard_env.Session`; ``async with`` ends the shell on exit."""
+
+    # unasync: sync
+    # """A persistent shell in a sandbox (:meth:`SandboxInstance.create_session`).
+    #
+    # A context manager: leaving the block ends the shell.
+    # """
+    # unasync: end
 
     def __init__(self, sandbox: AsyncSandboxInstance, info: SessionInfo) -> None:
         self._sandbox = sandbox
@@ -184,7 +256,7 @@ class AsyncSession:
         return f"<AsyncSession {self.id} shell={self.info.shell!r}>"
 
     async def run(self, command: str, *, timeout: float | None = None) -> SessionResult:
-        """Runs shell text in the session."""
+        """Runs shell text in the session; on ``timeout`` it is interrupted, the shell stays."""
         result: SessionResult = await self._sandbox._run(
             _ops.session_run(self.id, command, timeout)
         )
@@ -212,7 +284,15 @@ class AsyncSession:
 
 
 class AsyncTerminal:
+    # unasync: async
     """Async :class:`~orchard_env.Terminal`; ``async with`` closes the terminal on exit."""
+
+    # unasync: sync
+    # """A ``/v1`` terminal that outlives its connections (:meth:`SandboxInstance.create_pty`).
+    #
+    # A context manager: leaving the block closes the terminal.
+    # """
+    # unasync: end
 
     def __init__(self, sandbox: AsyncSandboxInstance, info: PtyInfo) -> None:
         self._sandbox = sandbox
@@ -228,7 +308,12 @@ class AsyncTerminal:
         return f"<AsyncTerminal {self.id} argv={self.info.argv!r}>"
 
     async def attach(self, *, timeout: float = 30) -> AsyncContainerProcess:
+        # unasync: async
         """Connects as a viewer (scrollback first); leaving ``async with`` detaches."""
+        # unasync: sync
+        # """Connects as a viewer: the scrollback first, then live output. Leaving the
+        # ``with`` block of the returned process detaches; the terminal keeps running."""
+        # unasync: end
         target = await self._sandbox._attach_target(self.id)
         return await AsyncContainerProcess.open(target, init=None, timeout=timeout)
 
@@ -243,7 +328,7 @@ class AsyncTerminal:
         return self.info
 
     async def close(self) -> None:
-        """Ends the program and the terminal."""
+        """Ends the program (SIGHUP, then SIGKILL) and the terminal."""
         await self._sandbox._run(_ops.delete_pty(self.id, missing_ok=True))
 
     async def __aenter__(self) -> AsyncTerminal:

@@ -147,6 +147,12 @@ def async_body(content: Any) -> Any:
     return to_async(content)
 
 
+def sync_body(content: Any) -> Any:
+    """``content`` as ``httpx.Client`` takes it: unchanged (the twin of :func:`async_body`,
+    for the generated sync client)."""
+    return content
+
+
 def tar_directory(local_dir: str | os.PathLike[str], size: int = CHUNK) -> Iterator[bytes]:
     """A tar of the contents of ``local_dir`` (names relative to it), streamed in chunks.
 

@@ -1,3 +1,4 @@
+# generated from aio.py by scripts/unasync.py; do not edit
 """The synchronous client: :class:`SandboxClient` and :class:`SandboxInstance`.
 
 >>> with SandboxClient() as client:
@@ -31,11 +32,13 @@ from ._streams import (
     extract_tar,
     path_chunks,
     pull_event,
+    sync_body,
     tar_directory,
 )
 from ._sync_handles import ExecStream, Process, Session, Terminal
 from .errors import OrchardError, SandboxDeletedError
 from .models import (
+    AgentEndpoint,
     ExecResult,
     ExtractResult,
     FileEntry,
@@ -53,9 +56,16 @@ from .models import (
     SandboxInfo,
     SessionInfo,
 )
-from .pty import ContainerProcess
+from .pty import ContainerProcess, WsTarget
 
-__all__ = ["SandboxClient", "SandboxInstance", "ExecStream", "Process", "Session", "Terminal"]
+__all__ = [
+    "SandboxClient",
+    "SandboxInstance",
+    "ExecStream",
+    "Process",
+    "Session",
+    "Terminal",
+]
 
 Command = str | Sequence[str]
 
@@ -68,10 +78,11 @@ class SandboxClient:
     of the ids of the sandboxes it creates). ``timeout`` is the HTTP time-out in
     seconds (and how long ``exec`` waits for a command without a time limit of its
     own). With ``auto_cleanup`` (the default) every sandbox it creates is deleted when
-    the client's ``with`` block ends, at interpreter exit, and on SIGINT/SIGTERM. Transient failures
-    are retried by ``retry`` (3 times, exponential backoff with jitter; a command is
-    never sent twice). ``direct=True`` sends the ``/v1`` sandbox calls to each sandbox's
-    agent itself (its Unix socket, or its address) instead of through the server.
+    the client's ``with`` block ends, at interpreter exit, and on SIGINT/SIGTERM.
+    Transient failures are retried by ``retry`` (3 times, exponential backoff with
+    jitter; a command is never sent twice). ``direct=True`` sends the ``/v1`` sandbox
+    calls to each sandbox's agent itself (its Unix socket, or its address) instead of
+    through the server.
 
     >>> client.health()["status"]
     'healthy'
@@ -100,7 +111,7 @@ class SandboxClient:
         #: The HTTP time-out in seconds, as given.
         self.timeout = timeout
         #: The connection pool to the server (an ``httpx.Client``; Orchard's was a
-        #: ``requests.Session``, and ``headers`` works on both).
+        #: ``requests.Session`` in its sync SDK, and ``headers`` works on both).
         self.session = http
 
     @property
@@ -179,6 +190,36 @@ class SandboxClient:
         ('ready', True)
         """
         del poll_interval  # waits block server-side
+        created = self._create(
+            image,
+            block_network=block_network,
+            sandbox_id=sandbox_id,
+            cpu=cpu,
+            memory=memory,
+            timeout=timeout,
+            wait_ready=wait_ready,
+            env=env,
+            labels=labels,
+            ttl=ttl,
+            direct=direct,
+        )
+        return created
+
+    def _create(
+        self,
+        image: str,
+        *,
+        block_network: bool,
+        sandbox_id: str | None,
+        cpu: str | float | None,
+        memory: str | None,
+        timeout: float | None,
+        wait_ready: bool,
+        env: Mapping[str, str] | None,
+        labels: Mapping[str, str] | None,
+        ttl: float | None,
+        direct: bool | None,
+    ) -> SandboxInstance:
         sid = sandbox_id or new_sandbox_id(self.prefix)
         self._state.own(sid)
         try:
@@ -253,7 +294,8 @@ class SandboxClient:
             content, replayable = chunks, False
         else:
             content, replayable = body_from(source)
-        return self._driver.run(_ops.import_image(name, content, replayable=replayable))
+        op = _ops.import_image(name, sync_body(content), replayable=replayable)
+        return self._driver.run(op)
 
     def pull_image(
         self, reference: str, on_progress: Callable[[dict[str, Any]], None] | None = None
@@ -392,7 +434,7 @@ class SandboxInstance:
         return self.info
 
     def wait_ready(self, timeout: float | None = 300) -> SandboxInfo:
-        """Blocks until the sandbox is ready (server-side wait); 408 → ``OrchardTimeoutError``."""
+        """Waits until the sandbox is ready (server-side wait); 408 → ``OrchardTimeoutError``."""
         self.info = self._driver.run(_ops.wait_sandbox(self.sandbox_id, timeout, v1=self._v1))
         return self.info
 
@@ -642,7 +684,7 @@ class SandboxInstance:
 
     # --- /v1: exec --------------------------------------------------------------------------
 
-    def _endpoint(self) -> Any:
+    def _endpoint(self) -> AgentEndpoint:
         info = self.info
         if info.agent is None:
             info = self._driver.run(_ops.get_sandbox(self.sandbox_id, v1=True))
@@ -844,7 +886,7 @@ class SandboxInstance:
         """A handle on an existing terminal (to re-attach)."""
         return Terminal(self, self._run(_ops.get_pty(pty_id)))
 
-    def _attach_target(self, pty_id: str) -> Any:
+    def _attach_target(self, pty_id: str) -> WsTarget:
         if self.direct:
             return agent_target(self._endpoint(), f"/v1/pty/{_ops._seg(pty_id)}/attach")
         return self._client._state.v1_attach_target(self.sandbox_id, pty_id)
@@ -869,7 +911,9 @@ class SandboxInstance:
         """
         content, replayable = body_from(data)
         result: int = self._run(
-            _ops.write_file(path, content, replayable=replayable, mode=mode, parents=parents)
+            _ops.write_file(
+                path, sync_body(content), replayable=replayable, mode=mode, parents=parents
+            )
         )
         return result
 
@@ -889,9 +933,10 @@ class SandboxInstance:
         self, local: str | os.PathLike[str], remote: str, *, mode: int | None = None
     ) -> int:
         """Streams the local file ``local`` to ``remote``; returns the size."""
-        result: int = self._run(
-            _ops.write_file(remote, path_chunks(local), replayable=False, mode=mode, parents=True)
+        op = _ops.write_file(
+            remote, sync_body(path_chunks(local)), replayable=False, mode=mode, parents=True
         )
+        result: int = self._run(op)
         return result
 
     def download_path(self, remote: str, local: str | os.PathLike[str]) -> int:
@@ -926,7 +971,9 @@ class SandboxInstance:
         self._run(_ops.remove(path, recursive))
 
     def upload_tar(
-        self, archive: bytes | str | os.PathLike[str] | IO[bytes] | Iterable[bytes], remote_dir: str
+        self,
+        archive: bytes | str | os.PathLike[str] | IO[bytes] | Iterable[bytes],
+        remote_dir: str,
     ) -> ExtractResult:
         """Extracts a tar or tar.gz (bytes, a path to one, a file object or chunks) into
         ``remote_dir``, all or nothing."""
@@ -934,9 +981,8 @@ class SandboxInstance:
             content, replayable = path_chunks(archive), False
         else:
             content, replayable = body_from(archive)
-        result: ExtractResult = self._run(
-            _ops.upload_tar(remote_dir, content, replayable=replayable)
-        )
+        op = _ops.upload_tar(remote_dir, sync_body(content), replayable=replayable)
+        result: ExtractResult = self._run(op)
         return result
 
     def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str) -> ExtractResult:
@@ -947,16 +993,16 @@ class SandboxInstance:
         >>> sandbox.upload_dir(d, "/tmp/up").entries
         1
         """
-        result: ExtractResult = self._run(
-            _ops.upload_tar(remote_dir, tar_directory(local_dir), replayable=False)
-        )
+        op = _ops.upload_tar(remote_dir, sync_body(tar_directory(local_dir)), replayable=False)
+        result: ExtractResult = self._run(op)
         return result
 
     def download_tar(self, remote_path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
         """Saves ``remote_path`` (a file or a directory) as a tar.gz into ``dest`` (a path or
         a binary file object); returns the archive's size."""
         size = 0
-        with self._driver.stream(_ops.download_tar_request(remote_path), self._route()) as response:
+        route = self._route()
+        with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
             if isinstance(dest, (str, os.PathLike)):
                 with open(dest, "wb") as f:
                     for chunk in response.iter_bytes():
@@ -972,7 +1018,8 @@ class SandboxInstance:
         """Copies the contents of the directory ``remote_path`` (or the file itself) into
         ``local_dir``, streamed, as :meth:`upload_dir` does the other way; entries that
         would land outside it are refused. Returns the extracted names."""
-        with self._driver.stream(_ops.download_tar_request(remote_path), self._route()) as response:
+        route = self._route()
+        with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
             reader = IterReader(response.iter_bytes())
             return extract_tar(reader, local_dir, archive_root(remote_path))  # type: ignore[arg-type]
 

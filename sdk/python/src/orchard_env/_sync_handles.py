@@ -1,3 +1,4 @@
+# generated from _aio_handles.py by scripts/unasync.py; do not edit
 """Handles on things inside a sandbox, for the sync client: :class:`ExecStream`,
 :class:`Process`, :class:`Session` and :class:`Terminal` (made by
 :class:`~orchard_env.SandboxInstance` methods; split from ``_sync`` to keep it short).

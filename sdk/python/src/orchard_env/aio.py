@@ -1,3 +1,4 @@
+# unasync: async
 """The asyncio client: :class:`AsyncSandboxClient` and :class:`AsyncSandboxInstance`.
 
 The same methods as the sync client, awaitable; requests and answers go through the
@@ -10,9 +11,20 @@ same operations (``_ops``), only the I/O differs.
 >>> asyncio.run(main())
 'async\\n'
 """
+# unasync: sync
+# """The synchronous client: :class:`SandboxClient` and :class:`SandboxInstance`.
+#
+# >>> with SandboxClient() as client:
+# ...     with client.create_sandbox("busybox:latest") as sandbox:
+# ...         print(sandbox.exec("echo 'Hello, Orchard!'").stdout)
+# Hello, Orchard!
+# <BLANKLINE>
+# """
+# unasync: end
 
 from __future__ import annotations
 
+# unasync: async
 import asyncio
 import dataclasses
 import os
@@ -27,6 +39,15 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+
+# unasync: sync
+# import dataclasses
+# import os
+# import threading
+# from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+#
+# from ._streams import IterReader
+# unasync: end
 from types import TracebackType
 from typing import IO, Any, Literal, overload
 
@@ -82,6 +103,7 @@ __all__ = [
 Command = str | Sequence[str]
 
 
+# unasync: async
 class SandboxCreation(Awaitable["AsyncSandboxInstance"]):
     """What :meth:`AsyncSandboxClient.create_sandbox` returns: await it for the sandbox,
     or use it directly in ``async with`` (the sandbox is deleted when the block ends)."""
@@ -107,7 +129,9 @@ class SandboxCreation(Awaitable["AsyncSandboxInstance"]):
             await self._sandbox.delete()
 
 
+# unasync: end
 class AsyncSandboxClient:
+    # unasync: async
     """Async :class:`~orchard_env.SandboxClient`: same arguments, same environment
     variables, same cleanup; every method is awaitable.
 
@@ -117,6 +141,25 @@ class AsyncSandboxClient:
     >>> asyncio.run(main())
     'healthy'
     """
+
+    # unasync: sync
+    # """A connection to an Orchard server; makes and finds sandboxes.
+    #
+    # Arguments default to the environment: ``SANDBOX_BASE_URL`` (then
+    # ``http://localhost:8000``), ``SANDBOX_API_KEY`` and ``SANDBOX_PREFIX`` (the start
+    # of the ids of the sandboxes it creates). ``timeout`` is the HTTP time-out in
+    # seconds (and how long ``exec`` waits for a command without a time limit of its
+    # own). With ``auto_cleanup`` (the default) every sandbox it creates is deleted when
+    # the client's ``with`` block ends, at interpreter exit, and on SIGINT/SIGTERM.
+    # Transient failures are retried by ``retry`` (3 times, exponential backoff with
+    # jitter; a command is never sent twice). ``direct=True`` sends the ``/v1`` sandbox
+    # calls to each sandbox's agent itself (its Unix socket, or its address) instead of
+    # through the server.
+    #
+    # >>> client.health()["status"]
+    # 'healthy'
+    # """
+    # unasync: end
 
     def __init__(
         self,
@@ -140,7 +183,8 @@ class AsyncSandboxClient:
         self._closed = False
         #: The HTTP time-out in seconds, as given.
         self.timeout = timeout
-        #: The connection pool to the server (an ``httpx.AsyncClient``).
+        #: The connection pool to the server (an ``httpx.AsyncClient``; Orchard's was a
+        #: ``requests.Session`` in its sync SDK, and ``headers`` works on both).
         self.session = http
 
     @property
@@ -182,11 +226,11 @@ class AsyncSandboxClient:
         return list(self._state.owned)
 
     async def health(self) -> dict[str, Any]:
-        """``GET /health``."""
+        """``GET /health``: ``{"status": "healthy", "version", ...}``."""
         return await self._driver.run(_ops.health())
 
     async def resources(self) -> dict[str, Any]:
-        """``GET /resources``."""
+        """``GET /resources``: CPU, memory and sandbox counts of the server."""
         return await self._driver.run(_ops.resources())
 
     def create_sandbox(
@@ -205,27 +249,46 @@ class AsyncSandboxClient:
         ttl: float | None = None,
         direct: bool | None = None,
     ) -> SandboxCreation:
+        # unasync: async
         """Creates a sandbox (see :meth:`SandboxClient.create_sandbox`).
 
         ``sb = await client.create_sandbox(...)``, or
         ``async with client.create_sandbox(...) as sb:``.
         """
+        # unasync: sync
+        # """Creates a sandbox from ``image`` and (by default) waits until it is ready.
+        #
+        # ``cpu`` like ``"2"`` or ``"500m"``, ``memory`` like ``"1Gi"``; ``timeout`` is how
+        # long readiness may take, in seconds (the server's limit when ``None``). The wait
+        # is server-side (``/wait``), so ``poll_interval`` is accepted for compatibility
+        # and not needed. ``env``, ``labels`` and ``ttl`` (seconds) use the ``/v1`` API.
+        # A sandbox that fails to start is deleted and :class:`~orchard_env.SandboxError`
+        # (a ``RuntimeError``) raised; one not ready in time, a ``TimeoutError``.
+        #
+        # >>> with client.create_sandbox("busybox:latest", memory="256Mi") as sb:
+        # ...     sb.info.status, sb.sandbox_id.startswith(client.prefix)
+        # ('ready', True)
+        # """
+        # unasync: end
         del poll_interval  # waits block server-side
-        return SandboxCreation(
-            self._create(
-                image,
-                block_network=block_network,
-                sandbox_id=sandbox_id,
-                cpu=cpu,
-                memory=memory,
-                timeout=timeout,
-                wait_ready=wait_ready,
-                env=env,
-                labels=labels,
-                ttl=ttl,
-                direct=direct,
-            )
+        created = self._create(
+            image,
+            block_network=block_network,
+            sandbox_id=sandbox_id,
+            cpu=cpu,
+            memory=memory,
+            timeout=timeout,
+            wait_ready=wait_ready,
+            env=env,
+            labels=labels,
+            ttl=ttl,
+            direct=direct,
         )
+        # unasync: async
+        return SandboxCreation(created)
+        # unasync: sync
+        # return created
+        # unasync: end
 
     async def _create(
         self,
@@ -261,7 +324,7 @@ class AsyncSandboxClient:
                 )
             )
         except OrchardError as err:
-            if not (err.status is None or err.status >= 500):
+            if not _created_maybe(err):
                 self._state.disown(sid)
             raise
         sandbox = AsyncSandboxInstance(self, info, direct=self._direct(direct))
@@ -277,7 +340,11 @@ class AsyncSandboxClient:
     async def get_sandbox(
         self, sandbox_id: str, *, direct: bool | None = None
     ) -> AsyncSandboxInstance:
-        """An existing sandbox by id (not owned by this client)."""
+        """An existing sandbox by id (:class:`~orchard_env.NotFoundError` if there is none).
+
+        The client does not own it: it is deleted only by an explicit ``delete`` or by
+        leaving its own ``with`` block.
+        """
         info = await self._driver.run(_ops.get_sandbox(sandbox_id))
         return AsyncSandboxInstance(self, info, direct=self._direct(direct))
 
@@ -286,9 +353,19 @@ class AsyncSandboxClient:
         await self._delete_quietly(sandbox_id)
 
     async def cleanup_all(self) -> list[str]:
-        """Deletes (concurrently) every sandbox this client created; returns their ids."""
+        # unasync: async
+        """Deletes (concurrently) every sandbox this client created and has not deleted;
+        returns their ids."""
+        # unasync: sync
+        # """Deletes every sandbox this client created and has not deleted; returns their ids."""
+        # unasync: end
         ids = list(self._state.owned)
+        # unasync: async
         await asyncio.gather(*(self._delete_quietly(sid) for sid in ids))
+        # unasync: sync
+        # for sid in ids:
+        #     self._delete_quietly(sid)
+        # unasync: end
         return ids
 
     async def list_sandboxes(self) -> list[SandboxInfo]:
@@ -302,7 +379,12 @@ class AsyncSandboxClient:
     async def import_image(
         self, source: str | os.PathLike[str] | bytes | IO[bytes], name: str
     ) -> list[ImageInfo]:
-        """Imports an image archive (see :meth:`SandboxClient.import_image`)."""
+        """Imports an image archive under ``name``, streamed.
+
+        ``source`` is a ``docker save`` or OCI-layout tar (optionally compressed): a
+        path to the archive, a path to an OCI layout *directory* (tarred on the fly),
+        its bytes, or a binary file object.
+        """
         if isinstance(source, (str, os.PathLike)):
             chunks = tar_directory(source) if os.path.isdir(source) else path_chunks(source)
             content, replayable = chunks, False
@@ -314,7 +396,7 @@ class AsyncSandboxClient:
     async def pull_image(
         self, reference: str, on_progress: Callable[[dict[str, Any]], None] | None = None
     ) -> ImageInfo:
-        """Pulls ``reference`` into the server's store."""
+        """Pulls ``reference`` into the server's store; ``on_progress`` gets each progress frame."""
         decoder = NdjsonDecoder()
         async with self._driver.stream(_ops.pull_image_request(reference)) as response:
             async for chunk in response.aiter_bytes():
@@ -358,6 +440,8 @@ class AsyncSandboxClient:
     def __repr__(self) -> str:
         return f"AsyncSandboxClient(base_url={self.base_url!r})"
 
+    # internals shared with AsyncSandboxInstance
+
     def _direct(self, direct: bool | None) -> bool:
         return self._state.config.direct if direct is None else direct
 
@@ -379,8 +463,23 @@ class AsyncSandboxClient:
         return http
 
 
+def _created_maybe(err: OrchardError) -> bool:
+    """Whether a failed create may still have made the sandbox (then keep it tracked)."""
+    return err.status is None or err.status >= 500
+
+
 class AsyncSandboxInstance:
+    # unasync: async
     """Async :class:`~orchard_env.SandboxInstance`; ``async with`` deletes it on exit."""
+
+    # unasync: sync
+    # """One sandbox. A context manager: leaving the ``with`` block deletes it.
+    #
+    # The compatible methods (``exec``, ``apply_patch``, ``upload_file``, ...) use the
+    # Orchard-compatible routes; the others use ``/v1`` (through the server, or straight
+    # to the sandbox's agent for a ``direct`` sandbox).
+    # """
+    # unasync: end
 
     def __init__(
         self, client: AsyncSandboxClient, info: SandboxInfo, *, direct: bool = False
@@ -394,7 +493,13 @@ class AsyncSandboxInstance:
         self._v1 = direct or "id" in info.raw
         self._route_cache: Route | None = None
         self._deleted = False
+        # unasync: async
         self._heartbeat_task: asyncio.Task[None] | None = None
+        # unasync: sync
+        # self._heartbeat_thread: threading.Thread | None = None
+        # #: Set to stop the heartbeat thread (also wakes it from its sleep at once).
+        # self._heartbeat_stop = threading.Event()
+        # unasync: end
 
     @property
     def sandbox_id(self) -> str:
@@ -436,14 +541,15 @@ class AsyncSandboxInstance:
         return self.info
 
     async def wait_ready(self, timeout: float | None = 300) -> SandboxInfo:
-        """Waits until the sandbox is ready (server-side wait)."""
+        """Waits until the sandbox is ready (server-side wait); 408 → ``OrchardTimeoutError``."""
         self.info = await self._driver.run(_ops.wait_sandbox(self.sandbox_id, timeout, v1=self._v1))
         return self.info
 
     async def heartbeat(self) -> dict[str, Any]:
-        """Keeps the sandbox alive."""
+        """Keeps the sandbox alive: once heartbeats started, it is reaped when they stop."""
         return await self._driver.run(_ops.heartbeat(self.sandbox_id))
 
+    # unasync: async
     def start_heartbeat(self, interval: float = 60) -> None:
         """Posts a heartbeat every ``interval`` seconds from an asyncio task (of the
         running loop), until :meth:`stop_heartbeat`, :meth:`delete` or the client's
@@ -475,6 +581,36 @@ class AsyncSandboxInstance:
             except RuntimeError:
                 pass  # its event loop is closed (delete_sync at exit): nothing runs it
 
+    # unasync: sync
+    # def start_heartbeat(self, interval: float = 60) -> None:
+    #     """Posts a heartbeat every ``interval`` seconds from a daemon thread, until
+    #     :meth:`stop_heartbeat`, :meth:`delete` or the client's close. Failed heartbeats
+    #     are ignored (the next one may get through); a second call while running does
+    #     nothing."""
+    #     if self._heartbeat_thread is not None and self._heartbeat_thread.is_alive():
+    #         return
+    #     stop = self._heartbeat_stop = threading.Event()
+    #
+    #     def beat() -> None:
+    #         while not stop.wait(interval) and not self._client._closed:
+    #             try:
+    #                 self._driver.run(_ops.heartbeat(self.sandbox_id))
+    #             except Exception:  # best effort, as in Orchard's SDK
+    #                 pass
+    #
+    #     self._heartbeat_thread = threading.Thread(
+    #         target=beat, name=f"heartbeat-{self.sandbox_id}", daemon=True
+    #     )
+    #     self._heartbeat_thread.start()
+    #
+    # def stop_heartbeat(self) -> None:
+    #     """Stops the heartbeat thread (waits for it, at most a few seconds)."""
+    #     self._heartbeat_stop.set()
+    #     thread, self._heartbeat_thread = self._heartbeat_thread, None
+    #     if thread is not None and thread is not threading.current_thread():
+    #         thread.join(timeout=5)
+    # unasync: end
+
     async def delete(self) -> None:
         """Deletes the sandbox (quietly when it is already gone); stops its heartbeats.
 
@@ -485,6 +621,7 @@ class AsyncSandboxInstance:
         self._deleted = True
         await self._client._delete_quietly(self.sandbox_id)
 
+    # unasync: async
     def delete_sync(self) -> None:
         """Deletes the sandbox from synchronous code (a cleanup handler, ``__del__``, a
         closed event loop): one blocking request, best effort, never raises."""
@@ -500,6 +637,8 @@ class AsyncSandboxInstance:
             pass
         finally:
             state.disown(self.sandbox_id)
+
+    # unasync: end
 
     def detach(self) -> AsyncSandboxInstance:
         """Stops the client from deleting this sandbox at exit; returns it."""
@@ -563,18 +702,31 @@ class AsyncSandboxInstance:
         rows: int = 24,
         cols: int = 80,
     ) -> JobResult | AsyncContainerProcess:
+        # unasync: async
         """Runs ``command`` through the jobs API (see :meth:`SandboxInstance.exec`)."""
+        # unasync: sync
+        # """Runs ``command`` (a shell string, or an argv list) and waits for it.
+        #
+        # Through the compatible jobs API: commands of one sandbox run one at a time, in
+        # order. ``timeout`` is the command's time limit in seconds. Returns a
+        # :class:`~orchard_env.JobResult` (not an exception) for a non-zero exit; with
+        # ``wait=False``, the queued job at once (:meth:`get_job` follows it). The wait is
+        # server-side, so ``poll_interval`` is accepted for compatibility and not needed.
+        # With ``pty=True`` the command runs on a ``rows`` x ``cols`` terminal and a
+        # :class:`~orchard_env.ContainerProcess` is returned at once.
+        #
+        # >>> sandbox.exec(["echo", "a b"]).stdout
+        # 'a b\\n'
+        # >>> sandbox.exec("pwd", cwd="/tmp").stdout
+        # '/tmp\\n'
+        # """
+        # unasync: end
         del poll_interval  # waits block server-side
         self._check()
         if pty:
-            init = _ops.pty_init_frame(
-                command, cwd=cwd, env=env, rows=rows, cols=cols, login_shell=login_shell
+            return await self._open_compat_pty(
+                command, cwd=cwd, env=env, login_shell=login_shell, rows=rows, cols=cols
             )
-            if self.direct:
-                target = agent_target(await self._endpoint(), "/v1/pty/compat")
-            else:
-                target = self._client._state.compat_pty_target(self.sandbox_id)
-            return await AsyncContainerProcess.open(target, init=init)
         if not wait:
             job_id = await self._driver.run(
                 _ops.submit_job(
@@ -599,6 +751,25 @@ class AsyncSandboxInstance:
             )
         )
 
+    async def _open_compat_pty(
+        self,
+        command: Command,
+        *,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        login_shell: bool,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> AsyncContainerProcess:
+        init = _ops.pty_init_frame(
+            command, cwd=cwd, env=env, rows=rows, cols=cols, login_shell=login_shell
+        )
+        if self.direct:
+            target = agent_target(await self._endpoint(), "/v1/pty/compat")
+        else:
+            target = self._client._state.compat_pty_target(self.sandbox_id)
+        return await AsyncContainerProcess.open(target, init=init)
+
     async def get_job(self, job_id: str) -> JobResult:
         """A job by id, as it is now."""
         return await self._driver.run(_ops.get_job(job_id))
@@ -608,12 +779,25 @@ class AsyncSandboxInstance:
         return await self._driver.run(_ops.wait_job(job_id, timeout))
 
     async def apply_patch(self, patch: str, timeout: float = 30) -> PatchResult:
-        """Applies a unified diff in the working directory."""
+        """Applies a unified diff in the working directory (``git apply`` semantics).
+
+        Returns ``{"success", "stdout", "stderr", "exit_code", "error"}``.
+        """
         self._check()
         return await self._driver.run(_ops.apply_patch(self.sandbox_id, patch, timeout))
 
     async def upload_content(self, content: bytes | str, remote_path: str) -> dict[str, Any]:
+        # unasync: async
         """Writes ``content`` to the file ``remote_path`` (compatible route)."""
+        # unasync: sync
+        # """Writes ``content`` to the file ``remote_path`` (compatible route, base64 JSON).
+        #
+        # >>> sandbox.upload_content("hello", "/tmp/hello.txt")["size"]
+        # 5
+        # >>> sandbox.download_content("/tmp/hello.txt")
+        # b'hello'
+        # """
+        # unasync: end
         self._check()
         data = content.encode() if isinstance(content, str) else bytes(content)
         return await self._driver.run(_ops.upload_content(self.sandbox_id, data, remote_path))
@@ -621,7 +805,8 @@ class AsyncSandboxInstance:
     async def upload_file(
         self, local_path: str | os.PathLike[str], remote_path: str
     ) -> dict[str, Any]:
-        """Uploads the local file ``local_path`` to ``remote_path`` (compatible route)."""
+        """Uploads the local file ``local_path`` to ``remote_path`` (compatible route):
+        ``{"success", "path", "size"}``."""
         self._check()
         with open(local_path, "rb") as f:
             data = f.read()
@@ -641,12 +826,18 @@ class AsyncSandboxInstance:
         return len(data)
 
     async def list_files(self, remote_path: str = "/") -> list[FileEntry]:
-        """Entries of a directory (compatible route)."""
+        """Entries of a directory: ``{"name", "type": "file"|"directory", "size", "modified"}``."""
         self._check()
         return await self._driver.run(_ops.list_files(self.sandbox_id, remote_path))
 
     async def check_env(self, verbose: bool = True) -> dict[str, Any]:
-        """How the sandbox's shells are set up (see :meth:`SandboxInstance.check_env`)."""
+        """How the sandbox's shells are set up, from a bare and a login-shell probe.
+
+        Keys: ``bashrc_loaded``, ``conda_available``, ``conda_env``, ``conda_prefix``,
+        ``path`` (login shell), ``bare_path``, ``python``, ``python3``,
+        ``python_version`` (and ``has_bashrc``, ``conda_broken``, ``conda_exe``). With
+        ``verbose`` a summary is printed.
+        """
         limit = _envcheck.PROBE_TIMEOUT
         bare = await self.exec(_envcheck.BARE_PROBE, timeout=limit)
         login = await self.exec(_envcheck.LOGIN_PROBE, timeout=limit, login_shell=True)
@@ -661,7 +852,7 @@ class AsyncSandboxInstance:
             print(_envcheck.summary(self.sandbox_id, info))
         return info
 
-    # --- /v1 ----------------------------------------------------------------------------
+    # --- /v1: exec --------------------------------------------------------------------------
 
     async def _endpoint(self) -> AgentEndpoint:
         info = self.info
@@ -700,7 +891,20 @@ class AsyncSandboxInstance:
         max_output_bytes: int | None = None,
         shell: str | None = None,
     ) -> ExecResult:
+        # unasync: async
         """Runs ``command`` through ``/v1`` (see :meth:`SandboxInstance.run`)."""
+        # unasync: sync
+        # """Runs ``command`` through ``/v1`` and returns exit code, signal and both streams.
+        #
+        # Unlike :meth:`exec`, commands run concurrently, ``stdin`` can be given, and a
+        # command killed at its ``timeout`` (seconds) says so in ``timed_out``.
+        #
+        # >>> sandbox.run("cat", stdin="from stdin").stdout
+        # 'from stdin'
+        # >>> sandbox.run("sleep 5", timeout=0.2).timed_out
+        # True
+        # """
+        # unasync: end
         body = _ops.exec_body(
             command,
             cwd=cwd,
@@ -724,8 +928,22 @@ class AsyncSandboxInstance:
         shell: str | None = None,
         kill_on_disconnect: bool = False,
     ) -> AsyncExecStream:
+        # unasync: async
         """The events of ``command`` as an async iterator (``async for``; ``async with``
         closes it when left early). See :meth:`SandboxInstance.exec_stream`."""
+        # unasync: sync
+        # """Runs ``command`` and yields its events as they happen.
+        #
+        # Iterate it (or use it in a ``with`` block and iterate): an
+        # :class:`~orchard_env.ExecStart`, then :class:`~orchard_env.ExecOutput` chunks,
+        # then an :class:`~orchard_env.ExecExit`. The command starts when iteration does.
+        # With ``kill_on_disconnect`` the command is killed if the stream is closed early.
+        #
+        # >>> events = list(sandbox.exec_stream("echo one; echo two"))
+        # >>> b"".join(e.data for e in events if isinstance(e, ExecOutput)), events[-1].exit_code
+        # (b'one\\ntwo\\n', 0)
+        # """
+        # unasync: end
         body = _ops.exec_body(
             command,
             cwd=cwd,
@@ -738,9 +956,11 @@ class AsyncSandboxInstance:
         return AsyncExecStream(self, _ops.exec_stream_request(body))
 
     async def agent_health(self) -> dict[str, Any]:
-        """The agent's health."""
+        """The agent's health: version, uptime, processes, memory and CPU, limits."""
         result: dict[str, Any] = await self._run(_ops.agent_health())
         return result
+
+    # --- /v1: background processes ---------------------------------------------------------
 
     async def start_process(
         self,
@@ -752,7 +972,17 @@ class AsyncSandboxInstance:
         timeout: float | None = None,
         shell: str | None = None,
     ) -> AsyncProcess:
+        # unasync: async
         """Starts ``command`` in the background."""
+        # unasync: sync
+        # """Starts ``command`` in the background and returns a :class:`Process` handle.
+        #
+        # >>> p = sandbox.start_process("read x; echo got $x")
+        # >>> _ = p.write_stdin("it\\n", eof=True)
+        # >>> p.wait(timeout=30).exit_code, p.read_output().stdout
+        # (0, b'got it\\n')
+        # """
+        # unasync: end
         body = _ops.exec_body(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout, shell=shell)
         return AsyncProcess(self, await self._run(_ops.start_process(body)))
 
@@ -765,6 +995,8 @@ class AsyncSandboxInstance:
         """A handle on an existing background process."""
         return AsyncProcess(self, await self._run(_ops.get_process(process_id)))
 
+    # --- /v1: sessions ------------------------------------------------------------------
+
     async def create_session(
         self,
         *,
@@ -772,7 +1004,17 @@ class AsyncSandboxInstance:
         env: Mapping[str, str] | None = None,
         shell: str | None = None,
     ) -> AsyncSession:
+        # unasync: async
         """Starts a persistent shell."""
+        # unasync: sync
+        # """Starts a persistent shell: ``cd``, ``export`` and functions carry over.
+        #
+        # >>> with sandbox.create_session() as s:
+        # ...     _ = s.run("cd /tmp && export X=42")
+        # ...     s.run("echo $PWD $X").stdout
+        # '/tmp 42\\n'
+        # """
+        # unasync: end
         return AsyncSession(self, await self._run(_ops.create_session(cwd, env, shell)))
 
     async def list_sessions(self) -> list[SessionInfo]:
@@ -783,6 +1025,8 @@ class AsyncSandboxInstance:
     async def get_session(self, session_id: str) -> AsyncSession:
         """A handle on an existing session."""
         return AsyncSession(self, await self._run(_ops.get_session(session_id)))
+
+    # --- /v1: terminals ----------------------------------------------------------------------
 
     async def create_pty(
         self,
@@ -795,7 +1039,22 @@ class AsyncSandboxInstance:
         login_shell: bool = False,
         idle_timeout: float | None = None,
     ) -> AsyncTerminal:
+        # unasync: async
         """Starts a re-attachable terminal (see :meth:`SandboxInstance.create_pty`)."""
+        # unasync: sync
+        # """Starts ``command`` (default: an interactive shell) on a terminal that outlives
+        # connections: :meth:`Terminal.attach` to use it, detach, attach again later.
+        #
+        # >>> term = sandbox.create_pty()
+        # >>> with term.attach() as p:
+        # ...     p.write("echo $((6*7))\\n")
+        # ...     _ = p.read_until("42", timeout=30)
+        # >>> with term.attach() as p:   # re-attach: the scrollback comes first
+        # ...     b"42" in p.read_until("42", timeout=30)
+        # True
+        # >>> term.close()
+        # """
+        # unasync: end
         info = await self._run(
             _ops.create_pty(
                 command,
@@ -823,6 +1082,8 @@ class AsyncSandboxInstance:
             return agent_target(await self._endpoint(), f"/v1/pty/{_ops._seg(pty_id)}/attach")
         return self._client._state.v1_attach_target(self.sandbox_id, pty_id)
 
+    # --- /v1: files --------------------------------------------------------------------------
+
     async def write_file(
         self,
         path: str,
@@ -831,7 +1092,18 @@ class AsyncSandboxInstance:
         mode: int | str | None = None,
         parents: bool = True,
     ) -> int:
+        # unasync: async
         """Writes ``data`` to ``path``, streamed and atomically; returns the size."""
+        # unasync: sync
+        # """Writes ``data`` (bytes, text, a binary file object or an iterable of chunks) to
+        # ``path``, streamed and atomically; returns the size written.
+        #
+        # >>> sandbox.write_file("/tmp/a/b.txt", b"data", mode=0o600)
+        # 4
+        # >>> sandbox.read_file("/tmp/a/b.txt"), oct(sandbox.stat("/tmp/a/b.txt").mode)
+        # (b'data', '0o600')
+        # """
+        # unasync: end
         content, replayable = body_from(data)
         result: int = await self._run(
             _ops.write_file(
@@ -848,11 +1120,17 @@ class AsyncSandboxInstance:
         return result
 
     async def iter_file(self, path: str, *, chunk_size: int = 256 * 1024) -> AsyncIterator[bytes]:
-        """The bytes of ``path`` as an async stream of chunks."""
+        # unasync: async
+        """The bytes of ``path`` as an async stream of chunks (nothing held in memory)."""
         route = await self._route()
         async with self._driver.stream(_ops.read_file_request(path), route) as response:
             async for chunk in response.aiter_bytes(chunk_size):
                 yield chunk
+        # unasync: sync
+        # """The bytes of ``path`` as a stream of chunks (nothing held in memory)."""
+        # with self._driver.stream(_ops.read_file_request(path), self._route()) as response:
+        #     yield from response.iter_bytes(chunk_size)
+        # unasync: end
 
     async def upload_path(
         self, local: str | os.PathLike[str], remote: str, *, mode: int | None = None
@@ -874,7 +1152,7 @@ class AsyncSandboxInstance:
         return size
 
     async def stat(self, path: str) -> FileStat:
-        """Metadata of ``path``."""
+        """Metadata of ``path`` (links are not followed)."""
         result: FileStat = await self._run(_ops.stat(path))
         return result
 
@@ -905,7 +1183,8 @@ class AsyncSandboxInstance:
         | AsyncIterable[bytes],
         remote_dir: str,
     ) -> ExtractResult:
-        """Extracts a tar or tar.gz into ``remote_dir``, all or nothing."""
+        """Extracts a tar or tar.gz (bytes, a path to one, a file object or chunks) into
+        ``remote_dir``, all or nothing."""
         if isinstance(archive, (str, os.PathLike)):
             content, replayable = path_chunks(archive), False
         else:
@@ -915,13 +1194,24 @@ class AsyncSandboxInstance:
         return result
 
     async def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str) -> ExtractResult:
+        # unasync: async
         """Copies the contents of the local directory into ``remote_dir``."""
+        # unasync: sync
+        # """Copies the contents of the local directory into ``remote_dir`` (a streamed tar).
+        #
+        # >>> import tempfile, pathlib
+        # >>> d = tempfile.mkdtemp(); _ = pathlib.Path(d, "x.txt").write_text("x")
+        # >>> sandbox.upload_dir(d, "/tmp/up").entries
+        # 1
+        # """
+        # unasync: end
         op = _ops.upload_tar(remote_dir, async_body(tar_directory(local_dir)), replayable=False)
         result: ExtractResult = await self._run(op)
         return result
 
     async def download_tar(self, remote_path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
-        """Saves ``remote_path`` as a tar.gz into ``dest``; returns the archive's size."""
+        """Saves ``remote_path`` (a file or a directory) as a tar.gz into ``dest`` (a path or
+        a binary file object); returns the archive's size."""
         size = 0
         route = await self._route()
         async with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
@@ -937,12 +1227,24 @@ class AsyncSandboxInstance:
         return size
 
     async def download_dir(self, remote_path: str, local_dir: str | os.PathLike[str]) -> list[str]:
+        # unasync: async
         """Copies the contents of ``remote_path`` into ``local_dir`` (see
         :meth:`SandboxInstance.download_dir`)."""
         with tempfile.TemporaryFile() as spool:
             await self.download_tar(remote_path, spool)
             spool.seek(0)
             return extract_tar(spool, local_dir, archive_root(remote_path))
+        # unasync: sync
+        # """Copies the contents of the directory ``remote_path`` (or the file itself) into
+        # ``local_dir``, streamed, as :meth:`upload_dir` does the other way; entries that
+        # would land outside it are refused. Returns the extracted names."""
+        # route = self._route()
+        # with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
+        #     reader = IterReader(response.iter_bytes())
+        #     return extract_tar(reader, local_dir, archive_root(remote_path))  # type: ignore[arg-type]
+        # unasync: end
+
+    # --- /v1: git --------------------------------------------------------------------------
 
     async def git_status(self, repo: str) -> GitStatus:
         """Branch, HEAD and changed paths of the repository at ``repo``."""
@@ -957,14 +1259,15 @@ class AsyncSandboxInstance:
         include_untracked: bool = True,
         binary: bool = True,
     ) -> GitDiff:
-        """The work tree against ``base`` as a patch."""
+        """The work tree against ``base`` (default HEAD) as a patch ``git apply`` accepts."""
         result: GitDiff = await self._run(_ops.git_diff(repo, base, include_untracked, binary))
         return result
 
     async def git_apply(
         self, repo: str, patch: str, *, check_only: bool = False, fuzzy: bool = False
     ) -> GitApplyResult:
-        """Applies ``patch`` all or nothing."""
+        """Applies ``patch`` all or nothing; a patch that does not apply is reported in
+        ``conflicts``, not raised."""
         result: GitApplyResult = await self._run(_ops.git_apply(repo, patch, check_only, fuzzy))
         return result
 
@@ -991,7 +1294,7 @@ class AsyncSandboxInstance:
         clean_untracked: bool = True,
         keep_ignored: bool = True,
     ) -> GitResetResult:
-        """Hard reset to ``target`` (default HEAD)."""
+        """Hard reset to ``target`` (default HEAD), removing untracked files by default."""
         result: GitResetResult = await self._run(
             _ops.git_reset(repo, target, clean_untracked, keep_ignored)
         )
