@@ -43,7 +43,7 @@ fuzz:
 .PHONY: sdk-deps sdk-test
 sdk-deps:
 	python3 -m pip install -q --disable-pip-version-check -e "sdk/python[dev]"
-	cd sdk/python && ruff check . && ruff format --check src tests bench && mypy
+	cd sdk/python && ruff check . && ruff format --check src tests bench scripts && mypy && python3 scripts/unasync.py --check
 
 SDK_PYTEST = ORCHARD_BIN=$(CURDIR)/target/debug/orchard python3 -m pytest sdk/python/tests
 

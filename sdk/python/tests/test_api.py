@@ -6,7 +6,10 @@ import inspect
 import io
 import json
 import pickle
+import subprocess
+import sys
 import tarfile
+from pathlib import Path
 
 import aiohttp
 import httpx
@@ -95,6 +98,16 @@ def test_sync_and_async_have_the_same_methods(sync_cls: type, async_cls: type) -
         if name in NOT_COROUTINES or (name == "detach" and sync_cls is SandboxInstance):
             continue
         assert inspect.iscoroutinefunction(twin) or inspect.isasyncgenfunction(twin), name
+
+
+def test_the_sync_client_is_generated_from_the_async_one() -> None:
+    # The sync modules are made from aio.py and _aio_handles.py by scripts/unasync.py and
+    # committed; an edit of either side alone makes this fail with the diff.
+    script = Path(__file__).resolve().parents[1] / "scripts" / "unasync.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_every_public_name_is_documented() -> None:
