@@ -13,6 +13,10 @@
 from __future__ import annotations
 
 # unasync: async
+# _sync_handles.py is generated from this module by scripts/unasync.py: edit here, then run it.
+# The "# unasync:" comments mark where the sync side differs in more than names.
+# unasync: end
+# unasync: async
 import asyncio
 
 # unasync: end

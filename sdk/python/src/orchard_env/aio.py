@@ -25,6 +25,10 @@ same operations (``_ops``), only the I/O differs.
 from __future__ import annotations
 
 # unasync: async
+# _sync.py is generated from this module by scripts/unasync.py: edit here, then run it.
+# The "# unasync:" comments mark where the sync side differs in more than names.
+# unasync: end
+# unasync: async
 import asyncio
 import dataclasses
 import os
