@@ -10,6 +10,7 @@
 //! - [`config`], [`serve`]: `orchard serve`; [`cli`]: the commands for people.
 //! - [`metrics`], [`log`]: Prometheus metrics and JSON logs.
 
+pub mod atomic_file;
 pub mod backend;
 pub mod cli;
 pub mod config;

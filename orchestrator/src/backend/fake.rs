@@ -4,7 +4,7 @@
 //! it fail creates, hold creates until released, fail its list, or lose a sandbox, so
 //! the service's every path can be driven without runc.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -225,13 +225,4 @@ impl Backend for FakeBackend {
             memory_bytes: 256 << 30,
         })
     }
-}
-
-/// Labels of a spec without the server's own (`orchard.*`).
-pub fn user_labels(spec: &CreateSpec) -> BTreeMap<String, String> {
-    spec.labels
-        .iter()
-        .filter(|(k, _)| !k.starts_with("orchard."))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
 }

@@ -31,7 +31,8 @@ impl From<&Error> for ServiceErrorCode {
             Error::BadRequest(_)
             | Error::BadSandboxId(_)
             | Error::BadEnv(_)
-            | Error::BadLabel(_) => C::BadRequest,
+            | Error::BadLabel(_)
+            | Error::OverCapacity(_) => C::BadRequest,
             Error::Unauthorized(_) => C::Unauthorized,
             Error::Forbidden(_) => C::PermissionDenied,
             Error::NotFound(_) | Error::NoSandbox(_) | Error::NoJob(_) => C::NotFound,
@@ -148,6 +149,7 @@ mod tests {
             ("BadEnv", 400, "bad_request"),
             ("BadLabel", 400, "bad_request"),
             ("QuotaExceeded", 429, "quota_exceeded"),
+            ("OverCapacity", 400, "bad_request"),
         ];
         let mut seen = std::collections::BTreeSet::new();
         for (e, _) in Error::domain_examples() {

@@ -107,6 +107,9 @@ pub enum Error {
     /// A quota of the caller's API key is used up.
     #[error(transparent)]
     QuotaExceeded(#[from] QuotaExceeded),
+    /// A create asks for more than one sandbox can have on this backend.
+    #[error(transparent)]
+    OverCapacity(#[from] OverCapacity),
     /// A backend call failed.
     #[error(transparent)]
     Backend(BackendError),
@@ -169,6 +172,28 @@ pub enum QuotaExceeded {
     CreatesPerMinute {
         /// Creates it may make per minute.
         limit: usize,
+    },
+}
+
+/// A limit of a create larger than any sandbox can have on this backend (its host's
+/// CPUs or memory): no wait or retry helps, so it is the client's mistake (400).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OverCapacity {
+    /// More CPUs than the host has.
+    #[error("cpu {asked}: a sandbox here can have at most {max} CPUs")]
+    Cpus {
+        /// CPUs asked for.
+        asked: f64,
+        /// The most a sandbox can have.
+        max: f64,
+    },
+    /// More memory than the host has.
+    #[error("memory of {asked} bytes: a sandbox here can have at most {max} bytes ({} MiB)", max >> 20)]
+    Memory {
+        /// Bytes asked for.
+        asked: u64,
+        /// The most a sandbox can have.
+        max: u64,
     },
 }
 
@@ -330,6 +355,22 @@ impl Error {
             (
                 QuotaExceeded::CreatesPerMinute { limit: 10 }.into(),
                 "this API key may create 10 sandboxes per minute; try again in a minute",
+            ),
+            (
+                OverCapacity::Cpus {
+                    asked: 3.5,
+                    max: 2.0,
+                }
+                .into(),
+                "cpu 3.5: a sandbox here can have at most 2 CPUs",
+            ),
+            (
+                OverCapacity::Memory {
+                    asked: 1 << 40,
+                    max: 24 << 30,
+                }
+                .into(),
+                "memory of 1099511627776 bytes: a sandbox here can have at most 25769803776 bytes (24576 MiB)",
             ),
         ]
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use orchard_protocol::compat::{CompatCommand, Job, JobStatus};
 
-use crate::state::{JobOptions, JobRecord, Lease, Phase, Topic};
+use crate::state::{JobOptions, JobRecord, Lease, Phase, StoreError, Topic};
 
 pub use crate::state::memory::{DEFAULT_OUTPUT_BUDGET, DROPPED_NOTE, RESTART_ERROR};
 
@@ -63,24 +63,17 @@ impl Service {
             error: None,
             output_truncated: false,
         };
-        self.store()
-            .insert_job(JobRecord {
-                tenant: tenant.0.clone(),
-                job: job.clone(),
-                options,
-                finished_ms: None,
-            })
-            .await?;
-        // Deleted meanwhile: its worker may have drained the queue before this job was
-        // in it; fail the job rather than leave it queued.
-        if !self.is_current(&rec).await {
-            for job in self.store().drain_jobs(id).await? {
-                let outcome = Outcome {
-                    error: Some("the sandbox was deleted".into()),
-                    ..Outcome::default()
-                };
-                self.finish_job(job, outcome, None).await;
-            }
+        let record = JobRecord {
+            tenant: tenant.0.clone(),
+            job: job.clone(),
+            options,
+            finished_ms: None,
+        };
+        // Refused when a delete came since the read above: the queue's worker may already
+        // have drained it, and a job queued now would wait forever.
+        match self.store().insert_job(record, &rec.uid).await {
+            Err(StoreError::NotFound(_)) => return Err(Error::no_sandbox(id)),
+            other => other?,
         }
         Ok(job)
     }

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 pub use crate::state::{JobOptions, Phase, SandboxRecord};
 pub use crate::time::{now_ms, now_secs};
 pub use auth::{Keys, Tenant};
-pub use error::{BadEnv, BadLabel, Error, QuotaExceeded};
+pub use error::{BadEnv, BadLabel, Error, OverCapacity, QuotaExceeded};
 pub use runtime::Live;
 
 use crate::backend::Backend;

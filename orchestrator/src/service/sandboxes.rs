@@ -19,7 +19,7 @@ use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version
 use super::runtime::Live;
 use super::{
     exec, now_ms, random_hex, units, validate_env_and_labels, BadLabel, CreateRequest, Error,
-    QuotaExceeded, Service, Tenant, MAX_TTL_S, META,
+    OverCapacity, QuotaExceeded, Service, Tenant, MAX_TTL_S, META,
 };
 
 /// The quota counter of a tenant's sandboxes.
@@ -196,18 +196,19 @@ impl Service {
         let Some(cap) = self.backend().capacity() else {
             return Ok(());
         };
-        if let Some(c) = cpus.filter(|c| *c > cap.cpus) {
-            return Err(Error::BadRequest(format!(
-                "cpu {c}: a sandbox here can have at most {} CPUs",
-                cap.cpus
-            )));
+        if let Some(asked) = cpus.filter(|c| *c > cap.cpus) {
+            return Err(OverCapacity::Cpus {
+                asked,
+                max: cap.cpus,
+            }
+            .into());
         }
-        if let Some(m) = memory.filter(|m| *m > cap.memory_bytes) {
-            return Err(Error::BadRequest(format!(
-                "memory of {m} bytes: a sandbox here can have at most {} bytes ({} MiB)",
-                cap.memory_bytes,
-                cap.memory_bytes >> 20
-            )));
+        if let Some(asked) = memory.filter(|m| *m > cap.memory_bytes) {
+            return Err(OverCapacity::Memory {
+                asked,
+                max: cap.memory_bytes,
+            }
+            .into());
         }
         Ok(())
     }

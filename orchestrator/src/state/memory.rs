@@ -23,7 +23,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -211,7 +211,6 @@ impl MemoryStore {
     /// Rewrites the journal with one line per live job and reopens it for appending.
     fn compact(&self, journal: &mut Journal) -> std::io::Result<()> {
         let path = journal_path(&self.dir);
-        let tmp = self.dir.join("jobs.ndjson.tmp");
         let jobs: Vec<JobRecord> = self.lock().jobs.values().cloned().collect();
         let mut out = Vec::new();
         for job in jobs.iter() {
@@ -220,16 +219,7 @@ impl MemoryStore {
                 out.extend_from_slice(&bytes);
             }
         }
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .and_then(|mut f| f.write_all(&out))?;
-        // A journal left by an older server may have been readable by others.
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
-        std::fs::rename(&tmp, &path)?;
+        crate::atomic_file::write_private(&path, &out)?;
         journal.file = Some(std::fs::OpenOptions::new().append(true).open(&path)?);
         journal.lines = jobs.len();
         Ok(())
@@ -370,11 +360,18 @@ impl StateStore for MemoryStore {
         ready(Ok(removed))
     }
 
-    fn insert_job(&self, job: JobRecord) -> StoreFuture<'_, ()> {
+    fn insert_job<'a>(&'a self, job: JobRecord, sandbox_uid: &'a str) -> StoreFuture<'a, ()> {
         let id = job.job.job_id.clone();
         let sandbox = job.job.sandbox_id.clone();
         {
             let mut maps = self.lock();
+            if maps
+                .sandboxes
+                .get(&sandbox)
+                .is_none_or(|r| r.value.uid != sandbox_uid)
+            {
+                return ready(Err(StoreError::NotFound(format!("sandbox {sandbox}"))));
+            }
             if maps.jobs.contains_key(&id) {
                 return ready(Err(StoreError::Exists(format!("job {id}"))));
             }
@@ -592,8 +589,35 @@ mod tests {
 
     use super::*;
 
+    /// A store holding sandbox `sb-1` (incarnation `u1`), the owner of the tests' jobs.
     fn open(dir: &Path) -> MemoryStore {
-        MemoryStore::open(dir.into(), DEFAULT_OUTPUT_BUDGET).unwrap()
+        open_with_budget(dir, DEFAULT_OUTPUT_BUDGET)
+    }
+
+    fn open_with_budget(dir: &Path, budget: u64) -> MemoryStore {
+        let store = MemoryStore::open(dir.into(), budget).unwrap();
+        let _ = futures_util::FutureExt::now_or_never(store.insert_sandbox(record()));
+        store
+    }
+
+    fn record() -> SandboxRecord {
+        SandboxRecord {
+            id: "sb-1".into(),
+            uid: "u1".into(),
+            tenant: "t1".into(),
+            image: "busybox".into(),
+            cpu: "1".into(),
+            memory: "1Gi".into(),
+            working_dir: "/workspace".into(),
+            block_network: true,
+            ready_timeout_ms: 1000,
+            ttl_ms: None,
+            labels: Default::default(),
+            created_ms: 1,
+            heartbeat_ms: None,
+            phase: super::super::Phase::Pending,
+            agent: None,
+        }
     }
 
     fn job(id: &str, command: &str) -> JobRecord {
@@ -652,8 +676,8 @@ mod tests {
         let store = open(dir.path());
         let l = lease(&store, "me").unwrap();
         let mut queued = store.subscribe(Topic::Queue("sb-1".into()));
-        now(store.insert_job(job("job-a", "a")));
-        now(store.insert_job(job("job-b", "b")));
+        now(store.insert_job(job("job-a", "a"), "u1"));
+        now(store.insert_job(job("job-b", "b"), "u1"));
         assert!(queued.changed().await, "an insert wakes the queue's worker");
         let a = now(store.take_job("sb-1", &l)).unwrap();
         assert_eq!(
@@ -684,7 +708,7 @@ mod tests {
         assert!(new.fence > old.fence);
         assert!(now(store.acquire_lease("sandbox/sb-1", "c", Duration::from_secs(30))).is_none());
         assert!(!now(store.renew_lease(&old, Duration::from_secs(30))));
-        now(store.insert_job(job("job-a", "a")));
+        now(store.insert_job(job("job-a", "a"), "u1"));
         assert!(matches!(
             futures_util::FutureExt::now_or_never(store.take_job("sb-1", &old)).unwrap(),
             Err(StoreError::Conflict(_))
@@ -701,26 +725,33 @@ mod tests {
     }
 
     #[test]
-    fn versions_make_updates_compare_and_set_and_removal_is_per_incarnation() {
+    fn regression_a_job_is_never_queued_for_a_sandbox_that_is_gone() {
+        // The compatible exec read the record, inserted the job, then read it again
+        // and drained the queue if a delete had come between. The store now refuses the
+        // job in the same step as the insert.
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
-        let rec = SandboxRecord {
-            id: "sb-1".into(),
-            uid: "u1".into(),
-            tenant: "t1".into(),
-            image: "busybox".into(),
-            cpu: "1".into(),
-            memory: "1Gi".into(),
-            working_dir: "/workspace".into(),
-            block_network: true,
-            ready_timeout_ms: 1000,
-            ttl_ms: None,
-            labels: Default::default(),
-            created_ms: 1,
-            heartbeat_ms: None,
-            phase: super::super::Phase::Pending,
-            agent: None,
+        let refused = |store: &MemoryStore, id: &str, uid: &str| {
+            matches!(
+                futures_util::FutureExt::now_or_never(store.insert_job(job(id, "x"), uid)).unwrap(),
+                Err(StoreError::NotFound(_))
+            )
         };
+        assert!(refused(&store, "job-old", "u0"), "another incarnation");
+        now(store.remove_sandbox("sb-1", "u1"));
+        assert!(refused(&store, "job-late", "u1"), "deleted");
+        assert!(now(store.job("job-late")).is_none());
+        assert!(
+            now(store.drain_jobs("sb-1")).is_empty(),
+            "nothing was queued"
+        );
+    }
+
+    #[test]
+    fn versions_make_updates_compare_and_set_and_removal_is_per_incarnation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MemoryStore::open(dir.path().into(), DEFAULT_OUTPUT_BUDGET).unwrap();
+        let rec = record();
         let v1 = now(store.insert_sandbox(rec.clone()));
         assert!(matches!(
             futures_util::FutureExt::now_or_never(store.insert_sandbox(rec.clone())).unwrap(),
@@ -765,8 +796,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let store = open(dir.path());
-            now(store.insert_job(job("job-q", "sleep 9")));
-            now(store.insert_job(job("job-d", "false")));
+            now(store.insert_job(job("job-q", "sleep 9"), "u1"));
+            now(store.insert_job(job("job-d", "false"), "u1"));
             let l = lease(&store, "me").unwrap();
             now(store.take_job("sb-1", &l));
             let d = now(store.take_job("sb-1", &l)).unwrap();
@@ -788,7 +819,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let jobs = dir.path().join("jobs");
         let store = open(&jobs);
-        now(store.insert_job(job("job-s", "echo secret")));
+        now(store.insert_job(job("job-s", "echo secret"), "u1"));
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&jobs), 0o700);
         assert_eq!(mode(&jobs.join("jobs.ndjson")), 0o600);
@@ -797,11 +828,11 @@ mod tests {
     #[test]
     fn regression_output_past_the_budget_drops_the_oldest_jobs_output_not_the_server() {
         let dir = tempfile::tempdir().unwrap();
-        let open = || MemoryStore::open(dir.path().into(), 250).unwrap();
+        let open = || open_with_budget(dir.path(), 250);
         let store = open();
         let l = lease(&store, "me").unwrap();
         for i in 0..3 {
-            now(store.insert_job(job(&format!("job-{i}"), "x")));
+            now(store.insert_job(job(&format!("job-{i}"), "x"), "u1"));
             let j = now(store.take_job("sb-1", &l)).unwrap();
             now(store.finish_job(finished(j, 0, &format!("{i}").repeat(100)), Some(&l)));
         }
@@ -827,8 +858,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         let l = lease(&store, "me").unwrap();
-        now(store.insert_job(job("job-run", "x")));
-        now(store.insert_job(job("job-done", "y")));
+        now(store.insert_job(job("job-run", "x"), "u1"));
+        now(store.insert_job(job("job-done", "y"), "u1"));
         now(store.take_job("sb-1", &l));
         let d = now(store.take_job("sb-1", &l)).unwrap();
         now(store.finish_job(finished(d, 0, ""), Some(&l)));
@@ -850,12 +881,12 @@ mod tests {
         let store = open(dir.path());
         let l = lease(&store, "me").unwrap();
         for i in 0..1500 {
-            now(store.insert_job(job(&format!("job-{i}"), "true")));
+            now(store.insert_job(job(&format!("job-{i}"), "true"), "u1"));
             let j = now(store.take_job("sb-1", &l)).unwrap();
             now(store.finish_job(finished(j, 0, ""), Some(&l)));
             now(store.purge_jobs(crate::time::now_ms()));
         }
-        now(store.insert_job(job("job-kept", "kept")));
+        now(store.insert_job(job("job-kept", "kept"), "u1"));
         let lines = std::fs::read_to_string(dir.path().join("jobs.ndjson"))
             .unwrap()
             .lines()

@@ -265,8 +265,11 @@ pub trait StateStore: Send + Sync + 'static {
         uid: &'a str,
     ) -> StoreFuture<'a, Option<SandboxRecord>>;
 
-    /// Stores a new job, queued last in its sandbox's queue.
-    fn insert_job(&self, job: JobRecord) -> StoreFuture<'_, ()>;
+    /// Stores a new job, queued last in its sandbox's queue, if that sandbox's record
+    /// is still incarnation `sandbox_uid` (`NotFound` otherwise). Checked with the insert
+    /// in one step: a job can never be queued behind a delete that already drained the
+    /// queue, so the caller needs no second read.
+    fn insert_job<'a>(&'a self, job: JobRecord, sandbox_uid: &'a str) -> StoreFuture<'a, ()>;
     /// The job `id`.
     fn job<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<JobRecord>>;
     /// Takes the oldest queued job of `sandbox` out of its queue, marked running, for

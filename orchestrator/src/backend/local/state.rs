@@ -5,8 +5,6 @@
 //! the token).
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -96,25 +94,12 @@ pub struct SandboxState {
 
 /// Writes `state` to `path` atomically, mode 0600.
 pub fn save(path: &Path, state: &SandboxState) -> Result<(), StateError> {
-    let tmp = path.with_extension("json.tmp");
     let bytes = serde_json::to_vec_pretty(state).map_err(|e| StateError::Corrupt {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(&bytes))
-        .map_err(|source| StateError::Io {
-            op: "writing",
-            path: tmp.clone(),
-            source,
-        })?;
-    std::fs::rename(&tmp, path).map_err(|source| StateError::Io {
-        op: "renaming into place",
+    crate::atomic_file::write_private(path, &bytes).map_err(|source| StateError::Io {
+        op: "replacing",
         path: path.to_path_buf(),
         source,
     })
