@@ -40,6 +40,7 @@ pub mod session;
 pub mod spawn;
 pub mod state;
 pub mod supervise;
+pub mod sys;
 pub mod tools;
 
 #[cfg(test)]
