@@ -204,8 +204,11 @@ impl Reaper {
             return reaped;
         }
         let mut reaped = 0;
-        // Until nothing more has exited (`None`) or no children are left (ECHILD).
-        while let Ok(Some((pid, status))) = waitpid(None, WaitOptions::NOHANG) {
+        // `wait` is waitpid(-1): any child, whatever its process group. (rustix's
+        // `waitpid(None)` is waitpid(0), this process's group only, which would never
+        // collect the commands: each runs in a group of its own.) Until nothing more
+        // has exited (`None`) or no children are left (ECHILD).
+        while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
             reaped += 1;
             match self.lock_waiters().remove(&pid.as_raw_pid()) {
                 Some(tx) => {
