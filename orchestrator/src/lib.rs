@@ -16,6 +16,7 @@ pub mod config;
 pub mod image;
 pub mod log;
 pub mod metrics;
+pub mod random;
 pub mod serve;
 pub mod server;
 pub mod service;
