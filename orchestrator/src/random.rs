@@ -38,7 +38,7 @@ mod tests {
     }
 
     #[test]
-    fn regression_random_bytes_are_not_used_when_getrandom_fails() {
+    fn regression_a_failing_generator_is_an_error_not_zero_bytes() {
         // The source wrote something, then failed: nothing of it may come out.
         let partial = hex_from(8, |buf| {
             buf[..4].copy_from_slice(&[1, 2, 3, 4]);
