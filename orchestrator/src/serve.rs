@@ -312,6 +312,10 @@ mod tests {
         .unwrap();
         assert_eq!(key, format!("ork_{}", "ab".repeat(24)));
         let kept = generated_key_from(dir.path(), |_| Err(getrandom::Error::UNEXPECTED));
-        assert_eq!(kept.unwrap(), key, "a saved key is read back, not regenerated");
+        assert_eq!(
+            kept.unwrap(),
+            key,
+            "a saved key is read back, not regenerated"
+        );
     }
 }

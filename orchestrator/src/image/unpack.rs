@@ -666,7 +666,12 @@ pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     let c_path = c_path(path)?;
     let c_name = CString::new(name)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "xattr name has a NUL byte"))?;
-    rustix::fs::lsetxattr(c_path.as_c_str(), c_name.as_c_str(), value, XattrFlags::empty())?;
+    rustix::fs::lsetxattr(
+        c_path.as_c_str(),
+        c_name.as_c_str(),
+        value,
+        XattrFlags::empty(),
+    )?;
     Ok(())
 }
 

@@ -18,8 +18,8 @@ use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version
 
 use super::runtime::Live;
 use super::{
-    exec, now_ms, units, validate_env_and_labels, BadLabel, CreateRequest, Error,
-    QuotaExceeded, Service, Tenant, MAX_TTL_S, META,
+    exec, now_ms, units, validate_env_and_labels, BadLabel, CreateRequest, Error, QuotaExceeded,
+    Service, Tenant, MAX_TTL_S, META,
 };
 
 /// The quota counter of a tenant's sandboxes.

@@ -19,11 +19,11 @@ use crate::backend::local::process::ProcRef;
 use crate::backend::local::request::{build_env, valid_hostname, validate_labels};
 use crate::backend::local::spec::ResourceLimits;
 use crate::backend::local::state::{self, Phase, SandboxState};
+use crate::backend::local::RecoverReport;
 use crate::backend::local::{
     audit, cgroup, network, rootfs, runc, spec, valid_id, Entry, FailPoint, Inner, Limits,
     LocalError, NetworkMode, Paths, SandboxInfo, SandboxSpec, ANNOTATION_PREFIX,
 };
-use crate::backend::local::RecoverReport;
 
 /// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
 const MAX_SOCKET_PATH: usize = 107;
