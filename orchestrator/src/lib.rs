@@ -9,6 +9,7 @@
 //! - [`server`]: the REST API (Orchard-compatible routes and `/v1/`).
 //! - [`config`], [`serve`]: `orchard serve`; [`cli`]: the commands for people.
 //! - [`metrics`], [`log`]: Prometheus metrics and JSON logs.
+//! - [`random`]: the one source of random ids, tokens and keys.
 
 pub mod backend;
 pub mod cli;
