@@ -43,15 +43,8 @@ impl Drop for Restore {
 
 /// Takes on `user`'s file-system identity on this thread until the guard drops.
 fn switch(user: &RunAs) -> Restore {
-    // SAFETY: getfsgid-by-setfsgid(-1) idiom: an invalid id changes nothing and
-    // answers the current one.
-    let gid = unsafe { libc::setfsgid(u32::MAX) } as u32;
-    let restore = Restore {
-        gid,
-        // The thread's supplementary groups, which are the process's: only this module
-        // changes them per thread, and it always puts them back.
-        groups: rustix::process::getgroups().unwrap_or_default(),
-    };
+    // getgroups is the raw system call too: this thread's groups.
+    let saved_groups = rustix::process::getgroups().unwrap_or_default();
     let mut groups: Vec<Gid> = user.groups.iter().map(|&g| Gid::from_raw(g)).collect();
     if !user.groups.contains(&user.gid) {
         groups.insert(0, Gid::from_raw(user.gid));
@@ -59,12 +52,18 @@ fn switch(user: &RunAs) -> Restore {
     // The order matters: groups and fsgid while this thread still has its capabilities,
     // fsuid last. rustix's `set_thread_groups` is the raw system call: this thread only.
     let _ = rustix::thread::set_thread_groups(&groups);
-    // SAFETY: as in Restore::drop.
-    unsafe {
+    // SAFETY: as in Restore::drop. setfsgid(-1) is the getfsgid idiom: an invalid id
+    // changes nothing and answers the current one.
+    let gid = unsafe {
+        let gid = libc::setfsgid(u32::MAX) as u32;
         libc::setfsgid(user.gid);
         libc::setfsuid(user.uid);
+        gid
+    };
+    Restore {
+        gid,
+        groups: saved_groups,
     }
-    restore
 }
 
 /// Runs `f` on this thread as the image's user when commands run as one (`--user`),
