@@ -318,18 +318,15 @@ impl Terminal {
         let reader = std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             loop {
-                // SAFETY: read into a buffer we own; EIO once no slave is open.
-                let n = unsafe { libc::read(m.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-                if n <= 0 {
-                    if n < 0
-                        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-                    {
-                        continue;
-                    }
-                    break;
-                }
+                // EIO once no slave is open.
+                let n = match rustix::io::read(&*m, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => break,
+                };
                 let (lock, cv) = &*out;
-                lock.lock().unwrap().extend_from_slice(&buf[..n as usize]);
+                lock.lock().unwrap().extend_from_slice(&buf[..n]);
                 cv.notify_all();
             }
         });
