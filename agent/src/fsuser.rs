@@ -19,63 +19,51 @@
 //! `CAP_FOWNER`, `CAP_CHOWN`...) from the thread's effective set; going back restores
 //! them.
 
+use rustix::process::Gid;
+
 use crate::spawn::{run_as, RunAs};
 
 /// The thread's credentials before the switch.
 struct Restore {
     gid: u32,
-    groups: Vec<libc::gid_t>,
+    groups: Vec<Gid>,
 }
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        // SAFETY: plain system calls on this thread's credentials, with a valid
-        // pointer and length for the group list.
+        // SAFETY: setfsuid and setfsgid (which rustix does not offer) take plain ids and
+        // change only this thread's credentials.
         unsafe {
             libc::setfsuid(0);
             libc::setfsgid(self.gid);
-            libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr());
         }
-    }
-}
-
-/// The thread's supplementary groups.
-fn current_groups() -> Vec<libc::gid_t> {
-    // SAFETY: getgroups with a zero size only counts; the second call gets a buffer of
-    // that many entries.
-    unsafe {
-        let n = libc::getgroups(0, std::ptr::null_mut());
-        if n <= 0 {
-            return Vec::new();
-        }
-        let mut groups = vec![0; n as usize];
-        let got = libc::getgroups(n, groups.as_mut_ptr());
-        groups.truncate(got.max(0) as usize);
-        groups
+        let _ = rustix::thread::set_thread_groups(&self.groups);
     }
 }
 
 /// Takes on `user`'s file-system identity on this thread until the guard drops.
 fn switch(user: &RunAs) -> Restore {
-    // SAFETY: getfsgid-by-setfsgid(-1) idiom: an invalid id changes nothing and
-    // answers the current one.
-    let gid = unsafe { libc::setfsgid(u32::MAX) } as u32;
-    let restore = Restore {
-        gid,
-        groups: current_groups(),
-    };
-    let mut groups: Vec<libc::gid_t> = user.groups.clone();
-    if !groups.contains(&user.gid) {
-        groups.insert(0, user.gid);
+    // getgroups is the raw system call too: this thread's groups.
+    let saved_groups = rustix::process::getgroups().unwrap_or_default();
+    let mut groups: Vec<Gid> = user.groups.iter().map(|&g| Gid::from_raw(g)).collect();
+    if !user.groups.contains(&user.gid) {
+        groups.insert(0, Gid::from_raw(user.gid));
     }
-    // SAFETY: as in Restore::drop. The order matters: groups and fsgid while this
-    // thread still has its capabilities, fsuid last.
-    unsafe {
-        libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr());
+    // The order matters: groups and fsgid while this thread still has its capabilities,
+    // fsuid last. rustix's `set_thread_groups` is the raw system call: this thread only.
+    let _ = rustix::thread::set_thread_groups(&groups);
+    // SAFETY: as in Restore::drop. setfsgid(-1) is the getfsgid idiom: an invalid id
+    // changes nothing and answers the current one.
+    let gid = unsafe {
+        let gid = libc::setfsgid(u32::MAX) as u32;
         libc::setfsgid(user.gid);
         libc::setfsuid(user.uid);
+        gid
+    };
+    Restore {
+        gid,
+        groups: saved_groups,
     }
-    restore
 }
 
 /// Runs `f` on this thread as the image's user when commands run as one (`--user`),
@@ -108,8 +96,7 @@ mod tests {
 
     /// Only root can switch; elsewhere the test says so and passes.
     fn is_root() -> bool {
-        // SAFETY: no arguments.
-        unsafe { libc::geteuid() == 0 }
+        rustix::process::geteuid().is_root()
     }
 
     #[test]

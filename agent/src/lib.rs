@@ -15,7 +15,8 @@
 //! - [`files`] and [`archive`] read and write the sandbox's filesystem; [`health`]
 //!   reports usage. [`buffer`] holds the bounded output buffers.
 //! - [`procfs`] parses `/proc`; [`registry`] keeps processes, sessions and
-//!   terminals by id.
+//!   terminals by id; [`sys`] holds the safe system-call helpers several modules share
+//!   (`openpty`, signal numbers, random ids).
 //! - [`config`] holds the limits and their defaults; [`error`] maps every failure to
 //!   one wire error.
 
@@ -40,6 +41,7 @@ pub mod session;
 pub mod spawn;
 pub mod state;
 pub mod supervise;
+pub mod sys;
 pub mod tools;
 
 #[cfg(test)]

@@ -99,8 +99,8 @@ fn main() -> anyhow::Result<()> {
     // its first environment (/proc/1/environ still holds the token removed below);
     // all of that needs CAP_SYS_PTRACE now, which sandboxes do not have. Commands the
     // agent starts are dumpable again after their execve.
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    // Best effort: an agent that cannot clear the flag still serves.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let args = Args::parse();
     let mut config = Config::new(token(&args)?);
     // Commands must not see the token in their environment.

@@ -7,7 +7,7 @@
 //! Viewers come and go; the terminal lives until its program exits, someone closes it,
 //! or nobody has watched it for its idle timeout.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -102,15 +102,7 @@ impl Pty {
         let mut rest = data;
         while !rest.is_empty() {
             let mut guard = self.master.writable().await?;
-            match guard.try_io(|fd| {
-                // SAFETY: write from a live slice to an fd we own.
-                let n = unsafe { libc::write(fd.as_raw_fd(), rest.as_ptr().cast(), rest.len()) };
-                if n < 0 {
-                    Err(std::io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
-            }) {
+            match guard.try_io(|fd| Ok(rustix::io::write(fd.get_ref(), rest)?)) {
                 Ok(Ok(n)) => rest = &rest[n..],
                 Ok(Err(e)) => return Err(e),
                 Err(_would_block) => continue,
@@ -123,16 +115,14 @@ impl Pty {
         if rows == 0 || cols == 0 {
             return Err(ApiError::invalid("rows and cols must be at least 1"));
         }
-        let size = libc::winsize {
+        let size = rustix::termios::Winsize {
             ws_row: rows,
             ws_col: cols,
             ws_xpixel: 0,
             ws_ypixel: 0,
         };
-        // SAFETY: TIOCSWINSZ reads a winsize that outlives the call; the kernel then
-        // sends SIGWINCH to the terminal's foreground process group.
-        let rc = unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
-        if rc != 0 {
+        // The kernel then sends SIGWINCH to the terminal's foreground process group.
+        if rustix::termios::tcsetwinsize(self.master.get_ref(), size).is_err() {
             return Err(ApiError::new(
                 ErrorCode::ProcessExited,
                 "the terminal is closed",
@@ -148,15 +138,9 @@ impl Pty {
         let number = signal
             .number()
             .ok_or_else(|| ApiError::invalid(format!("unknown signal {signal:?}")))?;
-        // SAFETY: tcgetpgrp on the master side of our own terminal.
-        let fg = unsafe { libc::tcgetpgrp(self.master.as_raw_fd()) };
-        if fg > 0 {
-            // SAFETY: plain kill of a process group.
-            unsafe {
-                libc::kill(-fg, number);
-            }
-        } else {
-            kill_one(self.pid, number);
+        match rustix::termios::tcgetpgrp(self.master.get_ref()) {
+            Ok(fg) => crate::spawn::kill_group(fg.as_raw_pid(), number),
+            Err(_) => kill_one(self.pid, number),
         }
         Ok(())
     }
@@ -323,15 +307,7 @@ async fn read_loop(pty: Arc<Pty>) {
         let Ok(mut guard) = pty.master.readable().await else {
             return;
         };
-        let read = guard.try_io(|fd| {
-            // SAFETY: read into a live buffer from an fd we own.
-            let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 {
-                Err(std::io::Error::last_os_error())
-            } else {
-                Ok(n as usize)
-            }
-        });
+        let read = guard.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut buf[..])?));
         match read {
             Ok(Ok(0)) => return,
             Ok(Ok(n)) => {

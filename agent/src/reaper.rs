@@ -18,10 +18,11 @@
 //! large part of the latency of a short exec.
 
 use std::collections::HashMap;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
+use rustix::process::{waitpid, Pid, PidfdFlags, WaitOptions};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
@@ -98,13 +99,8 @@ impl SpawnGuard<'_> {
 /// Opens a pidfd for `pid` and registers it with the runtime; `None` where pidfds are
 /// unsupported (the SIGCHLD path then delivers the exit alone).
 fn pidfd_open(pid: i32) -> Option<AsyncFd<OwnedFd>> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the fd was just returned to us and is owned by nobody else.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let pid = Pid::from_raw(pid.max(0))?;
+    let owned = rustix::process::pidfd_open(pid, PidfdFlags::empty()).ok()?;
     // SAFETY: an OwnedFd stays open and keeps its number for as long as it is owned,
     // here by the AsyncFd.
     unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }.ok()
@@ -156,10 +152,9 @@ impl Reaper {
     /// Makes this process the reaper of its orphaned descendants when it is not PID 1,
     /// so that the agent behaves the same when run outside a sandbox.
     pub fn become_subreaper() {
-        // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes plain integers.
-        unsafe {
-            libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-        }
+        // Best effort, as before: when it fails, orphans go to the real PID 1. (rustix
+        // passes the pid on as prctl's flag, so any `Some` turns the flag on.)
+        let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
     }
 
     /// Takes the spawn lock; hold it across fork/exec and register the pid.
@@ -196,29 +191,28 @@ impl Reaper {
             let pids: Vec<i32> = self.lock_waiters().keys().copied().collect();
             let mut reaped = 0;
             for pid in pids {
-                let mut status = 0;
-                // SAFETY: waitpid of one of our own children with a valid out pointer.
-                if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                let Some(child) = Pid::from_raw(pid.max(0)) else {
+                    continue;
+                };
+                if let Ok(Some((_, status))) = waitpid(Some(child), WaitOptions::NOHANG) {
                     reaped += 1;
                     if let Some(tx) = self.lock_waiters().remove(&pid) {
-                        let _ = tx.send(Exit::from_raw(status));
+                        let _ = tx.send(Exit::from_raw(status.as_raw()));
                     }
                 }
             }
             return reaped;
         }
         let mut reaped = 0;
-        loop {
-            let mut status = 0;
-            // SAFETY: waitpid with a valid out pointer.
-            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-            if pid <= 0 {
-                break;
-            }
+        // `wait` is waitpid(-1): any child, whatever its process group. (rustix's
+        // `waitpid(None)` is waitpid(0), this process's group only, which would never
+        // collect the commands: each runs in a group of its own.) Until nothing more
+        // has exited (`None`) or no children are left (ECHILD).
+        while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
             reaped += 1;
-            match self.lock_waiters().remove(&pid) {
+            match self.lock_waiters().remove(&pid.as_raw_pid()) {
                 Some(tx) => {
-                    let _ = tx.send(Exit::from_raw(status));
+                    let _ = tx.send(Exit::from_raw(status.as_raw()));
                 }
                 None => {
                     self.orphans_reaped.fetch_add(1, Ordering::Relaxed);

@@ -64,23 +64,18 @@ where
 /// The listening Unix socket inherited as `fd`. It is marked close-on-exec first: a
 /// command that inherited it could accept the orchestrator's connections itself.
 fn inherited_listener(fd: i32) -> std::io::Result<UnixListener> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    // SAFETY: fstat and fcntl on a descriptor number; failures are reported, not UB.
-    unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        if libc::fstat(fd, &mut st) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a socket",
-            ));
-        }
-        if libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+    // SAFETY: the number is only looked at (fstat, fcntl) while borrowed here; a number
+    // that is not open makes those calls fail, which is reported.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let st = rustix::fs::fstat(borrowed)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Socket {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a socket",
+        ));
     }
+    rustix::io::fcntl_setfd(borrowed, rustix::io::FdFlags::CLOEXEC)?;
     // SAFETY: the descriptor is open (fstat succeeded) and nothing else in this process
     // owns it: it was inherited for this purpose only.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };

@@ -200,21 +200,19 @@ pub fn sh_quote(text: &str) -> String {
 }
 
 fn nonce() -> String {
-    let mut bytes = [0u8; 12];
-    // SAFETY: getrandom writes at most `len` bytes into the buffer.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if n != bytes.len() as isize {
-        // Fall back to time and a counter; uniqueness, not secrecy, is what matters.
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let c = COUNTER.fetch_add(1, Ordering::Relaxed);
-        return format!("__ORCHARD_{t:x}_{c}__");
+    match crate::sys::random_hex(12) {
+        Ok(hex) => format!("__ORCHARD_{hex}__"),
+        Err(_) => {
+            // Fall back to time and a counter; uniqueness, not secrecy, is what matters.
+            static COUNTER: AtomicU64 = AtomicU64::new(0);
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let c = COUNTER.fetch_add(1, Ordering::Relaxed);
+            format!("__ORCHARD_{t:x}_{c}__")
+        }
     }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("__ORCHARD_{hex}__")
 }
 
 /// Finds the end marker in a stream, capturing what comes before it.

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use orchard_protocol::{Command, ErrorCode, ExecRequest};
+use rustix::process::{Gid, Pid, Uid};
 use tokio::net::unix::pipe;
 
 use crate::error::ApiError;
@@ -197,7 +198,10 @@ fn command(spec: &SpawnSpec) -> std::process::Command {
         cmd.current_dir(cwd);
     }
     if let Some(user) = RUN_AS.get() {
-        let user = user.clone();
+        // The rustix calls are the raw system calls, which act on the calling thread
+        // only: right in the child, which has just the one thread.
+        let groups: Vec<Gid> = user.groups.iter().map(|&g| Gid::from_raw(g)).collect();
+        let (uid, gid) = (Uid::from_raw(user.uid), Gid::from_raw(user.gid));
         // SAFETY: runs between fork and exec and only makes the async-signal-safe
         // setgroups/setgid/setuid calls on data allocated before the fork. Done here
         // rather than with `CommandExt::uid`, which would clear the supplementary
@@ -205,12 +209,9 @@ fn command(spec: &SpawnSpec) -> std::process::Command {
         // as root keep the fast path.)
         unsafe {
             cmd.pre_exec(move || {
-                if libc::setgroups(user.groups.len(), user.groups.as_ptr()) != 0
-                    || libc::setgid(user.gid) != 0
-                    || libc::setuid(user.uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
+                rustix::thread::set_thread_groups(&groups)?;
+                rustix::thread::set_thread_gid(gid)?;
+                rustix::thread::set_thread_uid(uid)?;
                 Ok(())
             });
         }
@@ -296,50 +297,18 @@ pub fn spawn_pty(
     rows: u16,
     cols: u16,
 ) -> Result<SpawnedPty, SpawnError> {
-    use std::os::fd::{AsRawFd, FromRawFd};
     let program = &spec.argv[0];
-    let (mut master, mut slave) = (-1, -1);
-    let size = libc::winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: openpty writes two fds into the out-parameters; name and termios may be
-    // null, and `size` outlives the call.
-    let rc = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            &size,
-        )
-    };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        return Err(failed(
+    let (master, slave) = crate::sys::openpty(rows, cols).map_err(|err| {
+        failed(
             program,
             &format!(
                 "cannot open a terminal: {}",
                 crate::error::describe_io(&err)
             ),
-        ));
-    }
-    // SAFETY: both fds were just opened by openpty and are owned by nobody else.
-    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-    for fd in [&master, &slave] {
-        // SAFETY: fcntl on an fd we own. Close-on-exec keeps other children from
-        // inheriting the terminal; the child gets the slave through dup2 onto 0-2.
-        unsafe {
-            libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC);
-        }
-    }
-    // SAFETY: as above; the agent reads the master side asynchronously.
-    unsafe {
-        let flags = libc::fcntl(master.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(master.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
-    }
+        )
+    })?;
+    // The agent reads the master side asynchronously.
+    rustix::io::ioctl_fionbio(&master, true).map_err(|e| failed(program, &e.to_string()))?;
     let stdio = |fd: &OwnedFd| -> Result<Stdio, SpawnError> {
         fd.try_clone()
             .map(Stdio::from)
@@ -352,13 +321,13 @@ pub fn spawn_pty(
     if !spec.env.contains_key("TERM") {
         cmd.env("TERM", "xterm-256color");
     }
-    // SAFETY: runs between fork and exec; only async-signal-safe calls on fd 0, which
-    // is the terminal's slave side by then.
+    // SAFETY: runs between fork and exec; only async-signal-safe system calls (setsid,
+    // the TIOCSCTTY ioctl) on fd 0, which is open as the terminal's slave side by then.
+    // (Not `std::io::stdin()`: its first use allocates, which a forked child must not.)
     unsafe {
         cmd.pre_exec(|| {
-            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            rustix::process::setsid()?;
+            rustix::process::ioctl_tiocsctty(std::os::fd::BorrowedFd::borrow_raw(0))?;
             Ok(())
         });
     }
@@ -462,28 +431,22 @@ fn spawn_error(program: &str, spec: &SpawnSpec, err: &std::io::Error) -> SpawnEr
 
 /// Sends `signal` to the process group `pgid`. Errors (group already gone) are ignored.
 pub fn kill_group(pgid: i32, signal: i32) {
-    if pgid > 0 {
-        // SAFETY: kill with a negative pid addresses a process group.
-        unsafe {
-            libc::kill(-pgid, signal);
-        }
+    if let (Some(pgid), Some(signal)) = (Pid::from_raw(pgid.max(0)), crate::sys::signal(signal)) {
+        let _ = rustix::process::kill_process_group(pgid, signal);
     }
 }
 
-/// Sends `signal` to the single process `pid`.
+/// Sends `signal` to the single process `pid`. Errors (already gone) are ignored.
 pub fn kill_one(pid: i32, signal: i32) {
-    if pid > 0 {
-        // SAFETY: plain kill.
-        unsafe {
-            libc::kill(pid, signal);
-        }
+    if let (Some(pid), Some(signal)) = (Pid::from_raw(pid.max(0)), crate::sys::signal(signal)) {
+        let _ = rustix::process::kill_process(pid, signal);
     }
 }
 
 /// Whether any process is left in group `pgid`.
 pub fn group_alive(pgid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    pgid > 0 && unsafe { libc::kill(-pgid, 0) } == 0
+    Pid::from_raw(pgid.max(0))
+        .is_some_and(|pgid| rustix::process::test_kill_process_group(pgid).is_ok())
 }
 
 #[cfg(test)]

@@ -58,10 +58,10 @@ struct Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        // SAFETY: plain kill of our own child.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
+        // SIGTERM, not `Child::kill`'s SIGKILL: the agent shuts down as it would in a
+        // sandbox. Already gone is fine.
+        let pid = rustix::process::Pid::from_child(&self.child);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

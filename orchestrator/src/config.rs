@@ -388,8 +388,7 @@ pub struct Config {
 }
 
 fn default_data_dir() -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if rustix::process::geteuid().is_root() {
         return PathBuf::from("/var/lib/orchard");
     }
     match std::env::var_os("XDG_STATE_HOME") {

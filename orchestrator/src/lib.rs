@@ -9,6 +9,7 @@
 //! - [`server`]: the REST API (Orchard-compatible routes and `/v1/`).
 //! - [`config`], [`serve`]: `orchard serve`; [`cli`]: the commands for people.
 //! - [`metrics`], [`log`]: Prometheus metrics and JSON logs.
+//! - [`random`]: the one source of random ids, tokens and keys.
 
 pub mod atomic_file;
 pub mod backend;
@@ -17,6 +18,7 @@ pub mod config;
 pub mod image;
 pub mod log;
 pub mod metrics;
+pub mod random;
 pub mod serve;
 pub mod server;
 pub mod service;

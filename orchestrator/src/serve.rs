@@ -30,6 +30,16 @@ pub enum ServeError {
 
 /// The key file under the data directory: the generated key, kept across restarts.
 fn generated_key(data_dir: &Path) -> Result<String, ServeError> {
+    generated_key_from(data_dir, getrandom::fill)
+}
+
+/// [`generated_key`] with the random source as a parameter. When `fill` fails, no key
+/// is made or written: the server refuses to start rather than guard its API with a
+/// key of predictable bytes.
+fn generated_key_from(
+    data_dir: &Path,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), getrandom::Error>,
+) -> Result<String, ServeError> {
     let path = data_dir.join("api-key");
     if let Ok(k) = std::fs::read_to_string(&path) {
         let k = k.trim().to_string();
@@ -37,7 +47,9 @@ fn generated_key(data_dir: &Path) -> Result<String, ServeError> {
             return Ok(k);
         }
     }
-    let key = format!("ork_{}", crate::service::random_hex(24));
+    let random = crate::random::hex_from(24, fill)
+        .map_err(|e| ServeError::Setup(format!("generating an API key: {e}")))?;
+    let key = format!("ork_{random}");
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -274,4 +286,36 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         service.shutdown().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regression_generated_api_key_is_not_used_when_getrandom_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        // The source wrote some bytes, then failed: the old helper hex-encoded the
+        // buffer whatever getrandom answered.
+        let failed = generated_key_from(dir.path(), |buf| {
+            buf.fill(7);
+            Err(getrandom::Error::UNEXPECTED)
+        });
+        let err = failed.expect_err("a key from a failed generator");
+        assert!(err.to_string().contains("generating an API key"), "{err}");
+        assert!(!dir.path().join("api-key").exists(), "nothing is written");
+
+        let key = generated_key_from(dir.path(), |buf| {
+            buf.fill(0xab);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(key, format!("ork_{}", "ab".repeat(24)));
+        let kept = generated_key_from(dir.path(), |_| Err(getrandom::Error::UNEXPECTED));
+        assert_eq!(
+            kept.unwrap(),
+            key,
+            "a saved key is read back, not regenerated"
+        );
+    }
 }

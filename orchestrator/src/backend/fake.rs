@@ -165,7 +165,7 @@ impl Backend for FakeBackend {
             if self.lock().contains_key(&spec.id) {
                 return Err(BackendError::Exists(spec.id));
             }
-            let token = crate::service::random_hex(16);
+            let token = crate::random::hex(16).map_err(|e| BackendError::Failed(e.to_string()))?;
             let (agent, server) = self.serve_agent(&spec.id, &token).await?;
             let info = BackendSandbox {
                 id: spec.id.clone(),

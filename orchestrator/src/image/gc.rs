@@ -110,16 +110,8 @@ impl std::fmt::Display for Budget {
 }
 
 fn filesystem_size(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes into the zeroed struct we own; the path is NUL-terminated.
-    unsafe {
-        let mut stat: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c_path.as_ptr(), &mut stat) != 0 {
-            return None;
-        }
-        Some(stat.f_blocks.saturating_mul(stat.f_frsize))
-    }
+    let stat = rustix::fs::statvfs(path).ok()?;
+    Some(stat.f_blocks.saturating_mul(stat.f_frsize))
 }
 
 /// What live sandboxes use, which a budget pass must keep.

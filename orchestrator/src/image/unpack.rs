@@ -31,6 +31,8 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use flate2::read::MultiGzDecoder;
+use rustix::fs::{AtFlags, FileType, Gid, Mode, Timespec, Timestamps, Uid, XattrFlags, CWD};
+use rustix::io::Errno;
 use tar::EntryType;
 
 use super::digest::HashingReader;
@@ -229,8 +231,7 @@ impl<'a> Unpacker<'a> {
             what,
             known_dirs: HashSet::new(),
             dirs: Vec::new(),
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            chown: unsafe { libc::geteuid() } == 0,
+            chown: rustix::process::geteuid().is_root(),
             buffer: vec![0; CHUNK],
             entries: 0,
         }
@@ -567,15 +568,9 @@ impl<'a> Unpacker<'a> {
 
     fn mknod(&self, path: &Path, mode: libc::mode_t, dev: libc::dev_t) -> Result<(), ImageError> {
         let c_path = c_path(path).map_err(|err| self.io_error("cannot create", path, err))?;
-        // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
-        if unsafe { libc::mknod(c_path.as_ptr(), mode, dev) } != 0 {
-            return Err(self.io_error(
-                "cannot create device node",
-                path,
-                io::Error::last_os_error(),
-            ));
-        }
-        Ok(())
+        let (kind, perms) = (FileType::from_raw_mode(mode), Mode::from_raw_mode(mode));
+        rustix::fs::mknodat(CWD, c_path.as_c_str(), kind, perms, dev)
+            .map_err(|err| self.io_error("cannot create device node", path, err.into()))
     }
 
     fn set_owner(&self, path: &Path, meta: &Meta) -> Result<(), ImageError> {
@@ -583,11 +578,16 @@ impl<'a> Unpacker<'a> {
             return Ok(());
         }
         let c_path = c_path(path).map_err(|err| self.io_error("cannot chown", path, err))?;
-        // SAFETY: c_path is a valid NUL-terminated string; lchown does not follow links.
-        if unsafe { libc::lchown(c_path.as_ptr(), meta.uid, meta.gid) } != 0 {
-            return Err(self.io_error("cannot chown", path, io::Error::last_os_error()));
-        }
-        Ok(())
+        let (uid, gid) = (Uid::from_raw(meta.uid), Gid::from_raw(meta.gid));
+        // SYMLINK_NOFOLLOW: a link itself is chowned (lchown), never its target.
+        rustix::fs::chownat(
+            CWD,
+            c_path.as_c_str(),
+            Some(uid),
+            Some(gid),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(|err| self.io_error("cannot chown", path, err.into()))
     }
 
     fn set_mode(&self, path: &Path, mode: u32) -> Result<(), ImageError> {
@@ -649,24 +649,15 @@ fn c_path(path: &Path) -> io::Result<CString> {
 /// Sets atime and mtime of `path` itself (not a link's target).
 fn set_mtime(path: &Path, mtime: i64) -> io::Result<()> {
     let c_path = c_path(path)?;
-    let time = libc::timespec {
-        tv_sec: mtime as libc::time_t,
+    let time = Timespec {
+        tv_sec: mtime,
         tv_nsec: 0,
     };
-    let times = [time, time];
-    // SAFETY: c_path is NUL-terminated and times is an array of two timespecs, both
-    // outliving the call.
-    if unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c_path.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
+    let times = Timestamps {
+        last_access: time,
+        last_modification: time,
+    };
+    rustix::fs::utimensat(CWD, c_path.as_c_str(), &times, AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(())
 }
 
@@ -675,20 +666,12 @@ pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     let c_path = c_path(path)?;
     let c_name = CString::new(name)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "xattr name has a NUL byte"))?;
-    // SAFETY: both strings are NUL-terminated and value is a valid buffer of its length,
-    // all outliving the call.
-    let rc = unsafe {
-        libc::lsetxattr(
-            c_path.as_ptr(),
-            c_name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    rustix::fs::lsetxattr(
+        c_path.as_c_str(),
+        c_name.as_c_str(),
+        value,
+        XattrFlags::empty(),
+    )?;
     Ok(())
 }
 
@@ -698,24 +681,14 @@ pub fn get_xattr(path: &Path, name: &str) -> io::Result<Option<Vec<u8>>> {
     let c_name = CString::new(name)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "xattr name has a NUL byte"))?;
     let mut buffer = vec![0u8; 256];
-    // SAFETY: both strings are NUL-terminated and buffer is valid for its length.
-    let rc = unsafe {
-        libc::lgetxattr(
-            c_path.as_ptr(),
-            c_name.as_ptr(),
-            buffer.as_mut_ptr().cast(),
-            buffer.len(),
-        )
-    };
-    if rc < 0 {
-        let err = io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(libc::ENODATA) => Ok(None),
-            _ => Err(err),
-        };
+    match rustix::fs::lgetxattr(c_path.as_c_str(), c_name.as_c_str(), &mut buffer[..]) {
+        Ok(len) => {
+            buffer.truncate(len);
+            Ok(Some(buffer))
+        }
+        Err(Errno::NODATA) => Ok(None),
+        Err(err) => Err(err.into()),
     }
-    buffer.truncate(rc as usize);
-    Ok(Some(buffer))
 }
 
 #[cfg(test)]
@@ -791,8 +764,7 @@ mod tests {
     /// whiteouts (mknod 0/0), which only root may do. As another user the test says it
     /// skipped, so a non-root `cargo test` reports what it did not check.
     fn as_root(test: &str) -> bool {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = rustix::process::geteuid().is_root();
         if !root {
             eprintln!("skipped {test}: needs root (chown and mknod)");
         }

@@ -424,7 +424,8 @@ async fn patch_with_tools(
     patch: &str,
     limit: Duration,
 ) -> Result<PatchResult, String> {
-    let file = format!("/tmp/.orchard-patch-{}", crate::service::random_hex(6));
+    let tag = crate::random::hex(6).map_err(|e| e.to_string())?;
+    let file = format!("/tmp/.orchard-patch-{tag}");
     live.agent
         .write_file(&file, patch.as_bytes().to_vec(), None)
         .await
@@ -518,7 +519,7 @@ async fn upload(
         let probe = format!(
             "{}/.orchard-upload-probe-{}",
             dir.trim_end_matches('/'),
-            crate::service::random_hex(6)
+            crate::random::hex(6)?
         );
         match live.agent.write_file(&probe, Vec::new(), None).await {
             Err(e) => return Err(e.into()),
@@ -546,7 +547,7 @@ impl Spool {
         let fail = |e: std::io::Error| Error::internal("cannot spool the upload", e);
         std::fs::create_dir_all(&dir).map_err(fail)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(fail)?;
-        let path = dir.join(format!("upload-{}", crate::service::random_hex(8)));
+        let path = dir.join(format!("upload-{}", crate::random::hex(8)?));
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

@@ -18,7 +18,7 @@ use tokio::io::AsyncWriteExt;
 use super::compat::ApiQuery;
 use super::{ApiJson, AppState, Auth};
 use crate::image::{Image, Progress};
-use crate::service::{random_hex, Error};
+use crate::service::Error;
 
 /// Largest uploaded image archive.
 pub const MAX_IMPORT: u64 = 64 << 30;
@@ -166,7 +166,7 @@ async fn import(
     tokio::fs::create_dir_all(&tmp_dir)
         .await
         .map_err(|e| Error::internal("cannot store the upload", e))?;
-    let path = tmp_dir.join(format!("upload-{}", random_hex(8)));
+    let path = tmp_dir.join(format!("upload-{}", crate::random::hex(8)?));
     let guard = TempFile(path.clone());
     let mut file = tokio::fs::File::create(&path)
         .await

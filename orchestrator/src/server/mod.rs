@@ -199,6 +199,16 @@ impl FromRequestParts<AppState> for Auth {
     }
 }
 
+/// A request id for a request that came without one. Ids must be unique, not secret:
+/// when the random generator fails, a process-wide counter stands in.
+fn new_request_id() -> String {
+    crate::random::hex(8).unwrap_or_else(|_| {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}-{n}", std::process::id())
+    })
+}
+
 async fn observe(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let started = Instant::now();
     let request_id = req
@@ -206,7 +216,7 @@ async fn observe(State(state): State<AppState>, mut req: Request, next: Next) ->
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map_or_else(|| crate::service::random_hex(8), str::to_string);
+        .map_or_else(new_request_id, str::to_string);
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         req.headers_mut().insert("x-request-id", v);
     }

@@ -13,7 +13,7 @@ use crate::state::{JobOptions, JobRecord, Lease, Phase, StoreError, Topic};
 
 pub use crate::state::memory::{DEFAULT_OUTPUT_BUDGET, DROPPED_NOTE, RESTART_ERROR};
 
-use super::{now_ms, now_secs, random_hex, Error, Service, Tenant};
+use super::{now_ms, now_secs, Error, Service, Tenant};
 
 /// How a job ended: `exit_code` and output when it ran, `error` when it could not run
 /// or timed out, `truncated` when the output passed the cap.
@@ -50,7 +50,7 @@ impl Service {
             }
         }
         let job = Job {
-            job_id: format!("job-{}", random_hex(8)),
+            job_id: format!("job-{}", crate::random::hex(8)?),
             sandbox_id: id.to_string(),
             command,
             status: JobStatus::Queued,

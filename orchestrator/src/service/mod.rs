@@ -277,53 +277,6 @@ pub fn iso(ms: u64) -> String {
     crate::time::rfc3339(ms)
 }
 
-/// `n` random bytes as hex, for API keys, tokens and ids. Aborts the process when the
-/// kernel's generator fails: a key or token made of predictable bytes is worse than no
-/// server.
-pub fn random_hex(n: usize) -> String {
-    match random_hex_from(n, |buf| {
-        // SAFETY: writes at most `buf.len()` bytes into `buf`.
-        let r = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(r as usize)
-        }
-    }) {
-        Ok(hex) => hex,
-        Err(e) => {
-            eprintln!(
-                "orchard: the kernel's random number generator failed ({e}); refusing to \
-                 make keys, tokens or ids from predictable bytes"
-            );
-            std::process::abort()
-        }
-    }
-}
-
-/// `n` bytes from `fill` (which may return fewer than asked, or be interrupted) as hex.
-fn random_hex_from(
-    n: usize,
-    mut fill: impl FnMut(&mut [u8]) -> std::io::Result<usize>,
-) -> std::io::Result<String> {
-    let mut bytes = vec![0u8; n];
-    let mut done = 0;
-    while done < n {
-        match fill(&mut bytes[done..]) {
-            Ok(0) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "no random bytes",
-                ))
-            }
-            Ok(k) => done += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(hex::encode(bytes))
-}
-
 impl Service {
     /// Starts the service on `backend` with the in-memory store (its job journal in
     /// `<data_dir>/jobs`): adopts what a previous process left, rebuilds the records and
@@ -360,7 +313,7 @@ impl Service {
                 pending: AtomicU64::new(0),
                 create_slots: tokio::sync::Semaphore::new(slots),
                 started: Instant::now(),
-                holder: format!("orchard-{}-{}", std::process::id(), random_hex(4)),
+                holder: format!("orchard-{}-{}", std::process::id(), crate::random::hex(4)?),
             }),
         };
         service.adopt().await?;
@@ -436,6 +389,12 @@ impl Service {
 }
 
 /// The store failing is the service's failure (a 500/503), never the client's.
+impl From<crate::random::RandomError> for Error {
+    fn from(e: crate::random::RandomError) -> Self {
+        Error::internal("cannot make a random id", e)
+    }
+}
+
 impl From<crate::state::StoreError> for Error {
     fn from(e: crate::state::StoreError) -> Self {
         use crate::state::StoreError as S;
@@ -443,34 +402,6 @@ impl From<crate::state::StoreError> for Error {
             S::Unavailable(m) => Error::Unavailable(format!("the state store failed: {m}")),
             e => Error::internal("the state store refused a write", e),
         }
-    }
-}
-
-#[cfg(test)]
-mod random_tests {
-    use super::*;
-
-    #[test]
-    fn regression_a_failing_generator_is_an_error_not_zero_bytes() {
-        let e = random_hex_from(16, |_| Err(std::io::Error::from_raw_os_error(libc::ENOSYS)));
-        assert!(e.is_err());
-        let mut calls = 0;
-        let short = random_hex_from(4, |buf| {
-            calls += 1;
-            match calls {
-                1 => Err(std::io::Error::from(std::io::ErrorKind::Interrupted)),
-                _ => {
-                    buf[0] = 0xab;
-                    Ok(1)
-                }
-            }
-        });
-        assert_eq!(
-            short.unwrap(),
-            "abababab",
-            "short reads and EINTR are retried"
-        );
-        assert_eq!(random_hex(8).len(), 16);
     }
 }
 

@@ -18,8 +18,8 @@ use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version
 
 use super::runtime::Live;
 use super::{
-    exec, now_ms, random_hex, units, validate_env_and_labels, BadLabel, CreateRequest, Error,
-    OverCapacity, QuotaExceeded, Service, Tenant, MAX_TTL_S, META,
+    exec, now_ms, units, validate_env_and_labels, BadLabel, CreateRequest, Error, OverCapacity,
+    QuotaExceeded, Service, Tenant, MAX_TTL_S, META,
 };
 
 /// The quota counter of a tenant's sandboxes.
@@ -299,7 +299,7 @@ impl Service {
                 }
                 id.clone()
             }
-            None => format!("sb-{}", random_hex(6)),
+            None => format!("sb-{}", crate::random::hex(6)?),
         };
         let cfg = &self.inner.config;
         let room = (cfg.max_concurrent_creates.max(1) + cfg.create_queue) as u64;
@@ -313,7 +313,7 @@ impl Service {
             return Err(Error::SandboxExists(id));
         }
         self.take_quota(tenant).await?;
-        let rec = self.new_record(id.clone(), tenant, &req, ready_timeout, ttl, now_ms());
+        let rec = self.new_record(id.clone(), tenant, &req, ready_timeout, ttl, now_ms())?;
         match self.store().insert_sandbox(rec.clone()).await {
             Ok(_) => {}
             Err(e) => {
@@ -342,12 +342,12 @@ impl Service {
         ready_timeout: Duration,
         ttl: Option<Duration>,
         created_ms: u64,
-    ) -> SandboxRecord {
+    ) -> Result<SandboxRecord, Error> {
         let defaults = &self.inner.config.defaults;
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        SandboxRecord {
+        Ok(SandboxRecord {
             id,
-            uid: random_hex(8),
+            uid: crate::random::hex(8)?,
             tenant: tenant.0.clone(),
             image: req.image.clone(),
             cpu: req.cpu.clone().unwrap_or_else(|| defaults.cpu.clone()),
@@ -364,7 +364,7 @@ impl Service {
             heartbeat_ms: None,
             phase: Phase::Pending,
             agent: None,
-        }
+        })
     }
 
     /// What the backend is asked for; the server's own metadata rides in its labels, so
@@ -590,7 +590,7 @@ impl Service {
                 .and_then(|t| t.parse().ok())
                 .unwrap_or_else(now_ms);
             let mut rec =
-                self.new_record(sb.id.clone(), &tenant, &req, Duration::ZERO, ttl, created);
+                self.new_record(sb.id.clone(), &tenant, &req, Duration::ZERO, ttl, created)?;
             rec.phase = Phase::Ready;
             rec.agent = Some(self.probe(&sb).await);
             // Adopted sandboxes count against the quota, but are never refused by it.

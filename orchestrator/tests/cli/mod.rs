@@ -311,45 +311,22 @@ struct Terminal {
 
 impl Terminal {
     fn open(rows: u16, cols: u16) -> Terminal {
-        let (mut master, mut slave) = (-1, -1);
-        let ws = libc::winsize {
-            ws_row: rows,
-            ws_col: cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        // SAFETY: openpty writes two fds; name and termios may be null.
-        let rc = unsafe {
-            libc::openpty(
-                &mut master,
-                &mut slave,
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                &ws,
-            )
-        };
-        assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
-        // SAFETY: fresh fds, owned from here on.
-        let (master, slave) =
-            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let (master, slave) = orchard_agent::sys::openpty(rows, cols).expect("openpty");
         let master = Arc::new(master);
         let output: Arc<(Mutex<Vec<u8>>, Condvar)> = Arc::default();
         let (m, out) = (master.clone(), output.clone());
         let reader = std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             loop {
-                // SAFETY: read into a buffer we own; EIO once no slave is open.
-                let n = unsafe { libc::read(m.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-                if n <= 0 {
-                    if n < 0
-                        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-                    {
-                        continue;
-                    }
-                    break;
-                }
+                // EIO once no slave is open.
+                let n = match rustix::io::read(&*m, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => break,
+                };
                 let (lock, cv) = &*out;
-                lock.lock().unwrap().extend_from_slice(&buf[..n as usize]);
+                lock.lock().unwrap().extend_from_slice(&buf[..n]);
                 cv.notify_all();
             }
         });

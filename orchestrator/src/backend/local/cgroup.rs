@@ -12,6 +12,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal};
+
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -161,12 +163,10 @@ pub async fn remove(dir: &Path, limit: Duration) -> Result<(), CgroupError> {
                 Err(_) => {}
             }
         } else {
-            for pid in &pids {
-                // SAFETY: kill with plain integer arguments; these pids are in the
-                // sandbox's cgroup, so they are the sandbox's processes.
-                unsafe {
-                    libc::kill(*pid, libc::SIGKILL);
-                }
+            // These pids are in the sandbox's cgroup, so they are the sandbox's
+            // processes. One already gone is fine.
+            for pid in pids.iter().filter_map(|&p| Pid::from_raw(p.max(0))) {
+                let _ = rustix::process::kill_process(pid, Signal::KILL);
             }
             if Instant::now() >= deadline {
                 return Err(err(format!("processes {pids:?} do not die")));

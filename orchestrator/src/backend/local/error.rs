@@ -66,6 +66,9 @@ pub enum LocalError {
     /// State file.
     #[error(transparent)]
     State(#[from] StateError),
+    /// No random bytes for a sandbox id, agent token or backend tag.
+    #[error(transparent)]
+    Random(#[from] crate::random::RandomError),
     /// The agent did not answer in time or died.
     #[error(
         "the agent of sandbox {id} did not become ready: {reason}\n--- agent/runc log ---\n{log}"

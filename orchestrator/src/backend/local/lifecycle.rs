@@ -19,11 +19,11 @@ use crate::backend::local::process::ProcRef;
 use crate::backend::local::request::{build_env, valid_hostname, validate_labels};
 use crate::backend::local::spec::ResourceLimits;
 use crate::backend::local::state::{self, Phase, SandboxState};
+use crate::backend::local::RecoverReport;
 use crate::backend::local::{
     audit, cgroup, network, rootfs, runc, spec, valid_id, Entry, FailPoint, Inner, Limits,
     LocalError, NetworkMode, Paths, SandboxInfo, SandboxSpec, ANNOTATION_PREFIX,
 };
-use crate::backend::local::{random_hex, RecoverReport};
 
 /// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -40,7 +40,7 @@ impl Inner {
     ) -> Result<SandboxInfo, LocalError> {
         let id = match &spec.id {
             Some(id) => id.clone(),
-            None => format!("sb-{}", random_hex(6)?),
+            None => format!("sb-{}", crate::random::hex(6)?),
         };
         if !valid_id(&id) {
             return Err(LocalError::InvalidId(id));
@@ -126,7 +126,7 @@ impl Inner {
             fs::create_dir(d).map_err(io_err("creating", d))?;
         }
         let created_unix_ms = state::now_unix_ms();
-        let token = random_hex(16)?;
+        let token = crate::random::hex(16)?;
         let cgroup_name = self.cgroup_name(id);
         *state_slot = Some(SandboxState {
             version: state::STATE_VERSION,
@@ -449,7 +449,7 @@ impl Inner {
         // ourselves first lets `runc delete` see a stopped container and skip the
         // 100 ms polls it makes when it has to kill a running one.
         if let Some(init) = init {
-            init.signal(libc::SIGKILL);
+            init.signal(rustix::process::Signal::KILL);
             if let Err(e) = init.wait_exit(KILL_WAIT, "the container's init").await {
                 problems.push(e.to_string());
             }

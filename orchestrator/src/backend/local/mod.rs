@@ -60,8 +60,6 @@ pub mod sys;
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -76,7 +74,6 @@ pub use request::{
     DEFAULT_PATH, HARNESS_BIN,
 };
 
-use error::io_err;
 use runc::Runc;
 use state::SandboxState;
 use sys::{Mounter, RealMounter};
@@ -153,15 +150,6 @@ struct BackendFile {
     tag: String,
 }
 
-/// `n` random bytes as hex.
-pub(crate) fn random_hex(n: usize) -> Result<String, LocalError> {
-    let mut bytes = vec![0u8; n];
-    fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(io_err("reading", Path::new("/dev/urandom")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 impl LocalBackend {
     /// Opens (creating if needed) a backend on `config.root`: takes its lock, injects the
     /// agent into the shared volume and makes this process a child subreaper. Sandboxes a
@@ -195,8 +183,9 @@ impl LocalBackend {
             .map_err(root_err(&lock_path))?;
         let deadline = std::time::Instant::now() + config.lock_wait;
         let mut said = false;
-        // SAFETY: flock on an fd we own.
-        while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        while rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .is_err()
+        {
             if std::time::Instant::now() >= deadline {
                 return Err(LocalError::Busy(root));
             }
@@ -219,7 +208,7 @@ impl LocalBackend {
         {
             Some(f) if !f.tag.is_empty() && f.tag.bytes().all(|c| c.is_ascii_hexdigit()) => f.tag,
             _ => {
-                let tag = random_hex(4)?;
+                let tag = crate::random::hex(4)?;
                 let bytes = serde_json::to_vec(&BackendFile { tag: tag.clone() })
                     .map_err(|e| LocalError::Task(e.to_string()))?;
                 fs::write(&backend_file, bytes).map_err(root_err(&backend_file))?;
@@ -246,16 +235,10 @@ impl LocalBackend {
         let swap_accounting = cgroup_parents
             .iter()
             .any(|p| p.join("memory.memsw.limit_in_bytes").exists());
-        let mut rl = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit with a valid out pointer.
-        let nofile = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
-            rl.rlim_max.min(MAX_NOFILE)
-        } else {
-            1024
-        };
+        // No hard limit (infinity) reads as `None`: the cap applies.
+        let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .maximum
+            .map_or(MAX_NOFILE, |max| max.min(MAX_NOFILE));
         Ok(LocalBackend {
             inner: Arc::new(Inner {
                 runc: Runc::new(&config.runc, &runc_root),

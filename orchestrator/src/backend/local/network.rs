@@ -12,7 +12,7 @@
 //! default because the orchestrator and other local services listen there.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -119,14 +119,8 @@ pub async fn start_slirp(
     };
     let log_file = std::fs::File::create(log).map_err(spawn_err)?;
     let log_file2 = log_file.try_clone().map_err(spawn_err)?;
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 with a valid out array of two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(spawn_err(io::Error::last_os_error()));
-    }
-    // SAFETY: pipe2 just returned these two fds and nothing else owns them.
-    let (read_end, write_end) =
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (read_end, write_end) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| spawn_err(e.into()))?;
     let write_raw = write_end.as_raw_fd();
     let mut cmd = Command::new(binary);
     cmd.args(slirp_args(pid, allow_host_loopback))
@@ -182,27 +176,21 @@ pub async fn start_slirp(
 
 /// Blocks until slirp4netns writes to its ready fd, closes it, or `limit` passes.
 fn wait_ready(fd: &OwnedFd, limit: Duration) -> Result<(), String> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut pfd = [PollFd::new(fd, PollFlags::IN)];
+    let timeout = Timespec {
+        tv_sec: limit.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: limit.subsec_nanos().into(),
     };
-    let ms = limit.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: poll on one valid pollfd.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if rc == 0 {
-        return Err(format!("no answer within {limit:?}"));
-    }
-    if rc < 0 {
-        return Err(format!("poll: {}", io::Error::last_os_error()));
+    match rustix::event::poll(&mut pfd, Some(&timeout)) {
+        Ok(0) => return Err(format!("no answer within {limit:?}")),
+        Ok(_) => {}
+        Err(e) => return Err(format!("poll: {}", io::Error::from(e))),
     }
     let mut buf = [0u8; 8];
-    // SAFETY: read into a valid buffer of its length.
-    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n > 0 {
-        Ok(())
-    } else {
-        Err("it exited before configuring tap0".into())
+    match rustix::io::read(fd, &mut buf) {
+        Ok(n) if n > 0 => Ok(()),
+        _ => Err("it exited before configuring tap0".into()),
     }
 }
 

@@ -12,6 +12,7 @@ use std::fs;
 use std::io;
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, WaitOptions};
 use serde::{Deserialize, Serialize};
 
 /// How often a wait looks again.
@@ -38,13 +39,9 @@ pub enum ProcessError {
 /// Makes this process a child subreaper (see the module doc). Process-wide and
 /// idempotent.
 pub fn become_subreaper() -> Result<(), ProcessError> {
-    // SAFETY: prctl with plain integer arguments.
-    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(ProcessError::Subreaper(io::Error::last_os_error()))
-    }
+    // rustix passes the pid on as prctl's flag, so any `Some` turns the flag on.
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .map_err(|e| ProcessError::Subreaper(e.into()))
 }
 
 /// What `/proc/PID/stat` says about a process.
@@ -111,12 +108,9 @@ impl ProcRef {
     }
 
     /// Sends `signal` if this is still the same process.
-    pub fn signal(&self, signal: libc::c_int) {
-        if self.exists() {
-            // SAFETY: kill with plain integer arguments.
-            unsafe {
-                libc::kill(self.pid, signal);
-            }
+    pub fn signal(&self, signal: Signal) {
+        if let (true, Some(pid)) = (self.exists(), Pid::from_raw(self.pid.max(0))) {
+            let _ = rustix::process::kill_process(pid, signal);
         }
     }
 
@@ -126,17 +120,16 @@ impl ProcRef {
         if !self.exists() {
             return true;
         }
-        let mut status = 0;
-        // SAFETY: waitpid with a valid out pointer.
-        let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
-        if rc == self.pid {
+        let Some(pid) = Pid::from_raw(self.pid.max(0)) else {
             return true;
-        }
-        if rc < 0 {
+        };
+        match rustix::process::waitpid(Some(pid), WaitOptions::NOHANG) {
+            Ok(Some(_)) => true,
+            // Not exited yet.
+            Ok(None) => false,
             // ECHILD: not our child; it is gone for us once it stopped running.
-            return !self.is_running();
+            Err(_) => !self.is_running(),
         }
-        false
     }
 
     /// Waits up to `limit` for the process to exit (reaping it when it is our child).
@@ -164,11 +157,11 @@ impl ProcRef {
         limit: Duration,
         what: &str,
     ) -> Result<(), ProcessError> {
-        self.signal(libc::SIGTERM);
+        self.signal(Signal::TERM);
         if self.wait_exit(grace, what).await.is_ok() {
             return Ok(());
         }
-        self.signal(libc::SIGKILL);
+        self.signal(Signal::KILL);
         self.wait_exit(limit, what).await
     }
 }
@@ -214,7 +207,7 @@ mod tests {
         };
         assert!(!other.is_running());
         // Signalling a process that is not the recorded one is a no-op.
-        other.signal(libc::SIGKILL);
+        other.signal(Signal::KILL);
         assert!(other.try_reap());
     }
 

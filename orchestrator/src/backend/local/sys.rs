@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use rustix::mount::{MountFlags, UnmountFlags};
+
 /// One `mount(2)` call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountRequest {
@@ -56,36 +58,27 @@ impl Mounter for RealMounter {
         let target = cstring(req.target.as_os_str().as_bytes())?;
         let fstype = cstring(req.fstype.as_bytes())?;
         let data = cstring(req.data.as_bytes())?;
-        // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
-        let rc = unsafe {
-            libc::mount(
-                source.as_ptr(),
-                target.as_ptr(),
-                fstype.as_ptr(),
-                req.flags,
-                data.as_ptr().cast(),
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        // Every MS_* flag fits the 32 bits the system call reads.
+        let flags = u32::try_from(req.flags)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mount flags over 32 bits"))?;
+        rustix::mount::mount(
+            source.as_c_str(),
+            target.as_c_str(),
+            fstype.as_c_str(),
+            MountFlags::from_bits_retain(flags),
+            data.as_c_str(),
+        )?;
+        Ok(())
     }
 
     fn unmount(&self, target: &Path, mode: UnmountMode) -> io::Result<()> {
         let target = cstring(target.as_os_str().as_bytes())?;
         let flags = match mode {
-            UnmountMode::Normal => 0,
-            UnmountMode::Detach => libc::MNT_DETACH,
+            UnmountMode::Normal => UnmountFlags::empty(),
+            UnmountMode::Detach => UnmountFlags::DETACH,
         };
-        // SAFETY: `target` is a valid NUL-terminated string.
-        let rc = unsafe { libc::umount2(target.as_ptr(), flags) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        rustix::mount::unmount(target.as_c_str(), flags)?;
+        Ok(())
     }
 }
 

@@ -4,7 +4,6 @@
 
 use std::fs::{self, DirBuilder, File};
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -57,10 +56,7 @@ impl Drop for WorkDir {
 /// layer, so a power cut after the rename cannot leave empty files in a "complete" layer.
 fn syncfs(path: &Path) -> io::Result<()> {
     let dir = File::open(path)?;
-    // SAFETY: the descriptor is valid for the duration of the call.
-    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    rustix::fs::syncfs(&dir)?;
     Ok(())
 }
 
