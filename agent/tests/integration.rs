@@ -22,6 +22,7 @@ use orchard_protocol::process::{ProcessState, SignalRequest, StdinWrite};
 use orchard_protocol::session::{SessionInfo, SessionRunResult};
 use orchard_protocol::signal::Signal;
 use orchard_protocol::{Encoding, ErrorBody, ErrorCode, ExecEvent};
+use orchard_test_support::tar_gz;
 use util::*;
 
 /// The agent's version, which its health must report.
@@ -69,20 +70,6 @@ fn error_body(raw: &orchard_client::RawResponse) -> ErrorBody {
             String::from_utf8_lossy(&raw.body)
         )
     })
-}
-
-/// A tar.gz with the given (path, contents) files.
-fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    let mut builder = tar::Builder::new(gz);
-    for (path, data) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder.append_data(&mut header, path, *data).unwrap();
-    }
-    builder.into_inner().unwrap().finish().unwrap()
 }
 
 /// A plain tar of `(name, type, link target, contents)` entries, names written as

@@ -12,6 +12,7 @@ use futures_util::{SinkExt, StreamExt};
 use orchard_client::{AgentClient, Endpoint};
 use orchard_protocol::output::{b64_decode, b64_encode};
 use orchard_protocol::{Command, ExecRequest};
+use orchard_test_support::tar_gz;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -664,20 +665,6 @@ async fn files_raw_stat_list_mkdir_move_delete_through_the_proxy() {
     let (s, _) = srv.get(&format!("{f}/stat?path=/tmp/d")).await;
     assert_eq!(s, 404);
     srv.finish().await;
-}
-
-/// A tar.gz of `files` (path, content).
-fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    let mut tar = tar::Builder::new(enc);
-    for (path, data) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_entry_type(tar::EntryType::Regular);
-        tar.append_data(&mut h, path, *data).unwrap();
-    }
-    tar.into_inner().unwrap().finish().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

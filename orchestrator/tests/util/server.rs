@@ -26,16 +26,7 @@ pub const KEY: &str = "test-key-1";
 /// Another tenant.
 pub const OTHER_KEY: &str = "test-key-2";
 
-/// The OCI layout of a test image built by `make images`.
-pub fn image_layout(name: &str) -> PathBuf {
-    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../images/out")).join(name);
-    assert!(
-        p.join("index.json").is_file(),
-        "{} is missing: run `make images`",
-        p.display()
-    );
-    p
-}
+pub use orchard_test_support::image_layout;
 
 /// The local backend with a switch that makes `list` fail (reconciliation tests).
 pub struct SwitchableBackend {

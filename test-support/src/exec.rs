@@ -1,0 +1,35 @@
+//! Exec requests, and the time limit every call of a test keeps so that a bug shows as
+//! a failure instead of a hung test run.
+
+use std::future::Future;
+use std::time::Duration;
+
+use orchard_protocol::ExecRequest;
+
+/// Longest any single API call of a test may take before the test fails instead of
+/// hanging.
+pub const CALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// Awaits `fut`, failing the test if it takes longer than `limit`.
+pub async fn within<F: Future>(limit: Duration, fut: F) -> F::Output {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("call did not finish within {limit:?}"),
+    }
+}
+
+/// An exec request of a shell string.
+pub fn shell(script: &str) -> ExecRequest {
+    ExecRequest {
+        command: orchard_protocol::Command::Shell(script.into()),
+        ..Default::default()
+    }
+}
+
+/// An exec request of an argv.
+pub fn argv(args: &[&str]) -> ExecRequest {
+    ExecRequest {
+        command: orchard_protocol::Command::Argv(args.iter().map(|s| s.to_string()).collect()),
+        ..Default::default()
+    }
+}
