@@ -327,6 +327,7 @@ fn prev_cell(prev: Option<f64>, decimals: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run by make bench"]
 async fn bench_server() {
+    orchard_test_support::require_runc!();
     let secs: f64 = std::env::var("ORCHARD_BENCH_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())

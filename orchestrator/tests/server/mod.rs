@@ -58,6 +58,7 @@ const JOB_FIELDS: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compatible_routes_answer_the_documented_shapes() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let (s, banner) = send(srv.http.get(format!("{}/", srv.url))).await;
     assert_eq!(s, 200, "GET / needs no key");
@@ -354,6 +355,7 @@ async fn compatible_routes_answer_the_documented_shapes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_of_one_sandbox_run_one_at_a_time_in_submission_order() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let mut ids = Vec::new();
@@ -404,6 +406,7 @@ async fn jobs_of_one_sandbox_run_one_at_a_time_in_submission_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_refuses_missing_and_wrong_keys_and_hides_other_tenants_sandboxes() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let (_, q) = srv

@@ -31,6 +31,7 @@ type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Vec<&'a str>, bool);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orchard_serve_pulls_from_a_private_registry_with_configured_credentials() {
+    orchard_test_support::require_runc!();
     let private = auth_registry();
     private.push_image("busybox", "latest", "private/busybox:latest");
     let reference = format!("{}/private/busybox:latest", private.host);
@@ -197,6 +198,7 @@ fn metric(text: &str, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_gc_evicts_unused_images_and_keeps_what_sandboxes_use() {
+    orchard_test_support::require_runc!();
     // a and b share a base layer; c has its own. Each layer is 256 KiB of noise.
     let layouts = [
         ("gc-srv/a:latest", layout_of(&[("base", 11), ("a", 12)])),

@@ -140,6 +140,7 @@ async fn direct_client(srv: &TestServer, id: &str) -> AgentClient {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_create_wait_get_list_heartbeat_delete() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let (s, ready) = srv
         .post(
@@ -254,6 +255,7 @@ async fn lifecycle_create_wait_get_list_heartbeat_delete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_and_its_ndjson_stream_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}");
@@ -345,6 +347,7 @@ async fn exec_and_its_ndjson_stream_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_processes_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let p = format!("/v1/sandboxes/{id}/processes");
@@ -444,6 +447,7 @@ async fn background_processes_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_keep_cd_and_export_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}/sessions");
@@ -483,6 +487,7 @@ async fn sessions_keep_cd_and_export_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminal_attach_type_resize_detach_and_reattach_with_scrollback() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}/pty");
@@ -594,6 +599,7 @@ fn noise(n: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_raw_stat_list_mkdir_move_delete_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let f = format!("/v1/sandboxes/{id}/files");
@@ -669,6 +675,7 @@ async fn files_raw_stat_list_mkdir_move_delete_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archives_upload_and_download_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let f = format!("/v1/sandboxes/{id}/files");
@@ -723,6 +730,7 @@ async fn archives_upload_and_download_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_status_commit_diff_reset_apply_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}");
@@ -848,6 +856,7 @@ async fn git_status_commit_diff_reset_apply_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_agent_access_answers_what_the_proxy_answers() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}");
@@ -967,6 +976,7 @@ async fn compat_echo_hi(ws: &mut Ws) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compatible_terminal_websocket_auth_frames_and_close_codes() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let path = format!("/sandboxes/{id}/exec/pty");
@@ -1009,6 +1019,7 @@ async fn compatible_terminal_websocket_auth_frames_and_close_codes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_terminal_attach_takes_the_key_as_a_query_or_a_subprotocol() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}/pty");
