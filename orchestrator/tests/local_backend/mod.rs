@@ -668,8 +668,8 @@ async fn regression_a_restart_waits_for_the_lock_of_a_process_still_dying() {
         .write(true)
         .open(root.join("lock"))
         .unwrap();
-    // SAFETY: flock on an fd this test owns.
     assert_eq!(
+        // SAFETY: flock on an fd this test owns.
         unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
         0
     );

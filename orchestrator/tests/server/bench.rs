@@ -270,8 +270,8 @@ impl StderrToFile {
         // SAFETY: plain descriptor duplication of our own stderr and a file we own.
         let saved = unsafe { libc::dup(2) };
         assert!(saved >= 0, "dup(2) failed");
-        // SAFETY: as above.
         assert!(
+            // SAFETY: as above.
             unsafe { libc::dup2(file.as_raw_fd(), 2) } >= 0,
             "dup2 failed"
         );
