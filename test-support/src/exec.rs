@@ -33,3 +33,22 @@ pub fn argv(args: &[&str]) -> ExecRequest {
         ..Default::default()
     }
 }
+
+/// Runs `fut` to its end on a new thread with a runtime of its own; answers its output,
+/// or the panic that ended the thread. For `Drop` of a fixture, which may run inside the
+/// test's runtime (where blocking on a future panics) and while the test panics (where
+/// a second panic aborts, so the caller decides what to do with one).
+pub fn block_on_own_runtime<F>(fut: F) -> std::thread::Result<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime of its own")
+            .block_on(fut)
+    })
+    .join()
+}

@@ -28,7 +28,7 @@ pub mod skip;
 
 pub use agent::agent_binary;
 pub use archive::tar_gz;
-pub use exec::{argv, shell, within, CALL_LIMIT};
+pub use exec::{argv, block_on_own_runtime, shell, within, CALL_LIMIT};
 pub use images::{image_layout, images_out};
 pub use runc::{cgroup_dirs, remove_tree, scratch_dir, unique_id, Runc};
 pub use skip::{is_root, skip_unless_root, skip_unless_root_and_runc};

@@ -13,7 +13,7 @@ use orchard::backend::local::{LocalBackend, LocalConfig};
 use orchard::config::{Config, ServeArgs};
 use orchard::image::{ImageStore, StoreConfig};
 use orchard::service::{Keys, Service};
-use orchard_test_support::{agent_binary, image_layout, within, CALL_LIMIT};
+use orchard_test_support::{agent_binary, block_on_own_runtime, image_layout, within, CALL_LIMIT};
 use serde_json::{json, Value};
 
 /// The key the server accepts (an operator key, so it may import images).
@@ -119,22 +119,13 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.task.abort();
-        if self.finished {
-            return;
+        if !self.finished {
+            // Drop may run inside the test's runtime, where we cannot block. A failed
+            // teardown shows in the next run's audit; a test that failed already says
+            // what went wrong.
+            let backend = self.backend.clone();
+            let _ = block_on_own_runtime(async move { backend.destroy().await });
         }
-        // Drop may run inside the test's runtime, where we cannot block: tear down on a
-        // thread with its own runtime.
-        let backend = self.backend.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for teardown");
-            if let Err(e) = rt.block_on(backend.destroy()) {
-                eprintln!("teardown of {}: {e}", backend.root().display());
-            }
-        })
-        .join();
     }
 }
 

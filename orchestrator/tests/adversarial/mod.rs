@@ -399,12 +399,7 @@ async fn regression_a_second_tenant_cannot_replace_or_delete_the_images_others_r
     .await;
     assert_eq!(s, 403, "{e}");
     // Reading and using them stays open to every key; the operator key may change them.
-    let (s, _) = send(
-        srv.http
-            .get(format!("{}/v1/images", srv.url))
-            .header("X-API-Key", OTHER_KEY),
-    )
-    .await;
+    let (s, _) = srv.get_as(OTHER_KEY, "/v1/images").await;
     assert_eq!(s, 200);
     let (s, v) = send(import(KEY)).await;
     assert_eq!(s, 200, "{v}");

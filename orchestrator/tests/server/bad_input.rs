@@ -152,10 +152,7 @@ async fn bad_values_are_400_with_a_detail_that_names_them() {
     orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
-    let (_, q) = srv
-        .post(&format!("/sandboxes/{id}/exec"), json!({"command": "true"}))
-        .await;
-    let job = q["job_id"].as_str().unwrap().to_string();
+    let job = srv.submit(&id, "true").await;
     let img = "busybox:latest";
     let creates = [
         (json!({"image": img, "cpu": "lots"}), "cpu"),

@@ -268,17 +268,7 @@ async fn a_hundred_concurrent_creates_all_become_ready() {
     eprintln!("100 sandboxes ready and used in {:?}", started.elapsed());
     let (_, list) = srv.get("/v1/sandboxes").await;
     assert_eq!(list["sandboxes"].as_array().unwrap().len(), 100);
-    let (_, metrics) = send(srv.http.get(format!("{}/metrics", srv.url))).await;
-    let _ = metrics;
-    let text = srv
-        .http
-        .get(format!("{}/metrics", srv.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = srv.metrics().await;
     assert!(
         text.contains("orchard_sandboxes{state=\"running\"} 100"),
         "{text}"

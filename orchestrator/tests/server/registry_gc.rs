@@ -160,24 +160,12 @@ fn a_bad_registry_config_stops_the_start_and_names_the_file() {
     }
 }
 
-/// `/metrics` of `srv`.
-async fn metrics(srv: &TestServer) -> String {
-    srv.http
-        .get(format!("{}/metrics", srv.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// Waits until the GC has evicted `count` images in all: it runs on its own task after
 /// a pull, and counts a pass once the pass is complete.
 async fn evicted(srv: &TestServer, count: u64) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let text = metrics(srv).await;
+        let text = srv.metrics().await;
         if metric(&text, "orchard_image_gc_images_total") >= count {
             return text;
         }
@@ -269,7 +257,7 @@ async fn the_image_gc_evicts_unused_images_and_keeps_what_sandboxes_use() {
         "{job}"
     );
 
-    let text = metrics(&srv).await;
+    let text = srv.metrics().await;
     assert_eq!(metric(&text, "orchard_image_gc_images_total"), 2, "{text}");
     assert!(
         metric(&text, "orchard_image_gc_layers_total") >= 3,

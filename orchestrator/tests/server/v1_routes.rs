@@ -214,12 +214,7 @@ async fn lifecycle_create_wait_get_list_heartbeat_delete() {
         .map(|s| s["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, [a.as_str(), "v1-later"], "oldest first");
-    let (_, theirs) = send(
-        srv.http
-            .get(format!("{}/v1/sandboxes", srv.url))
-            .header("X-API-Key", OTHER_KEY),
-    )
-    .await;
+    let (_, theirs) = srv.get_as(OTHER_KEY, "/v1/sandboxes").await;
     assert_eq!(theirs, json!({"sandboxes": []}));
 
     let (s, hb) = srv

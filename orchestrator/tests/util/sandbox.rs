@@ -15,7 +15,7 @@ use orchard::backend::local::{LocalBackend, LocalConfig, SandboxInfo, SandboxSpe
 use orchard::image::{Image, ImageConfig};
 use orchard_protocol::{ExecRequest, ExecResult};
 use orchard_test_support::rootfs::install_busybox;
-use orchard_test_support::scratch_dir;
+use orchard_test_support::{block_on_own_runtime, scratch_dir};
 
 pub use orchard_test_support::{agent_binary, argv, shell, unique_id, within, CALL_LIMIT};
 
@@ -181,19 +181,12 @@ impl Drop for TestBackend {
         if self.finished {
             return;
         }
-        // Drop may run inside the test's runtime, where we cannot block: tear down on a
-        // thread with its own runtime.
+        // Drop may run inside the test's runtime, where we cannot block.
         let backend = self.backend.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for teardown");
-            if let Err(e) = rt.block_on(backend.destroy()) {
-                eprintln!("teardown of {}: {e}", backend.root().display());
-            }
-        })
-        .join();
+        let root = backend.root().to_path_buf();
+        if let Ok(Err(e)) = block_on_own_runtime(async move { backend.destroy().await }) {
+            eprintln!("teardown of {}: {e}", root.display());
+        }
     }
 }
 
