@@ -12,9 +12,8 @@ use std::sync::OnceLock;
 
 /// Returns from the calling test, saying so, unless it runs as root with runc on PATH.
 ///
-/// ```ignore
-/// #[tokio::test]
-/// async fn runs_in_a_sandbox() {
+/// ```no_run
+/// fn runs_in_a_sandbox() {
 ///     orchard_test_support::require_runc!();
 ///     // ... real runc sandboxes ...
 /// }
