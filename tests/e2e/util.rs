@@ -84,6 +84,13 @@ impl Server {
         }
     }
 
+    /// Starts a server and makes a ready busybox sandbox in it; answers both.
+    pub async fn with_sandbox() -> (Server, String) {
+        let srv = Server::start().await;
+        let id = srv.sandbox().await;
+        (srv, id)
+    }
+
     /// A request to `path` with the key.
     pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         self.http
@@ -140,4 +147,16 @@ pub async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
         .await
         .expect("reading the answer");
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// Asserts that `answer` (from [`send`]) is the error `status` with `code`; `what`
+/// names the request in the failure message.
+#[track_caller]
+pub fn assert_api_error(answer: &(u16, Value), status: u16, code: &str, what: &str) {
+    let (got, body) = answer;
+    assert_eq!(
+        (*got, body["code"].as_str()),
+        (status, Some(code)),
+        "{what}: {body}"
+    );
 }
