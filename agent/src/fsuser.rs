@@ -94,17 +94,10 @@ mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
 
-    /// Only root can switch; elsewhere the test says so and passes.
-    fn is_root() -> bool {
-        rustix::process::geteuid().is_root()
-    }
-
     #[test]
     fn a_switched_thread_creates_as_the_user_is_refused_as_the_user_and_switches_back() {
-        if !is_root() {
-            eprintln!("skipped: needs root to switch file-system ids");
-            return;
-        }
+        // Only root can switch; elsewhere the test says so and passes.
+        orchard_test_support::require_root!("to switch file-system ids");
         let dir = tempfile::tempdir().unwrap();
         let root_only = dir.path().join("root-only");
         std::fs::create_dir(&root_only).unwrap();

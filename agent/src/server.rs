@@ -131,7 +131,7 @@ mod tests {
     use crate::test_http;
 
     #[tokio::test]
-    async fn unsupported_method_is_405_and_its_body_is_read_before_the_answer() {
+    async fn regression_an_unsupported_method_is_405_and_its_body_is_read_before_the_answer() {
         let addr = test_http::serve().await;
         let body = vec![b'x'; 8 << 20];
         let (status, answer) = test_http::send(addr, "PUT", "/v1/sessions/x/run", &body)

@@ -3,6 +3,10 @@
 //!
 //! Every test starts its own sandbox and tears it down with `Sandbox::stop`, which also
 //! asserts that no container, mount or cgroup was left behind.
+//!
+//! They need root and runc: as another user every test starts with
+//! `orchard_test_support::require_runc!()`, which prints `skipped: <test> needs root and
+//! runc` and passes.
 
 mod terminal;
 mod util;
@@ -22,6 +26,7 @@ use orchard_protocol::process::{ProcessState, SignalRequest, StdinWrite};
 use orchard_protocol::session::{SessionInfo, SessionRunResult};
 use orchard_protocol::signal::Signal;
 use orchard_protocol::{Encoding, ErrorBody, ErrorCode, ExecEvent};
+use orchard_test_support::tar_gz;
 use util::*;
 
 /// The agent's version, which its health must report.
@@ -71,20 +76,6 @@ fn error_body(raw: &orchard_client::RawResponse) -> ErrorBody {
     })
 }
 
-/// A tar.gz with the given (path, contents) files.
-fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    let mut builder = tar::Builder::new(gz);
-    for (path, data) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder.append_data(&mut header, path, *data).unwrap();
-    }
-    builder.into_inner().unwrap().finish().unwrap()
-}
-
 /// A plain tar of `(name, type, link target, contents)` entries, names written as
 /// given (tar::Builder would refuse `..` and absolute names).
 fn raw_tar(entries: &[(&str, tar::EntryType, &str, &[u8])]) -> Vec<u8> {
@@ -113,6 +104,7 @@ fn raw_tar(entries: &[(&str, tar::EntryType, &str, &[u8])]) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_reports_pid1_version_and_process_count() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     // The fixture's leak check looks for these; make sure it looks in the right place.
     let cgroups = sb.cgroup_dirs();
@@ -143,6 +135,7 @@ async fn health_reports_pid1_version_and_process_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oom_score_adj_is_minus_998_for_the_agent_and_0_for_its_children() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let child = sb.exec(argv(&["cat", "/proc/self/oom_score_adj"])).await;
     let child = child.stdout.text_lossy();
@@ -173,6 +166,7 @@ async fn oom_score_adj_is_minus_998_for_the_agent_and_0_for_its_children() {
 /// its children's, e.g. by having the children raise theirs, which needs no privilege.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_agent_oom_score_is_below_its_childrens_without_cap_sys_resource() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let read = |path: &'static str| {
         let sb = &sb;
@@ -203,6 +197,7 @@ async fn regression_agent_oom_score_is_below_its_childrens_without_cap_sys_resou
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_runs_argv_without_a_shell_and_shell_strings_with_one() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     // argv: no word splitting, no expansion, program looked up on PATH.
     let r = sb.exec(argv(&["echo", "a  b", "$HOME", "*"])).await;
@@ -226,6 +221,7 @@ async fn exec_runs_argv_without_a_shell_and_shell_strings_with_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_uses_cwd_and_env_and_hides_the_token() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut req = argv(&["pwd"]);
     req.cwd = Some("/workspace".into());
@@ -252,6 +248,7 @@ async fn exec_uses_cwd_and_env_and_hides_the_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_feeds_stdin_as_text_and_as_base64() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut req = argv(&["cat"]);
     req.stdin = Some("line one\nline two\n".into());
@@ -284,6 +281,7 @@ async fn exec_feeds_stdin_as_text_and_as_base64() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_reports_exit_codes_and_killing_signals() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let r = sb.sh("exit 7").await;
     assert_eq!((r.exit_code, r.signal, r.timed_out), (Some(7), None, false));
@@ -296,6 +294,7 @@ async fn exec_reports_exit_codes_and_killing_signals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_timeout_kills_the_command_and_says_timed_out() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut req = argv(&["sleep", "30"]);
     req.timeout_ms = Some(300);
@@ -314,6 +313,7 @@ async fn exec_timeout_kills_the_command_and_says_timed_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_reports_the_commands_duration() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let t0 = Instant::now();
     let r = sb.exec(argv(&["sleep", "0.3"])).await;
@@ -335,6 +335,7 @@ async fn exec_reports_the_commands_duration() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_stream_sends_start_then_output_losslessly_in_order_then_exit() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let expected: String = (1..=200_000).map(|i| format!("{i}\n")).collect();
     let mut stream = ok(
@@ -392,6 +393,7 @@ async fn exec_stream_sends_start_then_output_losslessly_in_order_then_exit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_stream_sends_keepalives_while_the_command_is_quiet() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::start(
         RootfsKind::Busybox,
         SandboxOpts::agent_args(&["--keepalive-ms", "100"]),
@@ -424,6 +426,7 @@ async fn exec_stream_sends_keepalives_while_the_command_is_quiet() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_reads_stdin_writes_output_by_offset_and_exits_on_eof() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let p = ok("start cat", c.start_process(&argv(&["cat"]))).await;
@@ -492,6 +495,7 @@ async fn process_reads_stdin_writes_output_by_offset_and_exits_on_eof() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_signal_term_ends_it_with_signal_15() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let p = ok("start", c.start_process(&argv(&["sleep", "1000"]))).await;
@@ -515,6 +519,7 @@ async fn process_signal_term_ends_it_with_signal_15() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_with_a_timeout_is_killed_when_it_expires() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let mut req = argv(&["sleep", "1000"]);
@@ -530,6 +535,7 @@ async fn process_with_a_timeout_is_killed_when_it_expires() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_wait_with_a_short_timeout_answers_running() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let p = ok("start", c.start_process(&argv(&["sleep", "1000"]))).await;
@@ -548,6 +554,7 @@ async fn process_wait_with_a_short_timeout_answers_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_list_get_delete_and_unknown_ids() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let a = ok("start a", c.start_process(&argv(&["sleep", "1000"]))).await;
@@ -606,6 +613,7 @@ async fn process_list_get_delete_and_unknown_ids() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_output_and_exit_are_retrievable_after_it_ends() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let p = ok(
@@ -686,6 +694,7 @@ async fn session_run(sb: &Sandbox, id: &str, command: &str) -> SessionRunResult 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_keeps_cwd_env_and_functions_between_commands() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let s = session_create(&sb).await;
     assert!(s.alive);
@@ -718,6 +727,7 @@ async fn session_keeps_cwd_env_and_functions_between_commands() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_run_captures_output_exactly_and_reports_exit_codes() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let s = session_create(&sb).await;
     let r = session_run(&sb, &s.id, "printf abc; printf err >&2; (exit 3)").await;
@@ -744,6 +754,7 @@ async fn session_run_captures_output_exactly_and_reports_exit_codes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_command_timeout_interrupts_it_and_the_session_survives() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let s = session_create(&sb).await;
     session_run(&sb, &s.id, "cd /tmp").await;
@@ -766,6 +777,7 @@ async fn session_command_timeout_interrupts_it_and_the_session_survives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_exit_ends_it_and_later_runs_are_refused() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let s = session_create(&sb).await;
     let r = session_run(&sb, &s.id, "exit 5").await;
@@ -784,6 +796,7 @@ async fn session_exit_ends_it_and_later_runs_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_delete_kills_the_shell_and_its_background_jobs() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let s = session_create(&sb).await;
     let r = session_run(&sb, &s.id, "sleep 1000 > /dev/null 2>&1 & echo $!").await;
@@ -823,6 +836,7 @@ async fn session_delete_kills_the_shell_and_its_background_jobs() {
 /// session. (`command eval` keeps the shell alive in all these cases.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_session_survives_errors_that_are_fatal_to_a_posix_shell() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut died = Vec::new();
     for command in [
@@ -853,6 +867,7 @@ async fn regression_session_survives_errors_that_are_fatal_to_a_posix_shell() {
 /// command itself ignores SIGINT).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_session_timeout_spares_background_jobs_of_earlier_commands() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let s = session_create(&sb).await;
     let r = session_run(&sb, &s.id, "sleep 1000 > /dev/null 2>&1 & echo $!").await;
@@ -878,6 +893,7 @@ async fn regression_session_timeout_spares_background_jobs_of_earlier_commands()
 /// then returned the rest of that command's output and its end marker as its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_session_run_abandoned_by_its_client_does_not_leak_into_the_next() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let s = session_create(&sb).await;
     let body = serde_json::json!({"command": "sleep 1; echo first"});
@@ -904,6 +920,7 @@ async fn regression_session_run_abandoned_by_its_client_does_not_leak_into_the_n
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_write_with_mode_and_parents_then_read_whole_range_and_stat() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let data: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
@@ -958,6 +975,7 @@ async fn files_write_with_mode_and_parents_then_read_whole_range_and_stat() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_list_depth_2_mkdir_move_and_remove_recursive() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     ok("mkdir", c.mkdir("/tmp/tree/sub/subsub")).await;
@@ -1019,6 +1037,7 @@ async fn files_list_depth_2_mkdir_move_and_remove_recursive() {
 /// started when awaited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_an_archive_bigger_than_the_upload_queue_is_extracted() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     // Random bytes do not compress: the gzip body is about 4 MiB, many chunks.
@@ -1044,6 +1063,7 @@ async fn regression_an_archive_bigger_than_the_upload_queue_is_extracted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_upload_tar_gz_extracts_into_the_directory() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let archive = tar_gz(&[("top.txt", b"top\n"), ("nested/dir/inner.txt", b"inner\n")]);
@@ -1066,6 +1086,7 @@ async fn files_upload_tar_gz_extracts_into_the_directory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_download_dir_as_tar_gz_holds_its_entries() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     ok("write a", c.write_file("/tmp/src/a.txt", "alpha", None)).await;
@@ -1113,6 +1134,7 @@ async fn files_download_dir_as_tar_gz_holds_its_entries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_upload_with_a_parent_dir_entry_is_unsafe_path_and_writes_nothing() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     ok("mkdir", c.mkdir("/tmp/target")).await;
@@ -1135,6 +1157,7 @@ async fn files_upload_with_a_parent_dir_entry_is_unsafe_path_and_writes_nothing(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_upload_escaping_by_absolute_name_or_symlink_is_unsafe_path() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     ok("mkdir", c.mkdir("/tmp/target")).await;
@@ -1175,6 +1198,7 @@ async fn files_upload_escaping_by_absolute_name_or_symlink_is_unsafe_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphans_are_reaped_and_no_zombie_is_left() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     // The sleeps outlive their subshells and are reparented to the agent.
     let r = sb.sh("(sleep 0.5 &); true").await;
@@ -1212,6 +1236,7 @@ async fn orphans_are_reaped_and_no_zombie_is_left() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_the_sandbox_promptly_and_cleanly() {
+    orchard_test_support::require_runc!();
     let mut sb = Sandbox::busybox();
     let p = ok(
         "start",
@@ -1245,6 +1270,7 @@ async fn sigterm_stops_the_sandbox_promptly_and_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_the_sandbox_even_when_a_command_ignores_it() {
+    orchard_test_support::require_runc!();
     let mut sb = Sandbox::busybox();
     let p = ok(
         "start",
@@ -1280,6 +1306,7 @@ fn agent_only() -> Sandbox {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_only_rootfs_runs_argv_commands() {
+    orchard_test_support::require_runc!();
     let sb = agent_only();
     let r = sb
         .exec(argv(&["/.orchard/bin/orchard-agent", "--version"]))
@@ -1294,6 +1321,7 @@ async fn agent_only_rootfs_runs_argv_commands() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_only_rootfs_refuses_shell_strings_with_no_shell() {
+    orchard_test_support::require_runc!();
     let sb = agent_only();
     let err = sb.exec_err(shell("echo hi")).await;
     assert_api_error(&err, 400, ErrorCode::NoShell);
@@ -1316,6 +1344,7 @@ async fn agent_only_rootfs_refuses_shell_strings_with_no_shell() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_only_rootfs_serves_files_in_tmp() {
+    orchard_test_support::require_runc!();
     let sb = agent_only();
     let c = sb.client();
     ok("write", c.write_file("/tmp/dir/f.txt", "payload", None)).await;
@@ -1335,6 +1364,7 @@ async fn agent_only_rootfs_serves_files_in_tmp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_grandchild_holding_stdout_does_not_hold_the_exec() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let t0 = Instant::now();
     let r = sb.sh("sleep 1000 & echo started").await;
@@ -1349,6 +1379,7 @@ async fn background_grandchild_holding_stdout_does_not_hold_the_exec() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn command_ignoring_sigterm_is_killed_after_the_grace_period() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut req = shell("trap '' TERM; sleep 1000");
     req.timeout_ms = Some(500);
@@ -1373,6 +1404,7 @@ async fn command_ignoring_sigterm_is_killed_after_the_grace_period() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gigabyte_of_output_is_truncated_and_agent_memory_stays_bounded() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let cap = ok("health", sb.client().health())
         .await
@@ -1400,6 +1432,7 @@ async fn gigabyte_of_output_is_truncated_and_agent_memory_stays_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fork_bomb_under_a_pids_limit_times_out_and_the_agent_recovers() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::start(
         RootfsKind::Busybox,
         SandboxOpts {
@@ -1463,6 +1496,7 @@ async fn fork_bomb_under_a_pids_limit_times_out_and_the_agent_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_hog_under_a_memory_limit_is_killed_and_the_agent_survives() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::start(
         RootfsKind::Busybox,
         SandboxOpts {
@@ -1483,6 +1517,7 @@ async fn memory_hog_under_a_memory_limit_is_killed_and_the_agent_survives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_output_comes_back_as_base64_with_exact_bytes() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let format: String = (0..=255u8).map(|b| format!("\\{b:03o}")).collect();
     let r = sb.exec(argv(&["printf", &format])).await;
@@ -1497,6 +1532,7 @@ async fn binary_output_comes_back_as_base64_with_exact_bytes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_cwd_is_cwd_not_found() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut req = argv(&["true"]);
     req.cwd = Some("/no/such/dir".into());
@@ -1510,6 +1546,7 @@ async fn missing_cwd_is_cwd_not_found() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_command_is_command_not_found() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let err = sb.exec_err(argv(&["/no/such/program"])).await;
     assert_api_error(&err, 400, ErrorCode::CommandNotFound);
@@ -1542,6 +1579,7 @@ async fn post_exec_raw(sb: &Sandbox, body: &'static str) -> orchard_client::RawR
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_json_is_invalid_json() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     for body in [
         r#"{"command": ["echo""#,
@@ -1563,6 +1601,7 @@ async fn malformed_json_is_invalid_json() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_types_are_invalid_json() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     for body in [
         r#"{"command": 5}"#,
@@ -1587,6 +1626,7 @@ async fn wrong_types_are_invalid_json() {
 /// request body is an object; anything else is a wrong type.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_json_array_body_is_not_read_as_positional_fields() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     for body in [r#"["echo"]"#, r#"["mkdir /tmp/positional"]"#] {
         let raw = post_exec_raw(&sb, body).await;
@@ -1606,6 +1646,7 @@ async fn regression_json_array_body_is_not_read_as_positional_fields() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_token_is_unauthorized_and_runs_nothing() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let raw = raw_request(&sb.socket, "GET", "/v1/health", &[], b"").unwrap();
     assert_eq!(raw.status, 401);
@@ -1629,6 +1670,7 @@ async fn missing_token_is_unauthorized_and_runs_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_token_is_unauthorized() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let token = sb.token.clone();
     for wrong in [
@@ -1650,6 +1692,7 @@ async fn wrong_token_is_unauthorized() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_body_is_body_too_large() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::start(
         RootfsKind::Busybox,
         SandboxOpts::agent_args(&["--max-body-bytes", "1024"]),
@@ -1685,6 +1728,7 @@ async fn oversized_body_is_body_too_large() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_execs_each_get_their_own_exit_status() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut tasks = tokio::task::JoinSet::new();
     for n in 0..40 {
@@ -1719,6 +1763,7 @@ async fn concurrent_execs_each_get_their_own_exit_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_stream_kill_on_disconnect_kills_a_chatty_command() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut req = shell("while true; do echo tick; sleep 0.05; done");
     req.kill_on_disconnect = true;
@@ -1748,6 +1793,7 @@ async fn exec_stream_kill_on_disconnect_kills_a_chatty_command() {
 /// prints nothing (a server, `sleep`) outlived its client until its timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_kill_on_disconnect_kills_a_silent_command() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut req = argv(&["sleep", "1000"]);
     req.kill_on_disconnect = true;
@@ -1775,6 +1821,7 @@ async fn regression_kill_on_disconnect_kills_a_silent_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_output_beyond_the_ring_buffer_reports_lost_bytes() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let ring = ok("health", c.health()).await.limits.process_buffer_bytes;
@@ -1799,6 +1846,7 @@ async fn process_output_beyond_the_ring_buffer_reports_lost_bytes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_many_concurrent_commands_are_refused_until_one_ends() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::start(
         RootfsKind::Busybox,
         SandboxOpts::agent_args(&["--max-concurrent-execs", "2"]),
@@ -1823,6 +1871,7 @@ async fn too_many_concurrent_commands_are_refused_until_one_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_stdin_is_fed_whole_and_unread_stdin_does_not_hang() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut req = argv(&["wc", "-c"]);
     req.stdin = Some("z".repeat(4 << 20));
@@ -1980,6 +2029,7 @@ async fn fill_body(
 /// `route_not_found`; extend the `fill_*` tables to check it fully.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_route_is_served() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let mut failures = Vec::new();

@@ -1,5 +1,7 @@
 //! Integration tests of the orchestrator crate: one test binary, shared `util`.
-//! They need root, runc and the test images (`make images`).
+//! They need root, runc and the test images (`make images`). As another user the tests
+//! that need root start with `orchard_test_support::require_runc!()` (or
+//! `require_root!`), which prints `skipped: <test> needs root and runc` and passes.
 
 mod adversarial;
 mod cli;

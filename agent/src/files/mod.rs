@@ -167,7 +167,7 @@ mod tests {
     use crate::archive;
 
     #[tokio::test]
-    async fn refused_upload_is_answered_after_its_body_is_read_not_cut_off() {
+    async fn regression_a_refused_upload_is_answered_after_its_body_is_read_not_cut_off() {
         let addr = crate::test_http::serve().await;
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("t").display().to_string();

@@ -143,6 +143,7 @@ fn sh() -> Option<Command> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pty_stty_size_follows_resizes_from_the_socket_and_the_route() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let id = open(&sb, sh(), 24, 80).await;
     let mut t = Term::attach(&sb, &id).await;
@@ -167,6 +168,7 @@ async fn pty_stty_size_follows_resizes_from_the_socket_and_the_route() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pty_runs_a_full_screen_editor() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let id = open(
         &sb,
@@ -197,6 +199,7 @@ async fn pty_runs_a_full_screen_editor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pty_reattach_replays_scrollback_and_viewers_share_the_terminal() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let id = open(&sb, sh(), 24, 80).await;
     let mut first = Term::attach(&sb, &id).await;
@@ -233,6 +236,7 @@ async fn pty_reattach_replays_scrollback_and_viewers_share_the_terminal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pty_signal_int_reaches_the_foreground_process() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let id = open(&sb, sh(), 24, 80).await;
     let mut t = Term::attach(&sb, &id).await;
@@ -259,6 +263,7 @@ async fn pty_signal_int_reaches_the_foreground_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pty_compat_protocol_runs_init_and_reports_exit() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let mut ws = connect(&sb, "/v1/pty/compat").await;
     let init = json!({"type": "init", "cmd": ["sh", "-c", "read x; echo got-$x; exit 3"],
@@ -321,6 +326,7 @@ async fn pty_compat_protocol_runs_init_and_reports_exit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pty_nobody_watches_is_closed_after_its_idle_timeout() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let req = PtyCreate {
         command: sh(),
@@ -356,6 +362,7 @@ async fn agent_fds(sb: &Sandbox) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_runs_a_thousand_commands_without_growing() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let s = c.create_session(&SessionCreate::default()).await.unwrap();
@@ -383,6 +390,7 @@ async fn session_runs_a_thousand_commands_without_growing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_commands_sent_at_once_run_one_after_another() {
+    orchard_test_support::require_runc!();
     let sb = Sandbox::busybox();
     let c = sb.client();
     let s = c.create_session(&SessionCreate::default()).await.unwrap();

@@ -13,27 +13,27 @@
 use std::fs;
 use std::future::Future;
 use std::io::{Read, Write};
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use orchard_client::{AgentClient, ClientError, Endpoint};
 use orchard_protocol::{ErrorCode, ExecRequest, ExecResult};
+use orchard_test_support::rootfs::install_busybox;
+use orchard_test_support::runc::{become_subreaper, reap_within, try_reap};
+use orchard_test_support::{agent_binary, remove_tree, scratch_dir, unique_id, Runc};
 use serde_json::{json, Value};
 
-/// Where the agent listens inside the sandbox.
+pub use orchard_test_support::{argv, cgroup_dirs, shell, within, CALL_LIMIT};
+
 /// Bit of CAP_SYS_RESOURCE in a capability mask.
 const CAP_SYS_RESOURCE: u32 = 24;
 /// Where the agent listens inside the sandbox.
 const SOCKET_IN_SANDBOX: &str = "/.orchard/run/agent.sock";
 /// How long a sandbox may take to answer `/livez`.
 const START_DEADLINE: Duration = Duration::from_secs(10);
-/// Longest any single API call of a test may take before the test fails instead of hanging.
-pub const CALL_LIMIT: Duration = Duration::from_secs(60);
 
 /// What the sandbox's root filesystem holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,141 +67,38 @@ impl SandboxOpts {
 
 /// What every sandbox of this test process shares.
 struct Env {
-    /// Per-process temporary directory holding everything below.
+    /// Per-process scratch directory holding the bundles; removed at exit.
     base: PathBuf,
-    /// runc's `--root`.
-    runc_root: PathBuf,
+    /// runc on its own `--root`.
+    runc: Runc,
     /// Directory holding only `orchard-agent`, bind-mounted read-only at /.orchard/bin.
     bin_dir: PathBuf,
-    /// Applets of the host busybox.
-    applets: Vec<String>,
 }
 
 static ENV: OnceLock<Env> = OnceLock::new();
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-extern "C" fn remove_base_dir_at_exit() {
-    if let Some(env) = ENV.get() {
-        let _ = remove_tree(&env.base);
-    }
-}
-
-/// The agent binary under test.
-pub fn agent_binary() -> PathBuf {
-    let path = std::env::var_os("ORCHARD_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../target/x86_64-unknown-linux-musl/release/orchard-agent"
-            ))
-        });
-    assert!(
-        path.is_file(),
-        "the static agent binary {} does not exist: build it with `make agent` \
-         (or point ORCHARD_AGENT_BIN at one)",
-        path.display()
-    );
-    warn_if_stale(&path);
-    path
-}
-
-/// Warns when a source of the agent is newer than the binary under test: its tests
-/// would then fail for features the binary does not have yet.
-fn warn_if_stale(binary: &Path) {
-    let Ok(built) = fs::metadata(binary).and_then(|m| m.modified()) else {
-        return;
-    };
-    let dirs = [
-        concat!(env!("CARGO_MANIFEST_DIR"), "/src"),
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../protocol/src"),
-    ];
-    let newer: Vec<PathBuf> = dirs
-        .iter()
-        .filter_map(|d| fs::read_dir(d).ok())
-        .flat_map(|entries| entries.flatten())
-        .filter(|e| {
-            e.metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t > built)
-        })
-        .map(|e| e.path())
-        .collect();
-    if !newer.is_empty() {
-        eprintln!(
-            "warning: {} is older than {} of the agent's sources (e.g. {}): rebuild it \
-             with `make agent`",
-            binary.display(),
-            newer.len(),
-            newer[0].display()
-        );
-    }
-}
 
 fn env() -> &'static Env {
     ENV.get_or_init(|| {
         let agent = agent_binary();
-        // The container's init is reparented to us when `runc run --detach` exits, so
-        // we can wait for it and leave no zombie behind.
-        // SAFETY: prctl with plain integer arguments.
-        let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        assert_eq!(rc, 0, "prctl(PR_SET_CHILD_SUBREAPER) failed");
-        let base = tempfile::Builder::new()
-            .prefix("orchard-itest-")
-            .tempdir()
-            .expect("creating the per-process temp dir")
-            .keep();
-        // SAFETY: registers a plain extern "C" function.
-        unsafe {
-            libc::atexit(remove_base_dir_at_exit);
-        }
-        let runc_root = base.join("runc");
+        become_subreaper();
+        let base = scratch_dir("orchard-itest-");
+        let runc = Runc::new(base.join("runc"));
         let bin_dir = base.join("bin");
-        fs::create_dir_all(&runc_root).unwrap();
         fs::create_dir_all(&bin_dir).unwrap();
         let bin = bin_dir.join("orchard-agent");
         fs::copy(&agent, &bin).expect("copying the agent binary");
         fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-        let list = Command::new("/bin/busybox")
-            .arg("--list")
-            .output()
-            .expect("running /bin/busybox --list (install busybox-static)");
-        assert!(list.status.success(), "/bin/busybox --list failed");
-        let applets = String::from_utf8_lossy(&list.stdout)
-            .lines()
-            .map(str::trim)
-            .filter(|a| !a.is_empty() && !a.contains('/'))
-            .map(String::from)
-            .collect();
         Env {
             base,
-            runc_root,
+            runc,
             bin_dir,
-            applets,
         }
     })
 }
 
 /// Runs `runc --root R ARGS` and returns (success, stdout + stderr).
 fn runc(args: &[&str]) -> (bool, String) {
-    let env = env();
-    let out = Command::new("runc")
-        .arg("--root")
-        .arg(&env.runc_root)
-        .args(args)
-        .stdin(Stdio::null())
-        .output();
-    match out {
-        Ok(out) => (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        ),
-        Err(e) => (false, format!("cannot run runc: {e}")),
-    }
+    env().runc.run(args)
 }
 
 /// 16 random bytes as hex.
@@ -213,28 +110,6 @@ fn random_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Makes every directory under `path` writable, then removes the tree.
-fn remove_tree(path: &Path) -> std::io::Result<()> {
-    fn make_writable(path: &Path) {
-        let Ok(meta) = fs::symlink_metadata(path) else {
-            return;
-        };
-        if meta.is_dir() {
-            let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o755));
-            if let Ok(entries) = fs::read_dir(path) {
-                for e in entries.flatten() {
-                    make_writable(&e.path());
-                }
-            }
-        }
-    }
-    if !path.exists() {
-        return Ok(());
-    }
-    make_writable(path);
-    fs::remove_dir_all(path)
-}
-
 fn build_rootfs(kind: RootfsKind, rootfs: &Path) {
     // Mount points of runc's default spec and ours.
     for dir in ["proc", "dev", "sys", "tmp", ".orchard/bin", ".orchard/run"] {
@@ -243,15 +118,7 @@ fn build_rootfs(kind: RootfsKind, rootfs: &Path) {
     if kind == RootfsKind::AgentOnly {
         return;
     }
-    let bin = rootfs.join("bin");
-    fs::create_dir_all(&bin).unwrap();
-    fs::copy("/bin/busybox", bin.join("busybox")).expect("copying /bin/busybox");
-    fs::set_permissions(bin.join("busybox"), fs::Permissions::from_mode(0o755)).unwrap();
-    for applet in &env().applets {
-        if applet != "busybox" {
-            symlink("busybox", bin.join(applet)).unwrap();
-        }
-    }
+    install_busybox(rootfs);
     fs::create_dir_all(rootfs.join("etc")).unwrap();
     fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
     fs::write(rootfs.join("etc/group"), "root:x:0:\n").unwrap();
@@ -351,8 +218,7 @@ impl Sandbox {
     /// Creates and starts a sandbox and waits until its agent answers `/livez`.
     pub fn start(kind: RootfsKind, opts: SandboxOpts) -> Sandbox {
         let env = env();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let id = format!("orchard-itest-{}-{n}", std::process::id());
+        let id = unique_id("orchard-itest");
         let bundle = env.base.join(&id);
         let run_dir = bundle.join("run");
         let socket = run_dir.join("agent.sock");
@@ -371,15 +237,14 @@ impl Sandbox {
         build_rootfs(kind, &bundle.join("rootfs"));
         write_config(&bundle, &run_dir, &token, &opts);
         let log = fs::File::create(bundle.join("agent.log")).unwrap();
-        let status = Command::new("runc")
-            .arg("--root")
-            .arg(&env.runc_root)
+        let status = env
+            .runc
+            .command()
             .args(["run", "--detach", "--bundle"])
             .arg(&bundle)
             .arg("--pid-file")
             .arg(bundle.join("pid"))
             .arg(&id)
-            .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .status()
@@ -401,9 +266,7 @@ impl Sandbox {
                 }
             }
             if let Some(pid) = sandbox.init_pid {
-                let mut status = 0;
-                // SAFETY: waitpid on our own child with a valid out pointer.
-                if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                if let Ok(Some(status)) = try_reap(pid) {
                     sandbox.reaped = true;
                     panic!(
                         "the agent of {id} exited before answering /livez (wait status \
@@ -456,24 +319,14 @@ impl Sandbox {
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
         let pid = self.pid1_host_pid();
         assert!(!self.reaped, "the init of {} was already reaped", self.id);
-        let deadline = Instant::now() + timeout;
-        loop {
-            let mut status = 0;
-            // SAFETY: waitpid on our own child with a valid out pointer.
-            let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if rc == pid {
-                self.reaped = true;
-                return Some(status);
+        match reap_within(pid, timeout) {
+            Ok(status) => {
+                self.reaped = status.is_some();
+                status
             }
-            assert!(
-                rc == 0,
-                "waitpid({pid}) failed: {} (is the test process the init's subreaper?)",
-                std::io::Error::last_os_error()
-            );
-            if Instant::now() >= deadline {
-                return None;
+            Err(e) => {
+                panic!("waitpid({pid}) failed: {e} (is the test process the init's subreaper?)")
             }
-            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -505,17 +358,8 @@ impl Sandbox {
         let _ = runc(&["kill", &self.id, "KILL"]);
         let _ = runc(&["delete", "--force", &self.id]);
         if let (Some(pid), false) = (self.init_pid, self.reaped) {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let mut status = 0;
-                // SAFETY: waitpid on our own child with a valid out pointer.
-                let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-                if rc != 0 || Instant::now() >= deadline {
-                    // rc == pid: reaped; rc < 0: not our child (never was, or gone).
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            // An error means it is not our child (never was, or gone): nothing to reap.
+            let _ = reap_within(pid, Duration::from_secs(10));
             self.reaped = true;
         }
         let _ = remove_tree(&self.bundle);
@@ -559,55 +403,17 @@ impl Drop for Sandbox {
     }
 }
 
-/// Our cgroup path in `controller`'s hierarchy, from /proc/self/cgroup.
-fn own_cgroup(controller: &str) -> Option<String> {
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines().find_map(|line| {
-        let mut parts = line.splitn(3, ':');
-        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
-        ctrls
-            .split(',')
-            .any(|c| c == controller)
-            .then(|| path.to_string())
-    })
-}
-
-/// Where runc (cgroupfs driver, no cgroupsPath) puts the cgroups of container `id`.
-pub fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
-    ["memory", "pids", "cpu", "freezer"]
-        .iter()
-        .filter_map(|c| {
-            let mount = Path::new("/sys/fs/cgroup").join(c);
-            let own = own_cgroup(c)?;
-            mount
-                .is_dir()
-                .then(|| mount.join(own.trim_start_matches('/')).join(id))
-        })
-        .collect()
-}
-
 /// Asserts that container `id` left nothing behind: runc does not list it, no mount
 /// mentions its bundle, and its cgroups are gone.
 pub fn assert_no_leak(id: &str, bundle: &Path) {
     assert!(
-        !env().runc_root.join(id).exists(),
+        !env().runc.root.join(id).exists(),
         "runc still has state for {id}"
     );
-    // `runc list` fails when another test deletes a container while it reads the
-    // state directory; that is transient.
-    let mut attempts = 0;
-    let list = loop {
-        let (ok, list) = runc(&["list", "-q"]);
-        if ok {
-            break list;
-        }
-        attempts += 1;
-        assert!(attempts < 20, "runc list keeps failing: {list}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let list = env().runc.list();
     assert!(
-        !list.lines().any(|l| l.trim() == id),
-        "container {id} is still known to runc:\n{list}"
+        !list.iter().any(|l| l == id),
+        "container {id} is still known to runc:\n{list:?}"
     );
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let bundle = bundle.to_string_lossy();
@@ -623,14 +429,6 @@ pub fn assert_no_leak(id: &str, bundle: &Path) {
         !Path::new(bundle.as_ref()).exists(),
         "bundle {bundle} left behind"
     );
-}
-
-/// Awaits `fut`, failing the test if it takes longer than `limit`.
-pub async fn within<F: Future>(limit: Duration, fut: F) -> F::Output {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("call did not finish within {limit:?}"),
-    }
 }
 
 /// Awaits an API call that must succeed within [`CALL_LIMIT`].
@@ -672,22 +470,6 @@ where
             panic!("{what}: not reached within {limit:?}; last seen: {last}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// An exec request of a shell string.
-pub fn shell(script: &str) -> ExecRequest {
-    ExecRequest {
-        command: orchard_protocol::Command::Shell(script.into()),
-        ..Default::default()
-    }
-}
-
-/// An exec request of an argv.
-pub fn argv(args: &[&str]) -> ExecRequest {
-    ExecRequest {
-        command: orchard_protocol::Command::Argv(args.iter().map(|s| s.to_string()).collect()),
-        ..Default::default()
     }
 }
 

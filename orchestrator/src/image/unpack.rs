@@ -760,22 +760,9 @@ mod tests {
         encoder.finish().unwrap()
     }
 
-    /// Whether the test can run: unpacking keeps owners (chown) and makes overlay
-    /// whiteouts (mknod 0/0), which only root may do. As another user the test says it
-    /// skipped, so a non-root `cargo test` reports what it did not check.
-    fn as_root(test: &str) -> bool {
-        let root = rustix::process::geteuid().is_root();
-        if !root {
-            eprintln!("skipped {test}: needs root (chown and mknod)");
-        }
-        root
-    }
-
     #[test]
     fn keeps_files_links_owners_modes_and_times() {
-        if !as_root("keeps_files_links_owners_modes_and_times") {
-            return;
-        }
+        orchard_test_support::require_root!("chown and mknod");
         let tar = TarBuilder::new()
             .dir("./", 0o755)
             .dir("etc/", 0o750)
@@ -817,9 +804,7 @@ mod tests {
 
     #[test]
     fn whiteouts_become_overlay_whiteouts() {
-        if !as_root("whiteouts_become_overlay_whiteouts") {
-            return;
-        }
+        orchard_test_support::require_root!("chown and mknod");
         let tar = TarBuilder::new()
             .file("data/.wh.gone", b"", 0o644, 0)
             .file("opaque/.wh..wh..opq", b"", 0o644, 0)
@@ -848,9 +833,7 @@ mod tests {
 
     #[test]
     fn empty_numeric_fields_are_zero() {
-        if !as_root("empty_numeric_fields_are_zero") {
-            return;
-        }
+        orchard_test_support::require_root!("chown and mknod");
         let mut header = tar::Header::new_gnu();
         header.as_old_mut().name[..1].copy_from_slice(b"f");
         header.set_entry_type(EntryType::Regular);

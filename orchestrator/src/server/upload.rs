@@ -387,7 +387,7 @@ mod tests {
     }
 
     #[test]
-    fn padding_before_the_end_of_the_content_is_a_400_however_the_body_is_cut() {
+    fn regression_base64_padding_before_the_end_is_a_400_however_the_body_is_cut() {
         let body = br#"{"path": "/a", "content": "aGk=aGk="}"#;
         for piece in 1..=body.len() {
             let err = parse_in_pieces(body, piece).err();

@@ -78,12 +78,15 @@ mod tests {
         assert_eq!(parse_memory("512Mi").unwrap(), 512 << 20);
         assert_eq!(parse_memory("1G").unwrap(), 1_000_000_000);
         assert_eq!(parse_memory("16777216").unwrap(), 16 << 20);
-        assert!(
-            parse_memory("8Mi").is_err(),
-            "regression: 8Mi passed and failed later"
-        );
         assert!(parse_memory("12 parsecs").is_err());
         assert!(parse_memory("1Ki").is_err(), "too small to run anything");
         assert!(parse_memory("").is_err());
+    }
+
+    /// Commit bedc559: 8Mi passed validation and the create failed later with a 502.
+    #[test]
+    fn regression_memory_under_16mi_is_refused_up_front() {
+        assert!(parse_memory("8Mi").is_err());
+        assert!(parse_memory("16Mi").is_ok());
     }
 }

@@ -59,6 +59,7 @@ async fn run_probe(sb: &orchard::backend::local::SandboxInfo, probe: &str) -> St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_sandbox_code_cannot_reach_keyrings_bpf_io_uring_or_user_namespaces() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let (_dir, sb) = python_sandbox(&tb).await;
     let out = run_probe(&sb, PROBE).await;
@@ -86,6 +87,7 @@ async fn regression_sandbox_code_cannot_reach_keyrings_bpf_io_uring_or_user_name
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordinary_workloads_still_run_under_the_filter() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let (_dir, sb) = python_sandbox(&tb).await;
     // Threads, processes (fork/clone without new namespaces), pip, git, a venv.
@@ -145,6 +147,7 @@ print("sockets", len([1 for d, _, fs in os.walk("/.orchard") for f in fs if os.p
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_sandbox_code_cannot_replace_steal_or_redirect_its_agent() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let (_dir, sb) = python_sandbox(&tb).await;
     let out = run_probe(&sb, CHANNEL_PROBE).await;
@@ -184,6 +187,7 @@ fn peak_rss(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_huge_files_through_the_compatible_routes_stream_with_bounded_memory() {
+    orchard_test_support::require_runc!();
     use crate::util::server::{ServerProcess, KEY};
     use futures_util::StreamExt;
     let data = tempfile::Builder::new()
@@ -313,6 +317,7 @@ async fn regression_huge_files_through_the_compatible_routes_stream_with_bounded
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_sandbox_filling_its_disk_or_inodes_hits_enospc_and_nothing_outside() {
+    orchard_test_support::require_runc!();
     use crate::util::sandbox::{fresh_root, test_config};
     use orchard::backend::local::disk::DiskLimit;
     let mut config = test_config(&fresh_root());
@@ -369,6 +374,7 @@ async fn regression_a_sandbox_filling_its_disk_or_inodes_hits_enospc_and_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_second_tenant_cannot_replace_or_delete_the_images_others_run() {
+    orchard_test_support::require_runc!();
     use crate::util::server::{send, TestServer, KEY, OTHER_KEY};
     let srv = TestServer::start().await;
     let layout = image_layout("busybox");
@@ -393,12 +399,7 @@ async fn regression_a_second_tenant_cannot_replace_or_delete_the_images_others_r
     .await;
     assert_eq!(s, 403, "{e}");
     // Reading and using them stays open to every key; the operator key may change them.
-    let (s, _) = send(
-        srv.http
-            .get(format!("{}/v1/images", srv.url))
-            .header("X-API-Key", OTHER_KEY),
-    )
-    .await;
+    let (s, _) = srv.get_as(OTHER_KEY, "/v1/images").await;
     assert_eq!(s, 200);
     let (s, v) = send(import(KEY)).await;
     assert_eq!(s, 200, "{v}");
@@ -434,6 +435,7 @@ async fn answer_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_pull_cannot_make_the_server_fetch_loopback_or_echo_what_answered() {
+    orchard_test_support::require_runc!();
     use crate::util::server::{pull, ServerProcess, KEY};
     // What an attacker wants read out: a page on the server's own loopback.
     let secret = answer_with(200, vec![], "SECRET-PAGE").await;
@@ -481,6 +483,7 @@ async fn regression_a_pull_cannot_make_the_server_fetch_loopback_or_echo_what_an
 /// create belongs to that user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_files_api_does_not_follow_links_the_image_user_planted() {
+    orchard_test_support::require_runc!();
     use crate::util::sandbox::{image, layers, sh_ok};
     let tb = TestBackend::new();
     let l = layers();

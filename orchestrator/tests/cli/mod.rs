@@ -441,6 +441,7 @@ impl Terminal {
 
 #[test]
 fn sandboxes_are_created_listed_used_and_removed() {
+    orchard_test_support::require_runc!();
     let server = Server::start();
     server.import_busybox();
 
@@ -570,6 +571,7 @@ fn sandboxes_are_created_listed_used_and_removed() {
 
 #[test]
 fn exec_output_is_streamed_while_the_command_runs() {
+    orchard_test_support::require_runc!();
     let server = Server::start();
     server.import_busybox();
     let id = server.sandbox();
@@ -627,6 +629,7 @@ fn exec_output_is_streamed_while_the_command_runs() {
 
 #[test]
 fn images_are_imported_listed_and_removed() {
+    orchard_test_support::require_runc!();
     let server = Server::start();
     // A directory (tarred on the fly by the CLI) ...
     server.import_busybox();
@@ -712,6 +715,7 @@ fn images_are_imported_listed_and_removed() {
 
 #[test]
 fn images_are_pulled_with_progress() {
+    orchard_test_support::require_runc!();
     registry().push_image("busybox", "latest", "cli/busybox:latest");
     let reference = format!("{}/cli/busybox:latest", registry().host);
     let server = Server::start();
@@ -763,6 +767,7 @@ fn images_are_pulled_with_progress() {
 
 #[test]
 fn shell_is_an_interactive_terminal() {
+    orchard_test_support::require_runc!();
     let server = Server::start();
     server.import_busybox();
     let id = server.sandbox();
@@ -836,6 +841,7 @@ fn http_get(server: &Server, path: &str) -> (u16, Value) {
 
 #[test]
 fn shell_works_without_a_terminal() {
+    orchard_test_support::require_runc!();
     let server = Server::start();
     server.import_busybox();
     let id = server.sandbox();
@@ -874,6 +880,7 @@ fn shell_works_without_a_terminal() {
 
 #[test]
 fn bad_usage_is_explained() {
+    orchard_test_support::require_runc!();
     // No server: a port that was just free.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

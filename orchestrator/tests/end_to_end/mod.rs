@@ -48,6 +48,7 @@ async fn run(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_image_runs_the_quick_start() {
+    orchard_test_support::require_runc!();
     let (_dir, store) = pulled(
         "python:3.11-slim",
         "python",
@@ -68,6 +69,7 @@ async fn the_python_image_runs_the_quick_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_busybox_and_empty_images_run() {
+    orchard_test_support::require_runc!();
     let (_dir, store) = pulled(
         "busybox:latest",
         "busybox",
@@ -116,6 +118,7 @@ fn harness_bundle() -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn harness_tools_run_where_they_can_and_say_why_where_they_cannot() {
+    orchard_test_support::require_runc!();
     let (_dir, store) = pulled(
         "python:3.11-slim",
         "python",

@@ -144,6 +144,7 @@ fn an_image_handed_out_during_a_pass_is_kept() {
 
 #[test]
 fn layers_of_a_mounted_overlay_survive_their_image() {
+    orchard_test_support::require_root!("overlayfs mounts");
     let (_dir, store) = new_store(StoreConfig::default());
     let a = import(&store, &layout_of(&[("a", 7), ("a2", 8)]), "gc/a:latest");
     let overlay = Overlay::mount(&a);

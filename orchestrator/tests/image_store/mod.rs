@@ -193,6 +193,7 @@ async fn mirrors_are_tried_in_order_and_failures_name_every_endpoint() {
 
 #[tokio::test]
 async fn whiteouts_and_opaque_dirs_work_under_overlayfs() {
+    orchard_test_support::require_root!("overlayfs mounts");
     registry().push_image("whiteout", "latest", "whiteout:latest");
     let (_dir, store) = new_store(StoreConfig::default());
     let image = store
@@ -710,6 +711,7 @@ async fn gc_removes_unused_layers_and_keeps_used_ones() {
 
 #[tokio::test]
 async fn python_3_11_slim_pulls_and_runs() {
+    orchard_test_support::require_root!("chroot into the unpacked image");
     registry().push_image("python", "3.11-slim", "library/python:3.11-slim");
     let (_dir, store) = new_store(hub_mirror());
     let image = store.pull("python:3.11-slim", no_progress).await.unwrap();

@@ -25,6 +25,7 @@ fn annotations(bundle: &Path) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busybox_sandbox_runs_commands_and_records_its_labels() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let mut spec = SandboxSpec::new(busybox_image());
     let id = unique_id("labels");
@@ -74,6 +75,7 @@ async fn a_busybox_sandbox_runs_commands_and_records_its_labels() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_image_runs_the_agent_alone() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     for layers in [vec![layers().empty.clone()], vec![]] {
         let mut spec = SandboxSpec::new(image("empty", layers, ImageConfig::default()));
@@ -91,6 +93,7 @@ async fn an_empty_image_runs_the_agent_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_env_working_dir_user_and_layers_apply() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let l = layers();
     let config = ImageConfig {
@@ -172,6 +175,7 @@ async fn image_env_working_dir_user_and_layers_apply() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn root_and_tmp_are_writable_and_the_injected_volume_is_read_only() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let sb = tb.busybox().await;
     sh_ok(
@@ -207,6 +211,7 @@ async fn root_and_tmp_are_writable_and_the_injected_volume_is_read_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_hog_is_oom_killed_and_the_agent_survives() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let mut spec = SandboxSpec::new(busybox_image());
     spec.id = Some(unique_id("oom"));
@@ -225,6 +230,7 @@ async fn a_memory_hog_is_oom_killed_and_the_agent_survives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_bomb_is_stopped_by_the_pids_limit() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let mut spec = SandboxSpec::new(busybox_image());
     spec.id = Some(unique_id("pids"));
@@ -267,6 +273,7 @@ async fn a_fork_bomb_is_stopped_by_the_pids_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cpu_quota_holds_busy_loops_to_half_a_core() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let mut spec = SandboxSpec::new(busybox_image());
     spec.id = Some(unique_id("cpu"));
@@ -327,6 +334,7 @@ fn accept_one(listener: &TcpListener, limit: Duration) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egress_is_denied_by_default() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let sb = tb.busybox().await;
     let (listener, port) = listen();
@@ -347,6 +355,7 @@ async fn egress_is_denied_by_default() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egress_is_allowed_through_slirp4netns_when_asked() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let mut spec = SandboxSpec::new(busybox_image());
     spec.id = Some(unique_id("egress"));
@@ -403,6 +412,7 @@ fn slirp_pids() -> Vec<i32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sandboxes_see_neither_each_others_processes_nor_files() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let a = tb.busybox().await;
     let b = tb.busybox().await;
@@ -439,6 +449,7 @@ async fn two_sandboxes_see_neither_each_others_processes_nor_files() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_fail_clearly_and_leave_nothing() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let mut spec = SandboxSpec::new(busybox_image());
     spec.id = Some("Not/valid".into());
@@ -478,6 +489,7 @@ async fn bad_requests_fail_clearly_and_leave_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_fails_to_start_is_reported_with_its_log_and_cleaned_up() {
+    orchard_test_support::require_runc!();
     let mut config = test_config(&fresh_root());
     config.agent_args = vec!["--no-such-flag".into()];
     let tb = TestBackend::with_config(config);
@@ -501,6 +513,7 @@ const CHILD_ROOT: &str = "ORCHARD_RECOVERY_CHILD_ROOT";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "run by recovery_after_the_backend_was_killed"]
 async fn recovery_child() {
+    orchard_test_support::require_runc!();
     let Some(root) = std::env::var_os(CHILD_ROOT).map(PathBuf::from) else {
         return;
     };
@@ -527,6 +540,7 @@ async fn recovery_child() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_after_the_backend_was_killed() {
+    orchard_test_support::require_runc!();
     // The killed backend's container inits and slirp4netns are re-parented to us.
     process::become_subreaper().unwrap();
     let root = fresh_root();
@@ -626,6 +640,7 @@ async fn recovery_after_the_backend_was_killed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_backend_on_the_same_root_is_refused() {
+    orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let mut config = test_config(&tb.root);
     config.lock_wait = Duration::from_millis(300);
@@ -641,6 +656,7 @@ async fn a_second_backend_on_the_same_root_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_restart_waits_for_the_lock_of_a_process_still_dying() {
+    orchard_test_support::require_runc!();
     // A server killed with SIGKILL keeps its flock until the kernel has torn it down
     // (seconds, with a large heap): the restart must wait, not exit "lock is held".
     use std::os::fd::AsRawFd;
@@ -652,8 +668,8 @@ async fn regression_a_restart_waits_for_the_lock_of_a_process_still_dying() {
         .write(true)
         .open(root.join("lock"))
         .unwrap();
-    // SAFETY: flock on an fd this test owns.
     assert_eq!(
+        // SAFETY: flock on an fd this test owns.
         unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
         0
     );
@@ -673,6 +689,7 @@ async fn regression_a_restart_waits_for_the_lock_of_a_process_still_dying() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run by make bench"]
 async fn bench_local_backend() {
+    orchard_test_support::require_runc!();
     use orchard::backend::local::bench;
     let mut config = test_config(&fresh_root());
     config.ready_timeout = Duration::from_secs(300);
@@ -741,6 +758,7 @@ async fn bench_local_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_harness_bundle_is_injected_read_only_and_on_path() {
+    orchard_test_support::require_runc!();
     use std::os::unix::fs::PermissionsExt;
     let root = fresh_root();
     let harness = root.with_extension("harness");

@@ -53,6 +53,7 @@ async fn raw(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_bodies_that_are_malformed_empty_or_misshapen_are_400_or_422() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     // (route, bodies of the wrong shape: wrong types, missing fields, unknown fields)
@@ -148,12 +149,10 @@ async fn json_bodies_that_are_malformed_empty_or_misshapen_are_400_or_422() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_values_are_400_with_a_detail_that_names_them() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
-    let (_, q) = srv
-        .post(&format!("/sandboxes/{id}/exec"), json!({"command": "true"}))
-        .await;
-    let job = q["job_id"].as_str().unwrap().to_string();
+    let job = srv.submit(&id, "true").await;
     let img = "busybox:latest";
     let creates = [
         (json!({"image": img, "cpu": "lots"}), "cpu"),
@@ -380,6 +379,7 @@ async fn bad_values_are_400_with_a_detail_that_names_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_sandboxes_jobs_and_images_are_404_naming_them() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let nope = "nope-1";
     let job = "job-0123456789abcdef";
@@ -493,6 +493,7 @@ async fn unknown_sandboxes_jobs_and_images_are_404_naming_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taken_sandbox_id_is_409_across_both_apis_and_keys() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let (s, _) = srv
         .post(
@@ -562,6 +563,7 @@ fn huge_json(n: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_over_the_limit_are_413_and_the_upload_route_takes_more() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let huge = huge_json(17 << 20);
@@ -626,6 +628,7 @@ async fn bodies_over_the_limit_are_413_and_the_upload_route_takes_more() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_routes_are_404_and_wrong_methods_405_with_a_detail() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = "any-1";
     for path in [
@@ -686,6 +689,7 @@ async fn unknown_routes_are_404_and_wrong_methods_405_with_a_detail() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxied_routes_pass_the_agents_errors_through() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let v = format!("/v1/sandboxes/{id}");
@@ -882,6 +886,7 @@ async fn proxied_routes_pass_the_agents_errors_through() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_on_the_compatible_terminal_route_is_a_clear_400() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let d = assert_detail(
@@ -916,6 +921,7 @@ fn fill(path: &str, sandbox: &str, job: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_route_is_known_to_the_router() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let (_, q) = srv
@@ -1009,6 +1015,7 @@ async fn every_documented_route_is_known_to_the_router() {
 /// answer was a 400 without the `{code, message}` body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_bad_process_query_values_are_answered_as_json() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let (_, p) = srv

@@ -270,8 +270,8 @@ impl StderrToFile {
         // SAFETY: plain descriptor duplication of our own stderr and a file we own.
         let saved = unsafe { libc::dup(2) };
         assert!(saved >= 0, "dup(2) failed");
-        // SAFETY: as above.
         assert!(
+            // SAFETY: as above.
             unsafe { libc::dup2(file.as_raw_fd(), 2) } >= 0,
             "dup2 failed"
         );
@@ -327,6 +327,7 @@ fn prev_cell(prev: Option<f64>, decimals: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run by make bench"]
 async fn bench_server() {
+    orchard_test_support::require_runc!();
     let secs: f64 = std::env::var("ORCHARD_BENCH_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -35,6 +35,7 @@ async fn job(srv: &TestServer, id: &str, body: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_defaults_are_applied_and_echoed() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::with(options(|c| {
         c.defaults.cpu = "1500m".into();
         c.defaults.memory = "300Mi".into();
@@ -65,6 +66,7 @@ async fn operator_defaults_are_applied_and_echoed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_job_output_is_not_cut_at_one_mebibyte_and_the_cap_is_stated() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let (id, _) = compat_sandbox(&srv, json!({"image": "busybox:latest"})).await;
     // 3 MiB on stdout: the agent's own 1 MiB default no longer cuts it.
@@ -101,6 +103,7 @@ async fn regression_job_output_is_not_cut_at_one_mebibyte_and_the_cap_is_stated(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_exec_reports_timeouts_with_124_only_when_asked() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let body = |asked: bool| json!({"command": ["sh", "-c", "echo partial >&2; sleep 30"], "timeout_ms": 300, "timeout_exit_124": asked});
@@ -161,6 +164,7 @@ async fn v1_exec_reports_timeouts_with_124_only_when_asked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creates_beyond_the_concurrency_limit_wait_in_the_queue() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::with(options(|c| {
         c.max_concurrent_creates = 1;
         c.create_queue = 16;
@@ -181,6 +185,7 @@ async fn creates_beyond_the_concurrency_limit_wait_in_the_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_create_queue_answers_503_with_retry_after() {
+    orchard_test_support::require_runc!();
     let mut opts = options(|c| {
         c.max_concurrent_creates = 1;
         c.create_queue = 1;
@@ -216,6 +221,7 @@ async fn a_full_create_queue_answers_503_with_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_reaping_can_be_switched_off() {
+    orchard_test_support::require_runc!();
     let mut opts = Options::default();
     opts.policy.heartbeat_timeout = Duration::from_millis(300);
     opts.policy.heartbeat_reaping = false;
@@ -238,6 +244,7 @@ async fn heartbeat_reaping_can_be_switched_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_listing_cut_at_its_limit_says_so() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let (id, _) = compat_sandbox(&srv, json!({"image": "busybox:latest"})).await;
     let made = job(

@@ -26,6 +26,7 @@ async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quotas_answer_429_per_key() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::with(Options {
         max_sandboxes: 2,
         creates_per_minute: 3,
@@ -67,6 +68,7 @@ async fn quotas_answer_429_per_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_and_heartbeats_reap_sandboxes() {
+    orchard_test_support::require_runc!();
     let mut opts = Options::default();
     opts.policy.heartbeat_timeout = Duration::from_millis(1500);
     let srv = TestServer::with(opts).await;
@@ -110,6 +112,7 @@ async fn ttl_and_heartbeats_reap_sandboxes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconciliation_fails_lost_sandboxes_removes_orphans_and_skips_when_listing_fails() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let lost = srv.sandbox().await;
     let kept = srv.sandbox().await;
@@ -167,6 +170,7 @@ async fn reconciliation_fails_lost_sandboxes_removes_orphans_and_skips_when_list
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_not_ready_in_time_fails_and_a_v1_create_leaves_nothing() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::with(Options {
         fail_point: Some(orchard::backend::local::FailPoint::HangAfterRuncCreate),
         ..Options::default()
@@ -226,6 +230,7 @@ async fn a_sandbox_not_ready_in_time_fails_and_a_v1_create_leaves_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_concurrent_creates_all_become_ready() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -263,17 +268,7 @@ async fn a_hundred_concurrent_creates_all_become_ready() {
     eprintln!("100 sandboxes ready and used in {:?}", started.elapsed());
     let (_, list) = srv.get("/v1/sandboxes").await;
     assert_eq!(list["sandboxes"].as_array().unwrap().len(), 100);
-    let (_, metrics) = send(srv.http.get(format!("{}/metrics", srv.url))).await;
-    let _ = metrics;
-    let text = srv
-        .http
-        .get(format!("{}/metrics", srv.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = srv.metrics().await;
     assert!(
         text.contains("orchard_sandboxes{state=\"running\"} 100"),
         "{text}"
@@ -306,6 +301,7 @@ fn blocking_json(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
 /// clean stop nothing is left on the host.
 #[test]
 fn a_server_killed_with_sigkill_restarts_adopting_sandboxes_and_failing_jobs_in_flight() {
+    orchard_test_support::require_runc!();
     let data = tempfile::Builder::new()
         .prefix("orchard-k9-")
         .tempdir()
@@ -426,6 +422,7 @@ fn a_server_killed_with_sigkill_restarts_adopting_sandboxes_and_failing_jobs_in_
 
 #[test]
 fn a_server_without_keys_generates_one_prints_it_and_keeps_it_across_restarts() {
+    orchard_test_support::require_runc!();
     let data = tempfile::Builder::new()
         .prefix("orchard-key-")
         .tempdir()

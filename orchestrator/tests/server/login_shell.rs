@@ -33,6 +33,7 @@ async fn job(srv: &TestServer, id: &str, command: &str, login_shell: bool) -> Va
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_shell_activates_the_bashrc_environment_without_noise() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = swe_sandbox(&srv).await;
     let probe = "echo env=$CONDA_DEFAULT_ENV; command -v python; testbed-tool ok";
@@ -82,6 +83,7 @@ async fn login_shell_activates_the_bashrc_environment_without_noise() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_shell_terminal_activates_the_bashrc_environment() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = swe_sandbox(&srv).await;
     let path = format!("/sandboxes/{id}/exec/pty?api_key={KEY}");

@@ -58,6 +58,7 @@ const JOB_FIELDS: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compatible_routes_answer_the_documented_shapes() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let (s, banner) = send(srv.http.get(format!("{}/", srv.url))).await;
     assert_eq!(s, 200, "GET / needs no key");
@@ -354,6 +355,7 @@ async fn compatible_routes_answer_the_documented_shapes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_of_one_sandbox_run_one_at_a_time_in_submission_order() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let mut ids = Vec::new();
@@ -404,12 +406,10 @@ async fn jobs_of_one_sandbox_run_one_at_a_time_in_submission_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_refuses_missing_and_wrong_keys_and_hides_other_tenants_sandboxes() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
-    let (_, q) = srv
-        .post(&format!("/sandboxes/{id}/exec"), json!({"command": "true"}))
-        .await;
-    let job = q["job_id"].as_str().unwrap().to_string();
+    let job = srv.submit(&id, "true").await;
     let routes: Vec<(reqwest::Method, String)> = vec![
         (reqwest::Method::GET, "/resources".into()),
         (reqwest::Method::POST, "/sandboxes".into()),
@@ -461,12 +461,7 @@ async fn auth_refuses_missing_and_wrong_keys_and_hides_other_tenants_sandboxes()
         .await;
         assert_eq!(s, 404, "{m} {path} as another tenant: {body}");
     }
-    let (s, list) = send(
-        srv.http
-            .get(format!("{}/v1/sandboxes", srv.url))
-            .header("X-API-Key", OTHER_KEY),
-    )
-    .await;
+    let (s, list) = srv.get_as(OTHER_KEY, "/v1/sandboxes").await;
     assert_eq!((s, list), (200, json!({"sandboxes": []})));
     // Bearer works too, and the sandbox is still there for its owner.
     let (s, _) = send(

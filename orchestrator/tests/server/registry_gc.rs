@@ -31,6 +31,7 @@ type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Vec<&'a str>, bool);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orchard_serve_pulls_from_a_private_registry_with_configured_credentials() {
+    orchard_test_support::require_runc!();
     let private = auth_registry();
     private.push_image("busybox", "latest", "private/busybox:latest");
     let reference = format!("{}/private/busybox:latest", private.host);
@@ -159,24 +160,12 @@ fn a_bad_registry_config_stops_the_start_and_names_the_file() {
     }
 }
 
-/// `/metrics` of `srv`.
-async fn metrics(srv: &TestServer) -> String {
-    srv.http
-        .get(format!("{}/metrics", srv.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// Waits until the GC has evicted `count` images in all: it runs on its own task after
 /// a pull, and counts a pass once the pass is complete.
 async fn evicted(srv: &TestServer, count: u64) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let text = metrics(srv).await;
+        let text = srv.metrics().await;
         if metric(&text, "orchard_image_gc_images_total") >= count {
             return text;
         }
@@ -197,6 +186,7 @@ fn metric(text: &str, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_gc_evicts_unused_images_and_keeps_what_sandboxes_use() {
+    orchard_test_support::require_runc!();
     // a and b share a base layer; c has its own. Each layer is 256 KiB of noise.
     let layouts = [
         ("gc-srv/a:latest", layout_of(&[("base", 11), ("a", 12)])),
@@ -267,7 +257,7 @@ async fn the_image_gc_evicts_unused_images_and_keeps_what_sandboxes_use() {
         "{job}"
     );
 
-    let text = metrics(&srv).await;
+    let text = srv.metrics().await;
     assert_eq!(metric(&text, "orchard_image_gc_images_total"), 2, "{text}");
     assert!(
         metric(&text, "orchard_image_gc_layers_total") >= 3,

@@ -12,6 +12,7 @@ use futures_util::{SinkExt, StreamExt};
 use orchard_client::{AgentClient, Endpoint};
 use orchard_protocol::output::{b64_decode, b64_encode};
 use orchard_protocol::{Command, ExecRequest};
+use orchard_test_support::tar_gz;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -139,6 +140,7 @@ async fn direct_client(srv: &TestServer, id: &str) -> AgentClient {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_create_wait_get_list_heartbeat_delete() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let (s, ready) = srv
         .post(
@@ -212,12 +214,7 @@ async fn lifecycle_create_wait_get_list_heartbeat_delete() {
         .map(|s| s["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, [a.as_str(), "v1-later"], "oldest first");
-    let (_, theirs) = send(
-        srv.http
-            .get(format!("{}/v1/sandboxes", srv.url))
-            .header("X-API-Key", OTHER_KEY),
-    )
-    .await;
+    let (_, theirs) = srv.get_as(OTHER_KEY, "/v1/sandboxes").await;
     assert_eq!(theirs, json!({"sandboxes": []}));
 
     let (s, hb) = srv
@@ -253,6 +250,7 @@ async fn lifecycle_create_wait_get_list_heartbeat_delete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_and_its_ndjson_stream_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}");
@@ -344,6 +342,7 @@ async fn exec_and_its_ndjson_stream_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_processes_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let p = format!("/v1/sandboxes/{id}/processes");
@@ -443,6 +442,7 @@ async fn background_processes_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_keep_cd_and_export_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}/sessions");
@@ -482,6 +482,7 @@ async fn sessions_keep_cd_and_export_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminal_attach_type_resize_detach_and_reattach_with_scrollback() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}/pty");
@@ -593,6 +594,7 @@ fn noise(n: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_raw_stat_list_mkdir_move_delete_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let f = format!("/v1/sandboxes/{id}/files");
@@ -666,22 +668,9 @@ async fn files_raw_stat_list_mkdir_move_delete_through_the_proxy() {
     srv.finish().await;
 }
 
-/// A tar.gz of `files` (path, content).
-fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    let mut tar = tar::Builder::new(enc);
-    for (path, data) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_entry_type(tar::EntryType::Regular);
-        tar.append_data(&mut h, path, *data).unwrap();
-    }
-    tar.into_inner().unwrap().finish().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archives_upload_and_download_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let f = format!("/v1/sandboxes/{id}/files");
@@ -736,6 +725,7 @@ async fn archives_upload_and_download_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_status_commit_diff_reset_apply_through_the_proxy() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}");
@@ -861,6 +851,7 @@ async fn git_status_commit_diff_reset_apply_through_the_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_agent_access_answers_what_the_proxy_answers() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}");
@@ -980,6 +971,7 @@ async fn compat_echo_hi(ws: &mut Ws) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compatible_terminal_websocket_auth_frames_and_close_codes() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let path = format!("/sandboxes/{id}/exec/pty");
@@ -1022,6 +1014,7 @@ async fn compatible_terminal_websocket_auth_frames_and_close_codes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_terminal_attach_takes_the_key_as_a_query_or_a_subprotocol() {
+    orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
     let base = format!("/v1/sandboxes/{id}/pty");

@@ -33,21 +33,7 @@ use sha2::{Digest as _, Sha256};
 /// How long the registry may take to answer `/v2/`.
 const START_DEADLINE: Duration = Duration::from_secs(20);
 
-/// `images/out/`, where `make images` leaves the test image layouts.
-pub fn images_out() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/out")
-}
-
-/// The layout `images/out/<name>`, failing clearly when `make images` has not run.
-pub fn image_layout(name: &str) -> PathBuf {
-    let path = images_out().join(name);
-    assert!(
-        path.join("index.json").is_file(),
-        "{} is missing: run `make images` first (it builds the test images)",
-        path.display()
-    );
-    path
-}
+pub use orchard_test_support::{image_layout, images_out};
 
 /// The test process's registry.
 pub struct Registry {

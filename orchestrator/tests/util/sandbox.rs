@@ -7,39 +7,17 @@
 //! the audit is empty before and after.
 
 use std::fs;
-use std::future::Future;
-use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use orchard::backend::local::{LocalBackend, LocalConfig, SandboxInfo, SandboxSpec};
 use orchard::image::{Image, ImageConfig};
 use orchard_protocol::{ExecRequest, ExecResult};
+use orchard_test_support::rootfs::install_busybox;
+use orchard_test_support::{block_on_own_runtime, scratch_dir};
 
-/// Longest any single agent call of a test may take.
-pub const CALL_LIMIT: Duration = Duration::from_secs(60);
-
-/// The static agent binary under test.
-pub fn agent_binary() -> PathBuf {
-    let path = std::env::var_os("ORCHARD_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../target/x86_64-unknown-linux-musl/release/orchard-agent"
-            ))
-        });
-    assert!(
-        path.is_file(),
-        "the static agent binary {} does not exist: build it with `make agent` \
-         (or point ORCHARD_AGENT_BIN at one)",
-        path.display()
-    );
-    path
-}
+pub use orchard_test_support::{agent_binary, argv, shell, unique_id, within, CALL_LIMIT};
 
 /// Layer directories shared by every test of this process (read-only overlay lowers).
 pub struct Layers {
@@ -54,13 +32,6 @@ pub struct Layers {
 }
 
 static LAYERS: OnceLock<Layers> = OnceLock::new();
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-extern "C" fn remove_layers_at_exit() {
-    if let Some(l) = LAYERS.get() {
-        let _ = fs::remove_dir_all(&l.base);
-    }
-}
 
 /// Env naming the layers of a parent test process, for a child it re-invokes (a child
 /// killed with SIGKILL could not remove its own).
@@ -77,30 +48,9 @@ pub fn layers() -> &'static Layers {
                 base,
             };
         }
-        let base = tempfile::Builder::new()
-            .prefix("orchard-layers-")
-            .tempdir()
-            .expect("creating the layers dir")
-            .keep();
-        // SAFETY: registers a plain extern "C" function.
-        unsafe {
-            libc::atexit(remove_layers_at_exit);
-        }
+        let base = scratch_dir("orchard-layers-");
         let busybox = base.join("busybox");
-        let bin = busybox.join("bin");
-        fs::create_dir_all(&bin).unwrap();
-        fs::copy("/bin/busybox", bin.join("busybox")).expect("copying /bin/busybox");
-        fs::set_permissions(bin.join("busybox"), fs::Permissions::from_mode(0o755)).unwrap();
-        let list = Command::new("/bin/busybox")
-            .arg("--list")
-            .output()
-            .expect("running /bin/busybox --list (install busybox-static)");
-        for applet in String::from_utf8_lossy(&list.stdout).lines().map(str::trim) {
-            // `busybox --list` names busybox itself: keep the binary.
-            if !applet.is_empty() && !applet.contains('/') && applet != "busybox" {
-                symlink("busybox", bin.join(applet)).unwrap();
-            }
-        }
+        install_busybox(&busybox);
         let etc = busybox.join("etc");
         fs::create_dir_all(&etc).unwrap();
         fs::write(
@@ -148,12 +98,6 @@ pub fn busybox_image() -> Image {
         vec![layers().busybox.clone()],
         ImageConfig::default(),
     )
-}
-
-/// A unique sandbox id with `name` in it.
-pub fn unique_id(name: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{name}-{}-{n}", std::process::id())
 }
 
 /// A backend on its own temporary root, destroyed on drop.
@@ -237,19 +181,12 @@ impl Drop for TestBackend {
         if self.finished {
             return;
         }
-        // Drop may run inside the test's runtime, where we cannot block: tear down on a
-        // thread with its own runtime.
+        // Drop may run inside the test's runtime, where we cannot block.
         let backend = self.backend.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for teardown");
-            if let Err(e) = rt.block_on(backend.destroy()) {
-                eprintln!("teardown of {}: {e}", backend.root().display());
-            }
-        })
-        .join();
+        let root = backend.root().to_path_buf();
+        if let Ok(Err(e)) = block_on_own_runtime(async move { backend.destroy().await }) {
+            eprintln!("teardown of {}: {e}", root.display());
+        }
     }
 }
 
@@ -257,14 +194,6 @@ impl Drop for TestBackend {
 pub async fn assert_clean(backend: &LocalBackend) {
     let report = backend.audit().await.expect("running the audit");
     assert!(report.is_clean(), "leaks:\n{report}");
-}
-
-/// Awaits `fut`, failing the test if it takes longer than `limit`.
-pub async fn within<F: Future>(limit: Duration, fut: F) -> F::Output {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("call did not finish within {limit:?}"),
-    }
 }
 
 /// Runs `req` in the sandbox, failing the test on an API error.
@@ -290,20 +219,4 @@ pub async fn sh_ok(sb: &SandboxInfo, script: &str) -> String {
     let r = sh(sb, script).await;
     assert_eq!(r.exit_code, Some(0), "{script}: {r:?}");
     r.stdout.text_lossy()
-}
-
-/// An exec request of a shell string.
-pub fn shell(script: &str) -> ExecRequest {
-    ExecRequest {
-        command: orchard_protocol::Command::Shell(script.into()),
-        ..Default::default()
-    }
-}
-
-/// An exec request of an argv.
-pub fn argv(args: &[&str]) -> ExecRequest {
-    ExecRequest {
-        command: orchard_protocol::Command::Argv(args.iter().map(|s| s.to_string()).collect()),
-        ..Default::default()
-    }
 }

@@ -26,16 +26,7 @@ pub const KEY: &str = "test-key-1";
 /// Another tenant.
 pub const OTHER_KEY: &str = "test-key-2";
 
-/// The OCI layout of a test image built by `make images`.
-pub fn image_layout(name: &str) -> PathBuf {
-    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../images/out")).join(name);
-    assert!(
-        p.join("index.json").is_file(),
-        "{} is missing: run `make images`",
-        p.display()
-    );
-    p
-}
+pub use orchard_test_support::image_layout;
 
 /// The local backend with a switch that makes `list` fail (reconciliation tests).
 pub struct SwitchableBackend {
@@ -217,6 +208,16 @@ impl TestServer {
         send(self.req(reqwest::Method::GET, path)).await
     }
 
+    /// GET with another key (a second tenant's, or a wrong one).
+    pub async fn get_as(&self, key: &str, path: &str) -> (u16, Value) {
+        send(
+            self.http
+                .get(format!("{}{path}", self.url))
+                .header("X-API-Key", key),
+        )
+        .await
+    }
+
     /// POST JSON with the key.
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         send(self.req(reqwest::Method::POST, path).json(&body)).await
@@ -237,6 +238,29 @@ impl TestServer {
             .await;
         assert_eq!(s, 201, "{v}");
         v["id"].as_str().unwrap().to_string()
+    }
+
+    /// Queues the compatible job `command` in sandbox `id`; answers the job's id.
+    pub async fn submit(&self, id: &str, command: &str) -> String {
+        let (s, q) = self
+            .post(
+                &format!("/sandboxes/{id}/exec"),
+                serde_json::json!({ "command": command }),
+            )
+            .await;
+        assert_eq!(s, 200, "{q}");
+        q["job_id"].as_str().expect("the job's id").to_string()
+    }
+
+    /// `/metrics`, as text.
+    pub async fn metrics(&self) -> String {
+        let resp = self
+            .http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .expect("GET /metrics");
+        resp.text().await.expect("reading /metrics")
     }
 
     /// Deletes every sandbox through the API, then asserts nothing is left on the host.

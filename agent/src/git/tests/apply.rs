@@ -14,7 +14,7 @@ use crate::git::normalize::normalize_patch;
 use crate::git::{apply, diff_patch, GitError};
 
 #[test]
-fn binary_patch_with_truncated_zlib_data_is_refused_not_applied_forever() {
+fn regression_a_binary_patch_with_truncated_zlib_data_is_refused_not_applied_forever() {
     let dir = init_repo();
     let root = dir.path();
     let old: Vec<u8> = (0..400u32).map(|i| (i * 7919 % 251) as u8).collect();
@@ -62,7 +62,7 @@ fn binary_patch_with_truncated_zlib_data_is_refused_not_applied_forever() {
 }
 
 #[test]
-fn unknown_file_mode_in_a_patch_is_a_bad_patch_not_a_panic() {
+fn regression_an_unknown_file_mode_in_a_patch_is_a_bad_patch_not_a_panic() {
     let dir = init_repo();
     let root = dir.path();
     fs::write(root.join("a.txt"), "a\n").unwrap();
@@ -132,7 +132,7 @@ fn regression_a_nul_in_a_patch_header_is_a_bad_patch_not_a_segfault() {
 }
 
 #[test]
-fn patch_paths_beyond_a_symbolic_link_are_conflicts_not_written_outside() {
+fn regression_patch_paths_beyond_a_symbolic_link_are_conflicts_not_written_outside() {
     let outer = tempfile::tempdir().unwrap();
     let outside = outer.path().join("outside");
     fs::create_dir(&outside).unwrap();

@@ -347,6 +347,7 @@ fn randomized_round_trip_between_our_diff_apply_and_the_git_cli() {
 /// libgit2 refuses repositories owned by another uid unless told otherwise.
 #[test]
 fn a_repository_owned_by_another_uid_works() {
+    orchard_test_support::require_root!("chown to another uid");
     let dir = random_repo(99);
     let root = dir.path();
     let expected = diff_patch(root, None).unwrap();
