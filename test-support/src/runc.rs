@@ -131,22 +131,19 @@ pub fn remove_tree(path: &Path) -> std::io::Result<()> {
 pub fn become_subreaper() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: prctl with plain integer arguments.
-        let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        assert_eq!(rc, 0, "prctl(PR_SET_CHILD_SUBREAPER) failed");
+        rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+            .expect("prctl(PR_SET_CHILD_SUBREAPER) failed");
     });
 }
 
 /// Reaps child `pid` if it has exited, without blocking: `Ok(Some(raw wait status))`
 /// once reaped, `Ok(None)` while it runs, an error when it is not our child.
 pub fn try_reap(pid: i32) -> std::io::Result<Option<i32>> {
-    let mut status = 0;
-    // SAFETY: waitpid on one pid with a valid out pointer.
-    let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-    match rc {
-        0 => Ok(None),
-        r if r == pid => Ok(Some(status)),
-        _ => Err(std::io::Error::last_os_error()),
+    use rustix::process::{waitpid, Pid, WaitOptions};
+    let pid = Pid::from_raw(pid).ok_or_else(|| std::io::Error::other("pid 0 is no child"))?;
+    match waitpid(Some(pid), WaitOptions::NOHANG)? {
+        None => Ok(None),
+        Some((_, status)) => Ok(Some(status.as_raw())),
     }
 }
 

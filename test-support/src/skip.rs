@@ -40,8 +40,7 @@ macro_rules! require_root {
 
 /// Whether this process runs as root (effective uid 0).
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// Whether `runc --version` runs, checked once per process.
