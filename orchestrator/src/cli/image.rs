@@ -26,7 +26,7 @@ use tokio::runtime::Handle;
 use tokio_util::io::{ReaderStream, SyncIoBridge};
 
 use super::client::Client;
-use super::progress::{human_bytes, upload_line, upload_milestone, Meter, PullState};
+use super::progress::{human_bytes, upload_milestone, upload_stats, Meter, PullState};
 use super::sandbox::{print_json, print_out, table};
 use super::CliError;
 
@@ -65,7 +65,7 @@ pub async fn pull(client: &Client, reference: &str) -> Result<i32, CliError> {
     let response = client.send(request).await?;
     let mut lines = client.lines(response);
     let mut state = PullState::default();
-    let mut meter = Meter::stderr();
+    let mut meter = Meter::stderr(reference);
     while let Some(line) = lines.next().await? {
         let event: PullLine =
             serde_json::from_slice(&line).map_err(|e| CliError::protocol("a pull line", e))?;
@@ -79,8 +79,8 @@ pub async fn pull(client: &Client, reference: &str) -> Result<i32, CliError> {
                     event.layers_total,
                 );
                 if meter.is_tty() {
-                    let width = meter.width();
-                    meter.draw(&state.line(reference, width), false);
+                    let (done, total) = state.bytes();
+                    meter.draw(done, total, state.stats());
                 } else if let Some(note) = state.milestone(reference) {
                     meter.note(&note);
                 }
@@ -156,7 +156,7 @@ pub async fn import(client: &Client, path: &Path, name: Option<&str>) -> Result<
         request = request.query(&[("name", name)]);
     }
 
-    let mut meter = Meter::stderr();
+    let mut meter = Meter::stderr("uploading");
     let upload = client.json::<Value>(request, "the imported images");
     tokio::pin!(upload);
     // The first tick after TICK, not at once: an upload that is over by then shows no
@@ -169,9 +169,10 @@ pub async fn import(client: &Client, path: &Path, name: Option<&str>) -> Result<
             _ = tick.tick() => {
                 let done = sent.load(Ordering::Relaxed);
                 if meter.is_tty() {
-                    let label = if done >= total { "uploaded, importing" } else { "uploading" };
-                    let width = meter.width();
-                    meter.draw(&upload_line(label, done, total, width), true);
+                    if done >= total {
+                        meter.relabel("uploaded, importing");
+                    }
+                    meter.draw(done, total, upload_stats(done, total));
                 } else if let Some(note) = upload_milestone(done, total, &mut quarter) {
                     meter.note(&note);
                 }
