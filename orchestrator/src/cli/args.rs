@@ -18,7 +18,7 @@ const CALENDAR_UNITS: &[&str] = &["M", "month", "months", "y", "yr", "yrs", "yea
 
 /// Parses a duration: a number of seconds (`30`, `1.5`) or `humantime`'s spans (`500ms`,
 /// `30s`, `1.5m`, `15min`, `2h`, `1d`, `1w`, `1h 30m`, `2hours`). Months and years are
-/// refused (see [`CALENDAR_UNITS`]).
+/// refused (`5M` is too close to `5m`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let split = t
