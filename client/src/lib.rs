@@ -1,20 +1,18 @@
 //! Async Rust client of the `orchard-agent` API.
 //!
 //! [`AgentClient`] talks to one agent over its Unix socket or TCP address, keeping
-//! HTTP/1.1 connections alive in a small pool so a call costs one round trip. Every
-//! typed method uses the wire types of `orchard-protocol`; failures come back as
-//! [`ClientError`], with the agent's [`ErrorBody`] when it answered one.
+//! HTTP/1.1 connections alive in a [`Pool`] so a call costs one round trip; many
+//! clients (one per sandbox) can share one pool. Every typed method uses the wire types
+//! of `orchard-protocol`; failures come back as [`ClientError`], with the agent's
+//! [`ErrorBody`] when it answered one.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use bytes::{Buf, Bytes};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use orchard_protocol::files::{
     Done, ExtractResult, FileList, FileStat, MkdirRequest, MoveRequest, WriteResult,
 };
@@ -27,6 +25,9 @@ use orchard_protocol::session::{SessionCreate, SessionInfo, SessionRun, SessionR
 use orchard_protocol::{ErrorBody, ExecEvent, ExecRequest, ExecResult, TOKEN_HEADER};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+pub mod pool;
+pub use pool::{Pool, PoolBody};
 
 /// Where an agent listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,8 +77,10 @@ fn transport(e: impl std::fmt::Display) -> ClientError {
 pub struct AgentClient {
     endpoint: Endpoint,
     token: String,
-    /// Idle keep-alive connections; taken for one request, returned after its body.
-    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    /// `http://<authority>`: what the pool knows the endpoint by.
+    base: String,
+    /// Keep-alive connections, possibly shared with other clients.
+    pool: Pool,
     /// Largest answer read whole; a longer one is an error, never held in memory.
     max_response: usize,
 }
@@ -97,19 +100,26 @@ pub struct RawResponse {
 }
 
 impl AgentClient {
-    /// A client for `endpoint` sending `token`.
+    /// A client for `endpoint` sending `token`, with a pool of its own.
     pub fn new(endpoint: Endpoint, token: impl Into<String>) -> Self {
+        Self::with_pool(Pool::new(), endpoint, token)
+    }
+
+    /// A client for `endpoint` sending `token` over the connections of `pool`.
+    pub fn with_pool(pool: Pool, endpoint: Endpoint, token: impl Into<String>) -> Self {
         Self {
+            base: format!("http://{}", pool::authority(&endpoint)),
             endpoint,
             token: token.into(),
-            idle: Mutex::new(Vec::new()),
+            pool,
             max_response: DEFAULT_MAX_RESPONSE,
         }
     }
 
-    /// A client with another token (for auth tests).
+    /// A client with another token (for auth tests), on the same pool.
     pub fn with_token(&self, token: impl Into<String>) -> Self {
-        Self::new(self.endpoint.clone(), token).with_max_response(self.max_response)
+        Self::with_pool(self.pool.clone(), self.endpoint.clone(), token)
+            .with_max_response(self.max_response)
     }
 
     /// Caps the answers this client reads whole (JSON results, whole files): a longer
@@ -119,45 +129,21 @@ impl AgentClient {
         self
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>> {
-        let sender = match &self.endpoint {
-            Endpoint::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path)
-                    .await
-                    .map_err(transport)?;
-                let (sender, conn) = http1::handshake(TokioIo::new(stream))
-                    .await
-                    .map_err(transport)?;
-                tokio::spawn(conn);
-                sender
-            }
-            Endpoint::Tcp(addr) => {
-                let stream = tokio::net::TcpStream::connect(addr)
-                    .await
-                    .map_err(transport)?;
-                let _ = stream.set_nodelay(true);
-                let (sender, conn) = http1::handshake(TokioIo::new(stream))
-                    .await
-                    .map_err(transport)?;
-                tokio::spawn(conn);
-                sender
-            }
-        };
-        Ok(sender)
+    /// The absolute URI of `path_and_query` on this agent, as the pool routes it.
+    pub fn uri(&self, path_and_query: &str) -> String {
+        format!("{}{path_and_query}", self.base)
     }
 
-    async fn sender(&self) -> Result<SendRequest<Full<Bytes>>> {
-        loop {
-            let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            match idle {
-                Some(mut s) => {
-                    if s.ready().await.is_ok() {
-                        return Ok(s);
-                    }
-                }
-                None => return self.connect().await,
-            }
-        }
+    /// Sends `req` (an absolute URI from [`AgentClient::uri`]; the token is added here)
+    /// and returns the answer with its body unread. The connection returns to the pool
+    /// once the body is read to its end.
+    pub async fn forward(&self, mut req: Request<PoolBody>) -> Result<Response<Incoming>> {
+        let token = hyper::header::HeaderValue::from_str(&self.token).map_err(transport)?;
+        req.headers_mut().insert(TOKEN_HEADER, token);
+        self.pool
+            .request(req)
+            .await
+            .map_err(|e| ClientError::Transport(pool::chain(&e)))
     }
 
     fn build(
@@ -166,19 +152,22 @@ impl AgentClient {
         path: &str,
         body: Bytes,
         content_type: &str,
-    ) -> Result<Request<Full<Bytes>>> {
+    ) -> Result<Request<PoolBody>> {
         Request::builder()
             .method(method)
-            .uri(path)
+            .uri(self.uri(path))
             .header(hyper::header::HOST, "agent")
-            .header(TOKEN_HEADER, &self.token)
             .header(hyper::header::CONTENT_TYPE, content_type)
-            .body(Full::new(body))
+            .body(
+                Full::new(body)
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            )
             .map_err(transport)
     }
 
     /// Sends a request and returns the response with its body unread. The connection
-    /// is not reused.
+    /// is reused once the body is read to its end.
     pub async fn send_streaming(
         &self,
         method: Method,
@@ -186,9 +175,8 @@ impl AgentClient {
         body: Bytes,
         content_type: &str,
     ) -> Result<Response<Incoming>> {
-        let req = self.build(method, path, body, content_type)?;
-        let mut sender = self.sender().await?;
-        sender.send_request(req).await.map_err(transport)
+        self.forward(self.build(method, path, body, content_type)?)
+            .await
     }
 
     /// Sends a request and reads the whole answer.
@@ -199,9 +187,9 @@ impl AgentClient {
         body: Bytes,
         content_type: &str,
     ) -> Result<RawResponse> {
-        let req = self.build(method, path, body, content_type)?;
-        let mut sender = self.sender().await?;
-        let resp = sender.send_request(req).await.map_err(transport)?;
+        let resp = self
+            .send_streaming(method, path, body, content_type)
+            .await?;
         let (parts, body) = resp.into_parts();
         let body = http_body_util::Limited::new(body, self.max_response)
             .collect()
@@ -213,10 +201,6 @@ impl AgentClient {
                 ))
             })?
             .to_bytes();
-        self.idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(sender);
         Ok(RawResponse {
             status: parts.status,
             headers: parts.headers,

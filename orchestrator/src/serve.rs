@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::image::gc::{self, InUse};
 use crate::image::{ImageStore, StoreConfig};
 use crate::metrics::Metrics;
-use crate::server::{proxy::AgentProxy, router, AppState};
+use crate::server::{router, AppState};
 use crate::service::{Keys, Service, ServiceConfig};
 
 /// Why the server could not start or stopped badly.
@@ -89,7 +89,6 @@ pub async fn app(
     let state = AppState {
         service: service.clone(),
         keys: Arc::new(keys),
-        proxy: AgentProxy::default(),
     };
     Ok((router(state), service))
 }

@@ -1,10 +1,13 @@
 //! `PUT` and `GET /v1/files/archive`: a tar or tar.gz body extracted into a directory,
 //! and a path streamed out as tar.gz. The tar logic itself lives in
 //! [`crate::archive`]; it is synchronous (the `tar` crate), runs on blocking threads
-//! and talks to the async body through bounded channels, see `BodyReader` and
-//! `ChannelWriter`.
+//! and talks to the async body through `tokio-util`'s bridges: an upload reaches the
+//! extractor as a `SyncIoBridge` over a `StreamReader` of body chunks (`body_reader`), a
+//! download leaves the builder through a `SyncIoBridge` over an in-memory pipe that a
+//! `ReaderStream` turns into the response body (`download_archive`). Both are bounded,
+//! so a slow side holds the other back instead of buffering the whole stream.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufWriter, Read};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -13,9 +16,12 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use orchard_protocol::files::ExtractResult;
-use tokio::sync::mpsc;
+use tokio::io::DuplexStream;
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
 
 use super::{absolute, blocking_failed, too_large, unreadable_body, PathQuery, CHUNK};
 use crate::archive;
@@ -37,47 +43,30 @@ enum Chunk {
     Fail(String),
 }
 
-/// A blocking `Read` over body chunks sent through a channel. A sender dropped without
-/// [`Chunk::End`] reads as an error, not an end: a cancelled upload must never look
-/// like a complete (shorter) archive.
-struct BodyReader {
-    rx: mpsc::Receiver<Chunk>,
-    current: Bytes,
-    done: bool,
+/// A blocking `Read` over body chunks sent through a channel, reading through `handle`'s
+/// runtime. A sender dropped without [`Chunk::End`] reads as an error, not an end: a
+/// cancelled upload must never look like a complete (shorter) archive.
+fn body_reader(rx: mpsc::Receiver<Chunk>, handle: Handle) -> impl Read {
+    SyncIoBridge::new_with_handle(StreamReader::new(Box::pin(chunks(rx))), handle)
 }
 
-impl BodyReader {
-    fn new(rx: mpsc::Receiver<Chunk>) -> Self {
-        Self {
-            rx,
-            current: Bytes::new(),
-            done: false,
+/// The body bytes of `rx`, ended by [`Chunk::End`], failed by anything else.
+fn chunks(rx: mpsc::Receiver<Chunk>) -> impl Stream<Item = io::Result<Bytes>> {
+    futures_util::stream::unfold(Some(rx), |rx| async move {
+        let mut rx = rx?;
+        match rx.recv().await {
+            Some(Chunk::Data(data)) => Some((Ok(data), Some(rx))),
+            Some(Chunk::End) => None,
+            Some(Chunk::Fail(message)) => Some((Err(io::Error::other(message)), None)),
+            None => Some((
+                Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the request body ended early",
+                )),
+                None,
+            )),
         }
-    }
-}
-
-impl Read for BodyReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.current.is_empty() {
-            if self.done || buf.is_empty() {
-                return Ok(0);
-            }
-            match self.rx.blocking_recv() {
-                Some(Chunk::Data(data)) => self.current = data,
-                Some(Chunk::End) => self.done = true,
-                Some(Chunk::Fail(message)) => return Err(io::Error::other(message)),
-                None => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the request body ended early",
-                    ))
-                }
-            }
-        }
-        let n = buf.len().min(self.current.len());
-        buf[..n].copy_from_slice(&self.current.split_to(n));
-        Ok(n)
-    }
+    })
 }
 
 /// Sends `body` into `tx`, enforcing `limit`. A receiver that stops listening is not an
@@ -132,7 +121,8 @@ async fn extract_body(
         return Err(too_large(limit));
     }
     let (tx, rx) = mpsc::channel(QUEUE);
-    let job = fsuser::blocking(move || archive::extract(BodyReader::new(rx), &dir));
+    let reader = body_reader(rx, Handle::current());
+    let job = fsuser::blocking(move || archive::extract(reader, &dir));
     let fed = feed_body(body, tx, limit).await;
     let extracted = job.await.map_err(|_| blocking_failed("extraction"))?;
     // A body error comes first: the extraction then failed only because its input was
@@ -146,44 +136,32 @@ async fn extract_body(
     })
 }
 
-/// A blocking `Write` that sends what it is given, in chunks, through a channel. When
-/// the receiver is gone (the client disconnected) writes fail, which stops the writer.
-struct ChannelWriter {
-    tx: mpsc::Sender<io::Result<Bytes>>,
-    buf: Vec<u8>,
-}
-
-impl ChannelWriter {
-    fn new(tx: mpsc::Sender<io::Result<Bytes>>) -> Self {
-        Self {
-            tx,
-            buf: Vec::with_capacity(CHUNK),
+/// The bytes `produce` writes on a blocking thread, as a body stream. The writer is one
+/// end of a bounded pipe (bridged to blocking writes), the body streams from the other,
+/// so a slow client holds the producer back; when the client goes away, the producer's
+/// writes fail. A producer that fails has its error sent after the bytes it wrote: the
+/// status is already out by then, and an error item aborts the body so the client sees
+/// a broken transfer rather than a short one that looks complete.
+fn written_body<E: std::fmt::Display>(
+    produce: impl FnOnce(BufWriter<SyncIoBridge<DuplexStream>>) -> Result<(), E> + Send + 'static,
+) -> impl Stream<Item = io::Result<Bytes>> {
+    let (pipe_out, pipe_in) = tokio::io::duplex(QUEUE * CHUNK);
+    let (done_tx, done_rx) = oneshot::channel();
+    let handle = Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let out = BufWriter::with_capacity(CHUNK, SyncIoBridge::new_with_handle(pipe_in, handle));
+        // `produce` owns the writer: the pipe has ended before the outcome is sent.
+        let produced = produce(out);
+        let _ = done_tx.send(produced.map_err(|err| err.to_string()));
+    });
+    let outcome = futures_util::stream::once(done_rx).filter_map(|done| async move {
+        match done {
+            Ok(Ok(())) => None,
+            Ok(Err(message)) => Some(Err(io::Error::other(message))),
+            Err(_) => Some(Err(io::Error::other("the archive builder stopped"))),
         }
-    }
-
-    fn send(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))
-    }
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= CHUNK {
-            self.send()?;
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.send()
-    }
+    });
+    ReaderStream::with_capacity(pipe_out, CHUNK).chain(outcome)
 }
 
 pub(super) async fn download_archive(ApiQuery(q): ApiQuery<PathQuery>) -> ApiResult<Response> {
@@ -192,17 +170,7 @@ pub(super) async fn download_archive(ApiQuery(q): ApiQuery<PathQuery>) -> ApiRes
     tokio::fs::symlink_metadata(&path)
         .await
         .map_err(|err| ApiError::io("archive", &q.path, &err))?;
-    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(QUEUE);
-    tokio::task::spawn_blocking(move || {
-        if let Err(err) = archive::build(&path, ChannelWriter::new(tx.clone())) {
-            // The status is already sent; an error item aborts the body so the client
-            // sees a broken transfer rather than a short archive that looks complete.
-            let _ = tx.blocking_send(Err(io::Error::other(err.to_string())));
-        }
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
+    let stream = written_body(move |out| archive::build(&path, out).map(drop));
     let mut response = Body::from_stream(stream).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -224,40 +192,53 @@ mod tests {
 
     #[test]
     fn body_reader_needs_an_explicit_end() {
-        let (tx, rx) = mpsc::channel(4);
-        tx.try_send(Chunk::Data(Bytes::from_static(b"abc")))
-            .unwrap();
-        tx.try_send(Chunk::End).unwrap();
-        let mut out = Vec::new();
-        BodyReader::new(rx).read_to_end(&mut out).unwrap();
-        assert_eq!(out, b"abc");
-
-        let (tx, rx) = mpsc::channel(4);
-        tx.try_send(Chunk::Data(Bytes::from_static(b"abc")))
-            .unwrap();
-        drop(tx);
-        let err = BodyReader::new(rx)
-            .read_to_end(&mut Vec::new())
-            .unwrap_err();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let read = |chunks: Vec<Chunk>| {
+            let (tx, rx) = mpsc::channel(4);
+            for chunk in chunks {
+                tx.try_send(chunk).unwrap();
+            }
+            drop(tx);
+            let mut out = Vec::new();
+            body_reader(rx, runtime.handle().clone())
+                .read_to_end(&mut out)
+                .map(|_| out)
+        };
+        let abc = || Chunk::Data(Bytes::from_static(b"abc"));
+        assert_eq!(read(vec![abc(), abc(), Chunk::End]).unwrap(), b"abcabc");
+        let err = read(vec![abc()]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
-
-        let (tx, rx) = mpsc::channel(4);
-        tx.try_send(Chunk::Fail("too large".into())).unwrap();
-        assert!(BodyReader::new(rx).read_to_end(&mut Vec::new()).is_err());
+        assert!(read(vec![abc(), Chunk::Fail("too large".into())]).is_err());
     }
 
-    #[test]
-    fn channel_writer_stops_when_the_receiver_is_gone() {
-        let (tx, mut rx) = mpsc::channel(2);
-        let mut writer = ChannelWriter::new(tx);
-        writer.write_all(b"hello").unwrap();
-        writer.flush().unwrap();
-        assert_eq!(
-            rx.try_recv().unwrap().unwrap(),
-            Bytes::from_static(b"hello")
-        );
-        drop(rx);
-        writer.write_all(&[0u8; CHUNK]).unwrap_err();
+    /// A producer failing midway aborts the body after what it wrote; one that
+    /// succeeds ends it cleanly, however much it wrote.
+    #[tokio::test]
+    async fn a_failed_producer_aborts_the_body_after_its_bytes() {
+        use std::io::Write;
+        let failed = written_body(|mut out| {
+            out.write_all(b"partial")?;
+            out.flush()?;
+            Err(io::Error::other("disk on fire"))
+        });
+        let items: Vec<io::Result<Bytes>> = failed.collect().await;
+        let (last, bytes) = items.split_last().unwrap();
+        assert_eq!(last.as_ref().unwrap_err().to_string(), "disk on fire");
+        let bytes: Vec<u8> = bytes
+            .iter()
+            .flat_map(|b| b.as_ref().unwrap().to_vec())
+            .collect();
+        assert_eq!(bytes, b"partial");
+
+        let big = vec![5u8; QUEUE * CHUNK * 3 + 7];
+        let copy = big.clone();
+        let whole = written_body(move |mut out| out.write_all(&copy));
+        let items: Vec<io::Result<Bytes>> = whole.collect().await;
+        let bytes: Vec<u8> = items
+            .into_iter()
+            .flat_map(|b| b.unwrap().to_vec())
+            .collect();
+        assert_eq!(bytes, big);
     }
 
     fn tar_gz_of(dir: &Path) -> Vec<u8> {

@@ -2,28 +2,31 @@
 //!
 //! `pull` reads the server's NDJSON progress and draws it (bytes over the layers seen, and
 //! layers done) on stderr. `import` uploads an archive file as it is, or tars an OCI
-//! layout directory on the fly; either way the bytes are produced on a thread and
-//! streamed through a small bounded channel (`reqwest::Body::wrap_stream`), so a
-//! multi-GiB image never sits in memory, and the bar shows what was handed to the
-//! connection.
+//! layout directory on the fly; either way the bytes are produced on a thread, written
+//! into a small bounded pipe (`tokio-util`'s `SyncIoBridge`) and streamed from its other
+//! end (`ReaderStream`, `reqwest::Body::wrap_stream`), so a multi-GiB image never sits
+//! in memory, and the bar shows what was handed to the connection.
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use reqwest::header::CONTENT_TYPE;
 use reqwest::Method;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::io::DuplexStream;
+use tokio::runtime::Handle;
+use tokio_util::io::{ReaderStream, SyncIoBridge};
 
 use super::client::Client;
-use super::progress::{human_bytes, upload_line, upload_milestone, Meter, PullState};
+use super::progress::{human_bytes, upload_milestone, upload_stats, Meter, PullState};
 use super::sandbox::{print_json, print_out, table};
 use super::CliError;
 
@@ -31,6 +34,8 @@ use super::CliError;
 const CHUNK: usize = 256 << 10;
 /// Chunks in flight between the reading thread and the connection (4 MiB).
 const IN_FLIGHT: usize = 16;
+/// What a producer writes the upload into.
+type Upload = BufWriter<SyncIoBridge<DuplexStream>>;
 /// How often the upload bar is redrawn.
 const TICK: Duration = Duration::from_millis(100);
 /// Size of a tar header or padding block.
@@ -60,7 +65,7 @@ pub async fn pull(client: &Client, reference: &str) -> Result<i32, CliError> {
     let response = client.send(request).await?;
     let mut lines = client.lines(response);
     let mut state = PullState::default();
-    let mut meter = Meter::stderr();
+    let mut meter = Meter::stderr(reference);
     while let Some(line) = lines.next().await? {
         let event: PullLine =
             serde_json::from_slice(&line).map_err(|e| CliError::protocol("a pull line", e))?;
@@ -74,8 +79,8 @@ pub async fn pull(client: &Client, reference: &str) -> Result<i32, CliError> {
                     event.layers_total,
                 );
                 if meter.is_tty() {
-                    let width = meter.width();
-                    meter.draw(&state.line(reference, width), false);
+                    let (done, total) = state.bytes();
+                    meter.draw(done, total, state.stats());
                 } else if let Some(note) = state.milestone(reference) {
                     meter.note(&note);
                 }
@@ -116,7 +121,7 @@ pub async fn import(client: &Client, path: &Path, name: Option<&str>) -> Result<
     let what = path.display().to_string();
     let meta = fs::metadata(path).map_err(|e| CliError::io(&what, e))?;
     let failure: Arc<Mutex<Option<io::Error>>> = Arc::default();
-    let (total, rx) = if meta.is_dir() {
+    let (total, stream) = if meta.is_dir() {
         if !path.join("index.json").is_file() {
             return Err(CliError::Usage(format!(
                 "{what} is a directory but not an OCI image layout (it has no index.json)"
@@ -138,10 +143,7 @@ pub async fn import(client: &Client, path: &Path, name: Option<&str>) -> Result<
 
     let sent = Arc::new(AtomicU64::new(0));
     let counter = sent.clone();
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    })
-    .inspect(move |item| {
+    let body = stream.inspect(move |item| {
         if let Ok(chunk) = item {
             counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
@@ -154,7 +156,7 @@ pub async fn import(client: &Client, path: &Path, name: Option<&str>) -> Result<
         request = request.query(&[("name", name)]);
     }
 
-    let mut meter = Meter::stderr();
+    let mut meter = Meter::stderr("uploading");
     let upload = client.json::<Value>(request, "the imported images");
     tokio::pin!(upload);
     // The first tick after TICK, not at once: an upload that is over by then shows no
@@ -167,9 +169,10 @@ pub async fn import(client: &Client, path: &Path, name: Option<&str>) -> Result<
             _ = tick.tick() => {
                 let done = sent.load(Ordering::Relaxed);
                 if meter.is_tty() {
-                    let label = if done >= total { "uploaded, importing" } else { "uploading" };
-                    let width = meter.width();
-                    meter.draw(&upload_line(label, done, total, width), true);
+                    if done >= total {
+                        meter.relabel("uploaded, importing");
+                    }
+                    meter.draw(done, total, upload_stats(done, total));
                 } else if let Some(note) = upload_milestone(done, total, &mut quarter) {
                     meter.note(&note);
                 }
@@ -269,67 +272,45 @@ fn short_digest(digest: &str) -> String {
     }
 }
 
-/// A `Write` that hands CHUNK-sized pieces to the upload channel, blocking when the
-/// connection is behind (the backpressure that keeps memory bounded).
-struct ChannelWriter {
-    tx: mpsc::Sender<io::Result<Bytes>>,
-    buf: Vec<u8>,
-}
-
-impl ChannelWriter {
-    fn send(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the upload was abandoned"))
-    }
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = data.len().min(CHUNK - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() >= CHUNK {
-            self.send()?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.send()
-    }
-}
-
-/// Runs `produce` on a thread, writing into the returned channel. A failure is kept in
-/// `failure` (to be reported as itself) and also ends the body with an error, so the
-/// server sees a broken upload rather than a short, valid-looking one.
+/// Runs `produce` on a thread, writing into a bounded pipe whose other end is the
+/// returned stream of CHUNK-sized pieces; writes block while the connection is behind
+/// (the backpressure that keeps memory bounded). A failure is kept in `failure` (to be
+/// reported as itself) and also ends the stream with an error, so the server sees a
+/// broken upload rather than a short, valid-looking one.
 fn spawn_producer(
     failure: Arc<Mutex<Option<io::Error>>>,
-    produce: impl FnOnce(&mut ChannelWriter) -> io::Result<()> + Send + 'static,
-) -> Result<mpsc::Receiver<io::Result<Bytes>>, CliError> {
-    let (tx, rx) = mpsc::channel(IN_FLIGHT);
+    produce: impl FnOnce(&mut Upload) -> io::Result<()> + Send + 'static,
+) -> Result<BoxStream<'static, io::Result<Bytes>>, CliError> {
+    let (pipe_out, pipe_in) = tokio::io::duplex(IN_FLIGHT * CHUNK);
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let handle = Handle::current();
     std::thread::Builder::new()
         .name("orchard-upload".into())
         .spawn(move || {
-            let mut writer = ChannelWriter {
-                tx: tx.clone(),
-                buf: Vec::with_capacity(CHUNK),
-            };
+            let mut writer =
+                BufWriter::with_capacity(CHUNK, SyncIoBridge::new_with_handle(pipe_in, handle));
             let result = produce(&mut writer).and_then(|()| writer.flush());
-            if let Err(e) = result {
+            // The pipe ends before the outcome is told.
+            drop(writer);
+            let outcome = match result {
+                Ok(()) => None,
                 // BrokenPipe is ours: the request already ended, nobody is listening.
-                if e.kind() != io::ErrorKind::BrokenPipe {
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => None,
+                Err(e) => {
                     let message = e.to_string();
                     *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                    let _ = tx.blocking_send(Err(io::Error::other(message)));
+                    Some(io::Error::other(message))
                 }
-            }
+            };
+            let _ = done_tx.send(outcome);
         })
         .map_err(|e| CliError::io("starting the upload thread", e))?;
-    Ok(rx)
+    // A thread that died without telling has nothing more to say than the bytes sent.
+    let outcome = futures_util::stream::once(done_rx)
+        .filter_map(|done| async move { done.ok().flatten().map(Err) });
+    Ok(ReaderStream::with_capacity(pipe_out, CHUNK)
+        .chain(outcome)
+        .boxed())
 }
 
 /// An entry of a layout directory: its path on disk and its name in the tar.
@@ -392,7 +373,7 @@ fn tar_size(entries: &[Entry]) -> u64 {
 }
 
 /// Writes the tar of `entries` into `w`.
-fn write_tar(entries: Vec<Entry>, w: &mut ChannelWriter) -> io::Result<()> {
+fn write_tar(entries: Vec<Entry>, w: &mut Upload) -> io::Result<()> {
     let mut builder = tar::Builder::new(w);
     builder.follow_symlinks(false);
     for e in &entries {
@@ -422,10 +403,10 @@ mod tests {
         assert_eq!(short_digest("x:aéééééé"), "x:aéééééé");
     }
 
-    /// The directory tar streamed through the channel is a valid archive with the
+    /// The directory tar streamed through the pipe is a valid archive with the
     /// layout's names (no `./`, no absolute paths) and its exact size was predicted.
-    #[test]
-    fn a_layout_directory_is_tarred_through_the_channel() {
+    #[tokio::test]
+    async fn a_layout_directory_is_tarred_through_the_pipe() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         fs::write(
@@ -443,9 +424,9 @@ mod tests {
         let entries = walk(root).unwrap();
         let expected = tar_size(&entries);
         let failure = Arc::default();
-        let mut rx = spawn_producer(failure, move |w| write_tar(entries, w)).unwrap();
+        let mut stream = spawn_producer(failure, move |w| write_tar(entries, w)).unwrap();
         let mut tar_bytes = Vec::new();
-        while let Some(chunk) = rx.blocking_recv() {
+        while let Some(chunk) = stream.next().await {
             let chunk = chunk.unwrap();
             assert!(chunk.len() <= CHUNK);
             tar_bytes.extend_from_slice(&chunk);
@@ -478,18 +459,15 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_read_failure_ends_the_body_with_an_error() {
+    #[tokio::test]
+    async fn a_read_failure_ends_the_body_with_an_error() {
         let failure: Arc<Mutex<Option<io::Error>>> = Arc::default();
-        let mut rx = spawn_producer(failure.clone(), |w| {
+        let stream = spawn_producer(failure.clone(), |w| {
             w.write_all(b"some")?;
             Err(io::Error::other("disk on fire"))
         })
         .unwrap();
-        let mut items = Vec::new();
-        while let Some(item) = rx.blocking_recv() {
-            items.push(item);
-        }
+        let items: Vec<io::Result<Bytes>> = stream.collect().await;
         assert!(items.last().unwrap().is_err());
         let kept = failure.lock().unwrap().take().unwrap();
         assert_eq!(kept.to_string(), "disk on fire");

@@ -1,18 +1,18 @@
-//! Progress on stderr: a bar redrawn in place when stderr is a terminal, a few plain
-//! lines (milestones) when it is not, so logs of scripted runs stay readable.
+//! Progress on stderr: an `indicatif` bar redrawn in place when stderr is a terminal
+//! (indicatif hides it otherwise), a few plain lines (milestones) when it is not, so
+//! logs of scripted runs stay readable.
 //!
-//! The formatting ([`human_bytes`], [`bar`], [`PullState::line`], [`upload_line`]) is pure
-//! and unit-tested; [`Meter`] only decides when and how to write it.
+//! The words ([`human_bytes`], [`PullState::stats`], [`upload_stats`]) and the milestones
+//! are pure and unit-tested; [`Meter`] holds the bar and decides which of the two shows.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::time::{Duration, Instant};
 
-use super::term;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// Least time between two redraws: enough for the eye, little enough not to spend the
-/// CPU on the terminal when progress reports come by the thousand.
-const REDRAW: Duration = Duration::from_millis(80);
+/// The bar: label, bar over the width the words leave, percent, the words.
+const BAR: &str = "{prefix} [{wide_bar}] {percent:>3}%  {msg}";
+/// No total known yet: a bar would claim 100 % of nothing, so words only.
+const WORDS: &str = "{prefix} {msg}";
 
 /// `1536` -> `1.5 KiB`.
 pub fn human_bytes(n: u64) -> String {
@@ -27,54 +27,6 @@ pub fn human_bytes(n: u64) -> String {
         unit += 1;
     }
     format!("{value:.1} {}", UNITS[unit])
-}
-
-/// A bar of `width` cells (brackets included) filled to `done / total`.
-pub fn bar(done: u64, total: u64, width: usize) -> String {
-    let inner = width.saturating_sub(2);
-    let filled = if total == 0 {
-        0
-    } else {
-        ((done.min(total) as f64 / total as f64) * inner as f64).floor() as usize
-    };
-    let mut s = String::with_capacity(width);
-    s.push('[');
-    for i in 0..inner {
-        s.push(if i < filled {
-            '='
-        } else if i == filled && filled > 0 {
-            '>'
-        } else {
-            ' '
-        });
-    }
-    s.push(']');
-    s
-}
-
-/// `done / total` in whole percent, at most 100 (totals may be estimates).
-pub fn percent(done: u64, total: u64) -> u64 {
-    if total == 0 {
-        return 0;
-    }
-    ((done.min(total) as f64 / total as f64) * 100.0).floor() as u64
-}
-
-/// `label [bar] pct% stats` fitted to `width` columns: the bar takes what the words leave,
-/// and is dropped when less than 10 columns remain.
-fn fit(label: &str, done: u64, total: u64, stats: &str, width: usize) -> String {
-    let words = if total > 0 {
-        format!("{:>3}%  {stats}", percent(done, total))
-    } else {
-        stats.to_string()
-    };
-    let fixed = label.chars().count() + 1 + 1 + words.chars().count();
-    let room = width.saturating_sub(fixed + 1).min(40);
-    if total > 0 && room >= 10 {
-        format!("{label} {} {words}", bar(done, total, room))
-    } else {
-        format!("{label} {words}")
-    }
 }
 
 /// Where a pull is, from the server's progress lines (one per layer report).
@@ -115,17 +67,16 @@ impl PullState {
             .fold((0, 0), |(d, t), (ld, lt)| (d + ld.min(lt), t + lt))
     }
 
-    /// The bar line for a terminal of `width` columns.
-    pub fn line(&self, reference: &str, width: usize) -> String {
+    /// The words beside the bar: bytes over the layers seen, and layers done.
+    pub fn stats(&self) -> String {
         let (done, total) = self.bytes();
-        let stats = format!(
+        format!(
             "{} / {}  layers {}/{}",
             human_bytes(done),
             human_bytes(total),
             self.layers_done,
             self.layers_total
-        );
-        fit(reference, done, total, &stats, width)
+        )
     }
 
     /// A plain line when a layer completed since the last one, for logs.
@@ -145,14 +96,13 @@ impl PullState {
     }
 }
 
-/// The bar line of an upload.
-pub fn upload_line(label: &str, done: u64, total: u64, width: usize) -> String {
-    let stats = if done >= total {
+/// The words beside an upload's bar.
+pub fn upload_stats(done: u64, total: u64) -> String {
+    if done >= total {
         human_bytes(done)
     } else {
         format!("{} / {}", human_bytes(done), human_bytes(total))
-    };
-    fit(label, done, total, &stats, width)
+    }
 }
 
 /// A plain line for logs when an upload passed a quarter mark (`quarter` holds the
@@ -185,66 +135,61 @@ pub fn upload_milestone(done: u64, total: u64, quarter: &mut u64) -> Option<Stri
     }
 }
 
-/// Writes progress to stderr.
+/// Progress on this process's stderr.
 pub struct Meter {
-    tty: bool,
-    last_draw: Option<Instant>,
-    /// A bar is on screen (to be cleared before anything else is printed).
-    drawn: bool,
+    bar: ProgressBar,
+    /// Shown in front of the bar; set on each draw, so nothing shows before the first.
+    label: String,
+    /// Whether the bar has a total (the [`BAR`] style) or not yet ([`WORDS`]).
+    bounded: bool,
 }
 
 impl Meter {
-    /// A meter on this process's stderr.
-    pub fn stderr() -> Self {
-        Self {
-            tty: term::is_tty(term::STDERR),
-            last_draw: None,
-            drawn: false,
+    /// A meter labelled `label` on this process's stderr. Nothing is drawn until
+    /// [`Meter::draw`]: an upload that is over before its first tick shows no bar.
+    pub fn stderr(label: &str) -> Self {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        bar.set_style(style(WORDS));
+        Meter {
+            bar,
+            label: label.to_string(),
+            bounded: false,
         }
     }
 
-    /// True when stderr is a terminal: draw bars; else print milestones.
+    /// True when stderr is a terminal: draw the bar; else print milestones.
     pub fn is_tty(&self) -> bool {
-        self.tty
+        !self.bar.is_hidden()
     }
 
-    /// Columns of the terminal stderr is on (80 when unknown).
-    pub fn width(&self) -> usize {
-        term::window_size(term::STDERR).map_or(80, |(_, cols)| usize::from(cols))
-    }
-
-    /// Redraws the bar as `line` (terminal only); at most every [`REDRAW`] unless
-    /// `force`.
-    pub fn draw(&mut self, line: &str, force: bool) {
-        if !self.tty {
-            return;
+    /// Shows `done` of `total` with `stats` beside it (terminal only; indicatif limits
+    /// how often it actually redraws).
+    pub fn draw(&mut self, done: u64, total: u64, stats: String) {
+        if self.bounded != (total > 0) {
+            self.bounded = total > 0;
+            self.bar
+                .set_style(style(if self.bounded { BAR } else { WORDS }));
         }
-        let now = Instant::now();
-        if !force && self.last_draw.is_some_and(|t| now - t < REDRAW) {
-            return;
-        }
-        self.last_draw = Some(now);
-        self.drawn = true;
-        // Progress is decoration: a failing stderr must not fail the pull.
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "\r\x1b[2K{line}");
-        let _ = err.flush();
+        self.bar.set_prefix(self.label.clone());
+        self.bar.set_length(total);
+        // A total that was an estimate must not show more than 100 %.
+        self.bar.set_position(done.min(total));
+        self.bar.set_message(stats);
     }
 
-    /// Prints `line` on a line of its own (in both modes), below any bar.
-    pub fn note(&mut self, line: &str) {
-        self.clear();
-        let _ = writeln!(std::io::stderr().lock(), "{line}");
+    /// Relabels the bar from its next draw.
+    pub fn relabel(&mut self, label: &str) {
+        self.label = label.to_string();
+    }
+
+    /// Prints `line` on a line of its own (in both modes), above any bar.
+    pub fn note(&self, line: &str) {
+        self.bar.suspend(|| eprintln!("{line}"));
     }
 
     /// Erases the bar, if one is drawn.
-    pub fn clear(&mut self) {
-        if self.drawn {
-            self.drawn = false;
-            let mut err = std::io::stderr().lock();
-            let _ = write!(err, "\r\x1b[2K");
-            let _ = err.flush();
-        }
+    pub fn clear(&self) {
+        self.bar.finish_and_clear();
     }
 }
 
@@ -253,6 +198,14 @@ impl Drop for Meter {
     fn drop(&mut self) {
         self.clear();
     }
+}
+
+/// The style of `template`; the default bar should a template ever not parse (they are
+/// constants, checked by a test).
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template)
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
 }
 
 #[cfg(test)]
@@ -270,34 +223,20 @@ mod tests {
     }
 
     #[test]
-    fn bars_fill_with_the_fraction() {
-        assert_eq!(bar(0, 100, 12), "[          ]");
-        assert_eq!(bar(50, 100, 12), "[=====>    ]");
-        assert_eq!(bar(100, 100, 12), "[==========]");
-        assert_eq!(bar(200, 100, 12), "[==========]");
-        assert_eq!(bar(5, 0, 4), "[  ]");
-        assert_eq!(percent(1, 3), 33);
-        assert_eq!(percent(9, 3), 100);
-        assert_eq!(percent(1, 0), 0);
+    fn templates_parse() {
+        for template in [BAR, WORDS] {
+            assert!(ProgressStyle::with_template(template).is_ok(), "{template}");
+        }
     }
 
     #[test]
-    fn pull_lines_sum_the_layers_and_fit_the_width() {
+    fn pull_stats_sum_the_layers() {
         let mut s = PullState::default();
         s.update("sha256:a", 512 * 1024, 1024 * 1024, 0, 2);
         s.update("sha256:b", 0, 1024 * 1024, 0, 2);
         s.update("sha256:a", 1024 * 1024, 1024 * 1024, 1, 2);
         assert_eq!(s.bytes(), (1024 * 1024, 2 * 1024 * 1024));
-        let line = s.line("busybox:latest", 100);
-        assert!(line.starts_with("busybox:latest ["), "{line}");
-        assert!(
-            line.ends_with(" 50%  1.0 MiB / 2.0 MiB  layers 1/2"),
-            "{line}"
-        );
-        assert!(line.chars().count() < 100, "{line}");
-        // Too narrow for a bar: the words stay.
-        let narrow = s.line("busybox:latest", 50);
-        assert_eq!(narrow, "busybox:latest  50%  1.0 MiB / 2.0 MiB  layers 1/2");
+        assert_eq!(s.stats(), "1.0 MiB / 2.0 MiB  layers 1/2");
     }
 
     #[test]
@@ -341,14 +280,9 @@ mod tests {
     }
 
     #[test]
-    fn upload_lines_show_done_of_total() {
-        let line = upload_line("uploading", 3 << 20, 12 << 20, 80);
-        assert!(
-            line.starts_with("uploading [") && line.ends_with(" 25%  3.0 MiB / 12.0 MiB"),
-            "{line}"
-        );
-        // An estimate that came out short does not claim more than 100%.
-        let line = upload_line("uploading", 13 << 20, 12 << 20, 80);
-        assert!(line.ends_with("100%  13.0 MiB"), "{line}");
+    fn upload_stats_show_done_of_total() {
+        assert_eq!(upload_stats(3 << 20, 12 << 20), "3.0 MiB / 12.0 MiB");
+        // An estimate that came out short shows what was sent.
+        assert_eq!(upload_stats(13 << 20, 12 << 20), "13.0 MiB");
     }
 }

@@ -504,10 +504,7 @@ async fn upload(
         .await
         .map_err(|e| Error::internal("cannot read the spooled upload", e))?;
     let stream = tokio_util::io::ReaderStream::new(file);
-    let sent = state
-        .proxy
-        .put_file(&live, &path, axum::body::Body::from_stream(stream))
-        .await;
+    let sent = super::proxy::put_file(&live, &path, axum::body::Body::from_stream(stream)).await;
     if let Err(Error::Sandbox(reason)) = sent {
         // The agent refuses a write it cannot do (a read-only path, a missing parent)
         // before reading the body, and closes the connection under the stream, which

@@ -43,8 +43,6 @@ pub struct AppState {
     pub service: Service,
     /// The accepted API keys.
     pub keys: Arc<Keys>,
-    /// The pooled client proxying to agents.
-    pub proxy: proxy::AgentProxy,
 }
 
 /// A JSON body of type `T`: malformed JSON is 400, the wrong shape 422, a body over

@@ -1,206 +1,71 @@
 //! Every agent route of a sandbox at `/v1/sandboxes/{id}/<rest>`: the request is
 //! forwarded to the agent's `/v1/<rest>` with the sandbox token instead of the API key,
 //! bodies streamed both ways (uploads and downloads of any size, NDJSON exec streams),
-//! over pooled keep-alive connections to the agent's socket. WebSocket upgrades
+//! over the service's pool of keep-alive connections to agents (`orchard_client::Pool`,
+//! shared with the compatible jobs). WebSocket upgrades
 //! (terminal attach) are bridged frame by frame, close codes included.
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{FromRequestParts, Request, State};
-use axum::http::{HeaderName, HeaderValue, Method, Uri};
+use axum::http::{HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use orchard_client::Endpoint;
+use orchard_client::pool::{dial, AgentStream};
+use orchard_client::PoolBody;
 use orchard_protocol::TOKEN_HEADER;
-use sha2::{Digest, Sha256};
 use tokio_tungstenite::tungstenite;
 
 use super::{ApiPath, AppState, Auth};
 use crate::service::{Error, Live};
 
-/// Connects to an agent by the host name the proxy gave its endpoint.
-#[derive(Clone, Default)]
-pub struct Connector {
-    endpoints: Arc<Mutex<HashMap<String, Endpoint>>>,
+/// `PUT /v1/files?path=` on the sandbox's agent with a streamed body: the file is
+/// written atomically by the agent, never held whole here.
+pub async fn put_file(live: &Live, path: &str, body: Body) -> Result<(), Error> {
+    let uri = live
+        .agent
+        .uri(&format!("/v1/files?path={}", orchard_client::encode(path)));
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri(uri)
+        .header("content-type", "application/octet-stream")
+        .body(pool_body(body))
+        .map_err(|e| Error::BadRequest(format!("cannot send this file: {e}")))?;
+    let resp = live.agent.forward(req).await.map_err(unreachable)?;
+    let status = resp.status();
+    let body = http_body_util::Limited::new(resp.into_body(), 1 << 20)
+        .collect()
+        .await
+        .map_err(|e| Error::Sandbox(format!("the sandbox's agent failed mid-answer: {e}")))?
+        .to_bytes();
+    if status.is_success() {
+        return Ok(());
+    }
+    Err(match serde_json::from_slice(&body) {
+        Ok(body) => orchard_client::ClientError::Api { status, body }.into(),
+        Err(_) => Error::Sandbox(format!("the sandbox's agent answered {status}")),
+    })
 }
 
-/// A connection to an agent, over its Unix socket or TCP.
-pub enum AgentStream {
-    /// The local backend's socket.
-    Unix(TokioIo<tokio::net::UnixStream>),
-    /// A pod's IP.
-    Tcp(TokioIo<tokio::net::TcpStream>),
+/// `body` as the agent pool sends it.
+fn pool_body(body: Body) -> PoolBody {
+    body.map_err(Into::into).boxed_unsync()
 }
 
-macro_rules! both {
-    ($self:ident, $s:ident => $e:expr) => {
-        match $self.get_mut() {
-            AgentStream::Unix($s) => {
-                let $s = Pin::new($s);
-                $e
-            }
-            AgentStream::Tcp($s) => {
-                let $s = Pin::new($s);
-                $e
-            }
-        }
+/// The error of a call that got no answer from the agent.
+fn unreachable(e: orchard_client::ClientError) -> Error {
+    let reason = match e {
+        orchard_client::ClientError::Transport(reason) => reason,
+        e => e.to_string(),
     };
-}
-
-impl hyper::rt::Read for AgentStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        both!(self, s => s.poll_read(cx, buf))
-    }
-}
-
-impl hyper::rt::Write for AgentStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        both!(self, s => s.poll_write(cx, buf))
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        both!(self, s => s.poll_flush(cx))
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        both!(self, s => s.poll_shutdown(cx))
-    }
-}
-
-impl hyper_util::client::legacy::connect::Connection for AgentStream {
-    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
-        hyper_util::client::legacy::connect::Connected::new()
-    }
-}
-
-type ConnectFuture = Pin<Box<dyn Future<Output = Result<AgentStream, std::io::Error>> + Send>>;
-
-impl tower_service::Service<Uri> for Connector {
-    type Response = AgentStream;
-    type Error = std::io::Error;
-    type Future = ConnectFuture;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let endpoint = uri.host().and_then(|h| {
-            self.endpoints
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(h)
-                .cloned()
-        });
-        Box::pin(async move {
-            match endpoint {
-                Some(Endpoint::Unix(path)) => Ok(AgentStream::Unix(TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))),
-                Some(Endpoint::Tcp(addr)) => {
-                    let tcp = tokio::net::TcpStream::connect(addr).await?;
-                    // Small request/answer pairs: no Nagle delay.
-                    tcp.set_nodelay(true)?;
-                    Ok(AgentStream::Tcp(TokioIo::new(tcp)))
-                }
-                None => Err(std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "unknown agent endpoint",
-                )),
-            }
-        })
-    }
-}
-
-/// The pooled client of every agent.
-#[derive(Clone)]
-pub struct AgentProxy {
-    connector: Connector,
-    client: Client<Connector, Body>,
-}
-
-impl Default for AgentProxy {
-    fn default() -> Self {
-        let connector = Connector::default();
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(60))
-            .build(connector.clone());
-        AgentProxy { connector, client }
-    }
-}
-
-impl AgentProxy {
-    /// The host name that routes to `endpoint` (a digest, so it is a valid host).
-    fn host(&self, endpoint: &Endpoint) -> String {
-        let key = match endpoint {
-            Endpoint::Unix(p) => p.display().to_string(),
-            Endpoint::Tcp(a) => a.to_string(),
-        };
-        let host = format!("a{}", hex::encode(&Sha256::digest(key.as_bytes())[..8]));
-        self.connector
-            .endpoints
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(host.clone())
-            .or_insert_with(|| endpoint.clone());
-        host
-    }
-}
-
-impl AgentProxy {
-    /// `PUT /v1/files?path=` on the sandbox's agent with a streamed body: the file is
-    /// written atomically by the agent, never held whole here.
-    pub async fn put_file(&self, live: &Live, path: &str, body: Body) -> Result<(), Error> {
-        let host = self.host(live.agent.endpoint());
-        let uri = format!(
-            "http://{host}/v1/files?path={}",
-            orchard_client::encode(path)
-        );
-        let mut req = Request::builder()
-            .method(Method::PUT)
-            .uri(uri)
-            .header("content-type", "application/octet-stream")
-            .body(body)
-            .map_err(|e| Error::BadRequest(format!("cannot send this file: {e}")))?;
-        if let Ok(token) = HeaderValue::from_str(live.agent.token()) {
-            req.headers_mut()
-                .insert(HeaderName::from_static(TOKEN_HEADER), token);
-        }
-        let resp = self.client.request(req).await.map_err(|e| {
-            Error::Sandbox(format!("the sandbox's agent could not be reached: {e}"))
-        })?;
-        let status = resp.status();
-        let body = http_body_util::Limited::new(resp.into_body(), 1 << 20)
-            .collect()
-            .await
-            .map_err(|e| Error::Sandbox(format!("the sandbox's agent failed mid-answer: {e}")))?
-            .to_bytes();
-        if status.is_success() {
-            return Ok(());
-        }
-        Err(match serde_json::from_slice(&body) {
-            Ok(body) => orchard_client::ClientError::Api { status, body }.into(),
-            Err(_) => Error::Sandbox(format!("the sandbox's agent answered {status}")),
-        })
-    }
+    Error::Sandbox(format!(
+        "the sandbox's agent could not be reached: {reason}"
+    ))
 }
 
 /// The proxy route.
@@ -255,11 +120,9 @@ async fn forward(
         };
         return Ok(ws.on_upgrade(move |socket| async move { bridge(socket, &live, &path).await }));
     }
-    let endpoint = live.agent.endpoint().clone();
-    let host = state.proxy.host(&endpoint);
     let uri = match parts.uri.query() {
-        Some(q) => format!("http://{host}{agent_path}?{q}"),
-        None => format!("http://{host}{agent_path}"),
+        Some(q) => live.agent.uri(&format!("{agent_path}?{q}")),
+        None => live.agent.uri(&agent_path),
     };
     // The agent answers a body over its limit (16 MiB of JSON, as ours) before reading
     // it and closes, which breaks the forwarding of the rest: a 502 instead of its 413.
@@ -273,22 +136,15 @@ async fn forward(
     let mut out = Request::builder()
         .method(parts.method.clone())
         .uri(uri)
-        .body(body)
+        .body(pool_body(body))
         .map_err(|e| Error::BadRequest(format!("cannot forward this request: {e}")))?;
     for (name, value) in &parts.headers {
         if !HOP.contains(&name.as_str()) {
             out.headers_mut().append(name.clone(), value.clone());
         }
     }
-    if let Ok(token) = HeaderValue::from_str(live.agent.token()) {
-        out.headers_mut()
-            .insert(HeaderName::from_static(TOKEN_HEADER), token);
-    }
     let started = Instant::now();
-    let resp =
-        state.proxy.client.request(out).await.map_err(|e| {
-            Error::Sandbox(format!("the sandbox's agent could not be reached: {e}"))
-        })?;
+    let resp = live.agent.forward(out).await.map_err(unreachable)?;
     if rest == "exec" {
         state
             .service
@@ -435,28 +291,12 @@ pub async fn bridge(client: WebSocket, live: &Live, path: &str) {
     }
 }
 
-/// A connection to an agent: a Unix socket (local backend) or TCP (a pod's IP).
-trait AgentIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AgentIo for T {}
-
-type AgentSocket = tokio_tungstenite::WebSocketStream<Box<dyn AgentIo>>;
+type AgentSocket = tokio_tungstenite::WebSocketStream<AgentStream>;
 
 async fn connect_agent(live: &Live, path: &str) -> Result<AgentSocket, String> {
-    let stream: Box<dyn AgentIo> = match live.agent.endpoint() {
-        Endpoint::Unix(socket) => Box::new(
-            tokio::net::UnixStream::connect(socket)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        Endpoint::Tcp(addr) => {
-            let tcp = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| e.to_string())?;
-            // Keystrokes go out at once.
-            let _ = tcp.set_nodelay(true);
-            Box::new(tcp)
-        }
-    };
+    let stream = dial(live.agent.endpoint())
+        .await
+        .map_err(|e| e.to_string())?;
     let mut req =
         tungstenite::client::IntoClientRequest::into_client_request(format!("ws://agent{path}"))
             .map_err(|e| e.to_string())?;

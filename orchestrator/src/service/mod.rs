@@ -269,7 +269,7 @@ fn fit_defaults(defaults: &mut SandboxDefaults, cap: Option<crate::backend::Capa
 
 /// Now, ISO-8601 UTC.
 pub fn now_iso() -> String {
-    iso(now_ms())
+    crate::time::now_rfc3339()
 }
 
 /// `ms` since the epoch, ISO-8601 UTC.

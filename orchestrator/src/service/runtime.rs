@@ -1,14 +1,17 @@
-//! What this process keeps per ready sandbox and never stores: a pooled client of its
-//! agent. The store holds the agent's endpoint and token (data); [`Runtime::live`]
-//! turns them into a [`Live`] once and reuses it, so every call to a sandbox shares one
-//! connection pool whichever replica made the sandbox. An entry is keyed by the
-//! record's incarnation (`uid`) and endpoint: a new sandbox under an old id, or an
-//! agent that moved, gets a new client.
+//! What this process keeps per ready sandbox and never stores: a client of its agent.
+//! The store holds the agent's endpoint and token (data); [`Runtime::live`] turns them
+//! into a [`Live`] once and reuses it. An entry is keyed by the record's incarnation
+//! (`uid`) and endpoint: a new sandbox under an old id, or an agent that moved, gets a
+//! new client.
+//!
+//! Every client, the probes of new sandboxes and the `/v1` proxy share the runtime's one
+//! connection [`Pool`], so a sandbox's compatible jobs and proxied calls reuse the same
+//! keep-alive connections.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use orchard_client::AgentClient;
+use orchard_client::{AgentClient, Pool};
 
 use crate::backend::AgentEndpoint;
 use crate::state::{AgentRecord, SandboxRecord};
@@ -29,10 +32,10 @@ pub struct Live {
 }
 
 impl Live {
-    /// A client for the agent `rec`.
-    pub fn new(rec: &AgentRecord) -> Live {
+    /// A client for the agent `rec`, over `pool`'s connections.
+    pub fn new(rec: &AgentRecord, pool: &Pool) -> Live {
         Live {
-            agent: AgentClient::new(rec.endpoint.client(), rec.token.clone()),
+            agent: AgentClient::with_pool(pool.clone(), rec.endpoint.client(), rec.token.clone()),
             endpoint: rec.endpoint.clone(),
             ready_ms: rec.ready_ms,
             shell: rec.shell.clone(),
@@ -41,13 +44,20 @@ impl Live {
     }
 }
 
-/// The agent clients of this process, by sandbox id.
+/// The agent clients of this process, by sandbox id, and their connection pool.
 #[derive(Default)]
 pub struct Runtime {
+    /// Held briefly to look up or insert a client; never across an await.
     agents: Mutex<HashMap<String, (String, Arc<Live>)>>,
+    pool: Pool,
 }
 
 impl Runtime {
+    /// The connections to every agent.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
     /// The live agent of a ready record (`None` before it is ready).
     pub fn live(&self, rec: &SandboxRecord) -> Option<Arc<Live>> {
         let agent = rec.agent.as_ref()?;
@@ -57,7 +67,7 @@ impl Runtime {
                 return Some(live.clone());
             }
         }
-        let live = Arc::new(Live::new(agent));
+        let live = Arc::new(Live::new(agent, &self.pool));
         agents.insert(rec.id.clone(), (rec.uid.clone(), live.clone()));
         Some(live)
     }

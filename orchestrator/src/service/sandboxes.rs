@@ -515,7 +515,11 @@ impl Service {
     /// What the compatible exec needs to know about a ready sandbox's image (bash or sh,
     /// `/workspace`, made when missing), asked of its agent.
     async fn probe(&self, sb: &BackendSandbox) -> AgentRecord {
-        let agent = orchard_client::AgentClient::new(sb.agent.client(), sb.token.clone());
+        let agent = orchard_client::AgentClient::with_pool(
+            self.inner.runtime.pool().clone(),
+            sb.agent.client(),
+            sb.token.clone(),
+        );
         let bash =
             agent.stat("/bin/bash").await.is_ok() || agent.stat("/usr/bin/bash").await.is_ok();
         let wanted = &self.inner.config.defaults.working_dir;

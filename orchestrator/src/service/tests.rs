@@ -156,7 +156,6 @@ fn app(service: &Service) -> axum::Router {
     router(AppState {
         service: service.clone(),
         keys: Arc::new(Keys::new([KEY])),
-        proxy: crate::server::proxy::AgentProxy::default(),
     })
 }
 
@@ -644,7 +643,6 @@ async fn every_error_maps_to_its_status_and_code() {
     let app2 = router(AppState {
         service: h.service.clone(),
         keys: Arc::new(other),
-        proxy: crate::server::proxy::AgentProxy::default(),
     });
     expect(
         StatusCode::NOT_FOUND,

@@ -7,9 +7,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
+use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::flight::{follow, Listener, Role};
 use super::{Inner, Progress, MAX_CONFIG};
@@ -62,25 +64,14 @@ impl Reporter {
     }
 }
 
-/// Feeds downloaded chunks to a blocking reader (the unpacking thread).
-struct ChannelReader {
-    chunks: mpsc::Receiver<Bytes>,
-    current: Bytes,
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.current.is_empty() {
-            match self.chunks.blocking_recv() {
-                Some(chunk) => self.current = chunk,
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.current.len());
-        buf[..n].copy_from_slice(&self.current[..n]);
-        self.current.advance(n);
-        Ok(n)
-    }
+/// Downloaded chunks as a blocking reader for the unpacking thread: a `StreamReader` over
+/// the channel, bridged to blocking reads through `handle`. The channel closing is the
+/// end of the layer (a broken download is reported by the downloader, not here).
+fn chunk_reader(chunks: mpsc::Receiver<Bytes>, handle: Handle) -> impl Read {
+    let stream = futures_util::stream::unfold(chunks, |mut rx| async move {
+        rx.recv().await.map(|chunk| (Ok::<_, io::Error>(chunk), rx))
+    });
+    SyncIoBridge::new_with_handle(StreamReader::new(Box::pin(stream)), handle)
 }
 
 impl Inner {
@@ -283,11 +274,8 @@ impl Inner {
             let blob = descriptor.digest.clone();
             let diff_id = task.diff_id.clone();
             let what = what.clone();
+            let reader = chunk_reader(receiver, Handle::current());
             tokio::task::spawn_blocking(move || {
-                let reader = ChannelReader {
-                    chunks: receiver,
-                    current: Bytes::new(),
-                };
                 let result =
                     unpack::unpack_verified(reader, work.path(), Some(&blob), &diff_id, &what);
                 (work, result)
