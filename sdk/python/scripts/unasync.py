@@ -42,13 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "orchard_env"
 
 #: (hand-written async module, generated sync module), in ``PACKAGE``.
-FILES = [
-    ("aio.py", "_sync.py"),
-    ("_aio_handles.py", "_sync_handles.py"),
-    ("_aio_processes.py", "_sync_processes.py"),
-    ("_aio_files.py", "_sync_files.py"),
-    ("_aio_git.py", "_sync_git.py"),
-]
+FILES = [("aio.py", "_sync.py"), ("_aio_handles.py", "_sync_handles.py")]
 
 #: (pattern, replacement), applied in order; a pattern matches only at word boundaries
 #: (at its start, and at its end unless it ends in a space, as ``await `` does).
@@ -56,7 +50,6 @@ SUBS = [
     # Modules and drivers.
     (r"from \.aio import", "from ._sync import"),
     (r"from \._aio_handles import", "from ._sync_handles import"),
-    (r"from \._aio_(processes|files|git) import", r"from ._sync_\1 import"),
     (r"AsyncDriver", "SyncDriver"),
     (r"asynchronous=True", "asynchronous=False"),
     (r"async_body", "sync_body"),

@@ -117,9 +117,7 @@ def test_every_public_name_is_documented() -> None:
         if not (inspect.getdoc(obj) or "").strip():
             missing.append(name)
         if inspect.isclass(obj) and obj.__module__.startswith("orchard_env"):
-            # With the methods the class has from its parts (AsyncFileOps, ...).
-            own = [c for c in obj.__mro__ if c.__module__.startswith("orchard_env")]
-            for attr, member in {k: v for c in reversed(own) for k, v in vars(c).items()}.items():
+            for attr, member in vars(obj).items():
                 if attr.startswith("_") or not (callable(member) or isinstance(member, property)):
                     continue
                 if not (inspect.getdoc(member) or "").strip():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any, Literal, overload
 
@@ -25,26 +25,36 @@ from ._config import new_sandbox_id, resolve_config
 from ._http import Op, Route, SyncDriver, make_agent_http, make_http
 from ._retry import RetryPolicy
 from ._streams import (
+    IterReader,
     NdjsonDecoder,
+    archive_root,
     body_from,
+    extract_tar,
     path_chunks,
     pull_event,
     sync_body,
     tar_directory,
 )
-from ._sync_files import FileOps
-from ._sync_git import GitOps
 from ._sync_handles import ExecStream, Process, Session, Terminal
-from ._sync_processes import ProcessOps
 from .errors import OrchardError, SandboxDeletedError
 from .models import (
     AgentEndpoint,
     ExecResult,
+    ExtractResult,
     FileEntry,
+    FileStat,
+    GitApplyResult,
+    GitCommitResult,
+    GitDiff,
+    GitResetResult,
+    GitStatus,
     ImageInfo,
     JobResult,
     PatchResult,
+    ProcessInfo,
+    PtyInfo,
     SandboxInfo,
+    SessionInfo,
 )
 from .pty import ContainerProcess, WsTarget
 
@@ -362,7 +372,7 @@ def _created_maybe(err: OrchardError) -> bool:
     return err.status is None or err.status >= 500
 
 
-class SandboxInstance(ProcessOps, FileOps, GitOps):
+class SandboxInstance:
     """One sandbox. A context manager: leaving the ``with`` block deletes it.
 
     The compatible methods (``exec``, ``apply_patch``, ``upload_file``, ...) use the
@@ -771,7 +781,300 @@ class SandboxInstance(ProcessOps, FileOps, GitOps):
         result: dict[str, Any] = self._run(_ops.agent_health())
         return result
 
+    # --- /v1: background processes ---------------------------------------------------------
+
+    def start_process(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+        shell: str | None = None,
+    ) -> Process:
+        """Starts ``command`` in the background and returns a :class:`Process` handle.
+
+        >>> p = sandbox.start_process("read x; echo got $x")
+        >>> _ = p.write_stdin("it\\n", eof=True)
+        >>> p.wait(timeout=30).exit_code, p.read_output().stdout
+        (0, b'got it\\n')
+        """
+        body = _ops.exec_body(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout, shell=shell)
+        return Process(self, self._run(_ops.start_process(body)))
+
+    def list_processes(self) -> list[ProcessInfo]:
+        """Running background processes, and exited ones still kept."""
+        result: list[ProcessInfo] = self._run(_ops.list_processes())
+        return result
+
+    def get_process(self, process_id: str) -> Process:
+        """A handle on an existing background process."""
+        return Process(self, self._run(_ops.get_process(process_id)))
+
+    # --- /v1: sessions ------------------------------------------------------------------
+
+    def create_session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        shell: str | None = None,
+    ) -> Session:
+        """Starts a persistent shell: ``cd``, ``export`` and functions carry over.
+
+        >>> with sandbox.create_session() as s:
+        ...     _ = s.run("cd /tmp && export X=42")
+        ...     s.run("echo $PWD $X").stdout
+        '/tmp 42\\n'
+        """
+        return Session(self, self._run(_ops.create_session(cwd, env, shell)))
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """Every session of the sandbox."""
+        result: list[SessionInfo] = self._run(_ops.list_sessions())
+        return result
+
+    def get_session(self, session_id: str) -> Session:
+        """A handle on an existing session."""
+        return Session(self, self._run(_ops.get_session(session_id)))
+
+    # --- /v1: terminals ----------------------------------------------------------------------
+
+    def create_pty(
+        self,
+        command: Command | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        rows: int | None = None,
+        cols: int | None = None,
+        login_shell: bool = False,
+        idle_timeout: float | None = None,
+    ) -> Terminal:
+        """Starts ``command`` (default: an interactive shell) on a terminal that outlives
+        connections: :meth:`Terminal.attach` to use it, detach, attach again later.
+
+        >>> term = sandbox.create_pty()
+        >>> with term.attach() as p:
+        ...     p.write("echo $((6*7))\\n")
+        ...     _ = p.read_until("42", timeout=30)
+        >>> with term.attach() as p:   # re-attach: the scrollback comes first
+        ...     b"42" in p.read_until("42", timeout=30)
+        True
+        >>> term.close()
+        """
+        info = self._run(
+            _ops.create_pty(
+                command,
+                cwd=cwd,
+                env=env,
+                rows=rows,
+                cols=cols,
+                login_shell=login_shell,
+                idle_timeout=idle_timeout,
+            )
+        )
+        return Terminal(self, info)
+
+    def list_ptys(self) -> list[PtyInfo]:
+        """Every terminal of the sandbox."""
+        result: list[PtyInfo] = self._run(_ops.list_ptys())
+        return result
+
+    def get_pty(self, pty_id: str) -> Terminal:
+        """A handle on an existing terminal (to re-attach)."""
+        return Terminal(self, self._run(_ops.get_pty(pty_id)))
+
     def _attach_target(self, pty_id: str) -> WsTarget:
         if self.direct:
             return agent_target(self._endpoint(), f"/v1/pty/{_ops._seg(pty_id)}/attach")
         return self._client._state.v1_attach_target(self.sandbox_id, pty_id)
+
+    # --- /v1: files --------------------------------------------------------------------------
+
+    def write_file(
+        self,
+        path: str,
+        data: bytes | str | IO[bytes] | Iterable[bytes],
+        *,
+        mode: int | str | None = None,
+        parents: bool = True,
+    ) -> int:
+        """Writes ``data`` (bytes, text, a binary file object or an iterable of chunks) to
+        ``path``, streamed and atomically; returns the size written.
+
+        >>> sandbox.write_file("/tmp/a/b.txt", b"data", mode=0o600)
+        4
+        >>> sandbox.read_file("/tmp/a/b.txt"), oct(sandbox.stat("/tmp/a/b.txt").mode)
+        (b'data', '0o600')
+        """
+        content, replayable = body_from(data)
+        result: int = self._run(
+            _ops.write_file(
+                path, sync_body(content), replayable=replayable, mode=mode, parents=parents
+            )
+        )
+        return result
+
+    def read_file(
+        self, path: str, *, offset: int | None = None, length: int | None = None
+    ) -> bytes:
+        """The bytes of ``path`` (or ``length`` bytes from ``offset``)."""
+        result: bytes = self._run(_ops.read_file(path, offset, length))
+        return result
+
+    def iter_file(self, path: str, *, chunk_size: int = 256 * 1024) -> Iterator[bytes]:
+        """The bytes of ``path`` as a stream of chunks (nothing held in memory)."""
+        with self._driver.stream(_ops.read_file_request(path), self._route()) as response:
+            yield from response.iter_bytes(chunk_size)
+
+    def upload_path(
+        self, local: str | os.PathLike[str], remote: str, *, mode: int | None = None
+    ) -> int:
+        """Streams the local file ``local`` to ``remote``; returns the size."""
+        op = _ops.write_file(
+            remote, sync_body(path_chunks(local)), replayable=False, mode=mode, parents=True
+        )
+        result: int = self._run(op)
+        return result
+
+    def download_path(self, remote: str, local: str | os.PathLike[str]) -> int:
+        """Streams the file ``remote`` into ``local``; returns the size."""
+        size = 0
+        with open(local, "wb") as f:
+            for chunk in self.iter_file(remote):
+                f.write(chunk)
+                size += len(chunk)
+        return size
+
+    def stat(self, path: str) -> FileStat:
+        """Metadata of ``path`` (links are not followed)."""
+        result: FileStat = self._run(_ops.stat(path))
+        return result
+
+    def list_dir(self, path: str, *, depth: int = 1) -> list[FileStat]:
+        """Entries of a directory, ``depth`` levels deep."""
+        result: list[FileStat] = self._run(_ops.list_dir(path, depth))
+        return result
+
+    def mkdir(self, path: str, *, mode: int | None = None) -> None:
+        """Creates a directory and its missing parents."""
+        self._run(_ops.mkdir(path, mode))
+
+    def move(self, src: str, dst: str, *, overwrite: bool = False) -> None:
+        """Moves or renames ``src`` to ``dst``."""
+        self._run(_ops.move(src, dst, overwrite))
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file, link, or (with ``recursive``) a directory tree."""
+        self._run(_ops.remove(path, recursive))
+
+    def upload_tar(
+        self,
+        archive: bytes | str | os.PathLike[str] | IO[bytes] | Iterable[bytes],
+        remote_dir: str,
+    ) -> ExtractResult:
+        """Extracts a tar or tar.gz (bytes, a path to one, a file object or chunks) into
+        ``remote_dir``, all or nothing."""
+        if isinstance(archive, (str, os.PathLike)):
+            content, replayable = path_chunks(archive), False
+        else:
+            content, replayable = body_from(archive)
+        op = _ops.upload_tar(remote_dir, sync_body(content), replayable=replayable)
+        result: ExtractResult = self._run(op)
+        return result
+
+    def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str) -> ExtractResult:
+        """Copies the contents of the local directory into ``remote_dir`` (a streamed tar).
+
+        >>> import tempfile, pathlib
+        >>> d = tempfile.mkdtemp(); _ = pathlib.Path(d, "x.txt").write_text("x")
+        >>> sandbox.upload_dir(d, "/tmp/up").entries
+        1
+        """
+        op = _ops.upload_tar(remote_dir, sync_body(tar_directory(local_dir)), replayable=False)
+        result: ExtractResult = self._run(op)
+        return result
+
+    def download_tar(self, remote_path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        """Saves ``remote_path`` (a file or a directory) as a tar.gz into ``dest`` (a path or
+        a binary file object); returns the archive's size."""
+        size = 0
+        route = self._route()
+        with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
+            if isinstance(dest, (str, os.PathLike)):
+                with open(dest, "wb") as f:
+                    for chunk in response.iter_bytes():
+                        f.write(chunk)
+                        size += len(chunk)
+            else:
+                for chunk in response.iter_bytes():
+                    dest.write(chunk)
+                    size += len(chunk)
+        return size
+
+    def download_dir(self, remote_path: str, local_dir: str | os.PathLike[str]) -> list[str]:
+        """Copies the contents of the directory ``remote_path`` (or the file itself) into
+        ``local_dir``, streamed, as :meth:`upload_dir` does the other way; entries that
+        would land outside it are refused. Returns the extracted names."""
+        route = self._route()
+        with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
+            reader = IterReader(response.iter_bytes())
+            return extract_tar(reader, local_dir, archive_root(remote_path))  # type: ignore[arg-type]
+
+    # --- /v1: git --------------------------------------------------------------------------
+
+    def git_status(self, repo: str) -> GitStatus:
+        """Branch, HEAD and changed paths of the repository at ``repo``."""
+        result: GitStatus = self._run(_ops.git_status(repo))
+        return result
+
+    def git_diff(
+        self,
+        repo: str,
+        *,
+        base: str | None = None,
+        include_untracked: bool = True,
+        binary: bool = True,
+    ) -> GitDiff:
+        """The work tree against ``base`` (default HEAD) as a patch ``git apply`` accepts."""
+        result: GitDiff = self._run(_ops.git_diff(repo, base, include_untracked, binary))
+        return result
+
+    def git_apply(
+        self, repo: str, patch: str, *, check_only: bool = False, fuzzy: bool = False
+    ) -> GitApplyResult:
+        """Applies ``patch`` all or nothing; a patch that does not apply is reported in
+        ``conflicts``, not raised."""
+        result: GitApplyResult = self._run(_ops.git_apply(repo, patch, check_only, fuzzy))
+        return result
+
+    def git_commit(
+        self,
+        repo: str,
+        message: str,
+        *,
+        author_name: str | None = None,
+        author_email: str | None = None,
+        allow_empty: bool = False,
+    ) -> GitCommitResult:
+        """Stages everything and commits it on HEAD."""
+        result: GitCommitResult = self._run(
+            _ops.git_commit(repo, message, author_name, author_email, allow_empty)
+        )
+        return result
+
+    def git_reset(
+        self,
+        repo: str,
+        target: str | None = None,
+        *,
+        clean_untracked: bool = True,
+        keep_ignored: bool = True,
+    ) -> GitResetResult:
+        """Hard reset to ``target`` (default HEAD), removing untracked files by default."""
+        result: GitResetResult = self._run(
+            _ops.git_reset(repo, target, clean_untracked, keep_ignored)
+        )
+        return result

@@ -32,10 +32,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import tempfile
 from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
     Awaitable,
     Callable,
     Generator,
+    Iterable,
     Mapping,
     Sequence,
 )
@@ -44,7 +48,9 @@ from collections.abc import (
 # import dataclasses
 # import os
 # import threading
-# from collections.abc import Callable, Mapping, Sequence
+# from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+#
+# from ._streams import IterReader
 # unasync: end
 from types import TracebackType
 from typing import IO, Any, Literal, overload
@@ -52,18 +58,17 @@ from typing import IO, Any, Literal, overload
 import httpx
 
 from . import _envcheck, _ops
-from ._aio_files import AsyncFileOps
-from ._aio_git import AsyncGitOps
 from ._aio_handles import AsyncExecStream, AsyncProcess, AsyncSession, AsyncTerminal
-from ._aio_processes import AsyncProcessOps
 from ._base import ClientState, agent_key, agent_target, check_started, describe
 from ._config import new_sandbox_id, resolve_config
 from ._http import AsyncDriver, Op, Route, make_agent_http, make_http
 from ._retry import RetryPolicy
 from ._streams import (
     NdjsonDecoder,
+    archive_root,
     async_body,
     body_from,
+    extract_tar,
     path_chunks,
     pull_event,
     tar_directory,
@@ -72,11 +77,21 @@ from .errors import OrchardError, SandboxDeletedError
 from .models import (
     AgentEndpoint,
     ExecResult,
+    ExtractResult,
     FileEntry,
+    FileStat,
+    GitApplyResult,
+    GitCommitResult,
+    GitDiff,
+    GitResetResult,
+    GitStatus,
     ImageInfo,
     JobResult,
     PatchResult,
+    ProcessInfo,
+    PtyInfo,
     SandboxInfo,
+    SessionInfo,
 )
 from .pty import AsyncContainerProcess, WsTarget
 
@@ -457,7 +472,7 @@ def _created_maybe(err: OrchardError) -> bool:
     return err.status is None or err.status >= 500
 
 
-class AsyncSandboxInstance(AsyncProcessOps, AsyncFileOps, AsyncGitOps):
+class AsyncSandboxInstance:
     # unasync: async
     """Async :class:`~orchard_env.SandboxInstance`; ``async with`` deletes it on exit."""
 
@@ -949,7 +964,342 @@ class AsyncSandboxInstance(AsyncProcessOps, AsyncFileOps, AsyncGitOps):
         result: dict[str, Any] = await self._run(_ops.agent_health())
         return result
 
+    # --- /v1: background processes ---------------------------------------------------------
+
+    async def start_process(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+        shell: str | None = None,
+    ) -> AsyncProcess:
+        # unasync: async
+        """Starts ``command`` in the background."""
+        # unasync: sync
+        # """Starts ``command`` in the background and returns a :class:`Process` handle.
+        #
+        # >>> p = sandbox.start_process("read x; echo got $x")
+        # >>> _ = p.write_stdin("it\\n", eof=True)
+        # >>> p.wait(timeout=30).exit_code, p.read_output().stdout
+        # (0, b'got it\\n')
+        # """
+        # unasync: end
+        body = _ops.exec_body(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout, shell=shell)
+        return AsyncProcess(self, await self._run(_ops.start_process(body)))
+
+    async def list_processes(self) -> list[ProcessInfo]:
+        """Running background processes, and exited ones still kept."""
+        result: list[ProcessInfo] = await self._run(_ops.list_processes())
+        return result
+
+    async def get_process(self, process_id: str) -> AsyncProcess:
+        """A handle on an existing background process."""
+        return AsyncProcess(self, await self._run(_ops.get_process(process_id)))
+
+    # --- /v1: sessions ------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        shell: str | None = None,
+    ) -> AsyncSession:
+        # unasync: async
+        """Starts a persistent shell."""
+        # unasync: sync
+        # """Starts a persistent shell: ``cd``, ``export`` and functions carry over.
+        #
+        # >>> with sandbox.create_session() as s:
+        # ...     _ = s.run("cd /tmp && export X=42")
+        # ...     s.run("echo $PWD $X").stdout
+        # '/tmp 42\\n'
+        # """
+        # unasync: end
+        return AsyncSession(self, await self._run(_ops.create_session(cwd, env, shell)))
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        """Every session of the sandbox."""
+        result: list[SessionInfo] = await self._run(_ops.list_sessions())
+        return result
+
+    async def get_session(self, session_id: str) -> AsyncSession:
+        """A handle on an existing session."""
+        return AsyncSession(self, await self._run(_ops.get_session(session_id)))
+
+    # --- /v1: terminals ----------------------------------------------------------------------
+
+    async def create_pty(
+        self,
+        command: Command | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        rows: int | None = None,
+        cols: int | None = None,
+        login_shell: bool = False,
+        idle_timeout: float | None = None,
+    ) -> AsyncTerminal:
+        # unasync: async
+        """Starts a re-attachable terminal (see :meth:`SandboxInstance.create_pty`)."""
+        # unasync: sync
+        # """Starts ``command`` (default: an interactive shell) on a terminal that outlives
+        # connections: :meth:`Terminal.attach` to use it, detach, attach again later.
+        #
+        # >>> term = sandbox.create_pty()
+        # >>> with term.attach() as p:
+        # ...     p.write("echo $((6*7))\\n")
+        # ...     _ = p.read_until("42", timeout=30)
+        # >>> with term.attach() as p:   # re-attach: the scrollback comes first
+        # ...     b"42" in p.read_until("42", timeout=30)
+        # True
+        # >>> term.close()
+        # """
+        # unasync: end
+        info = await self._run(
+            _ops.create_pty(
+                command,
+                cwd=cwd,
+                env=env,
+                rows=rows,
+                cols=cols,
+                login_shell=login_shell,
+                idle_timeout=idle_timeout,
+            )
+        )
+        return AsyncTerminal(self, info)
+
+    async def list_ptys(self) -> list[PtyInfo]:
+        """Every terminal of the sandbox."""
+        result: list[PtyInfo] = await self._run(_ops.list_ptys())
+        return result
+
+    async def get_pty(self, pty_id: str) -> AsyncTerminal:
+        """A handle on an existing terminal (to re-attach)."""
+        return AsyncTerminal(self, await self._run(_ops.get_pty(pty_id)))
+
     async def _attach_target(self, pty_id: str) -> WsTarget:
         if self.direct:
             return agent_target(await self._endpoint(), f"/v1/pty/{_ops._seg(pty_id)}/attach")
         return self._client._state.v1_attach_target(self.sandbox_id, pty_id)
+
+    # --- /v1: files --------------------------------------------------------------------------
+
+    async def write_file(
+        self,
+        path: str,
+        data: bytes | str | IO[bytes] | Iterable[bytes] | AsyncIterable[bytes],
+        *,
+        mode: int | str | None = None,
+        parents: bool = True,
+    ) -> int:
+        # unasync: async
+        """Writes ``data`` to ``path``, streamed and atomically; returns the size."""
+        # unasync: sync
+        # """Writes ``data`` (bytes, text, a binary file object or an iterable of chunks) to
+        # ``path``, streamed and atomically; returns the size written.
+        #
+        # >>> sandbox.write_file("/tmp/a/b.txt", b"data", mode=0o600)
+        # 4
+        # >>> sandbox.read_file("/tmp/a/b.txt"), oct(sandbox.stat("/tmp/a/b.txt").mode)
+        # (b'data', '0o600')
+        # """
+        # unasync: end
+        content, replayable = body_from(data)
+        result: int = await self._run(
+            _ops.write_file(
+                path, async_body(content), replayable=replayable, mode=mode, parents=parents
+            )
+        )
+        return result
+
+    async def read_file(
+        self, path: str, *, offset: int | None = None, length: int | None = None
+    ) -> bytes:
+        """The bytes of ``path`` (or ``length`` bytes from ``offset``)."""
+        result: bytes = await self._run(_ops.read_file(path, offset, length))
+        return result
+
+    async def iter_file(self, path: str, *, chunk_size: int = 256 * 1024) -> AsyncIterator[bytes]:
+        # unasync: async
+        """The bytes of ``path`` as an async stream of chunks (nothing held in memory)."""
+        route = await self._route()
+        async with self._driver.stream(_ops.read_file_request(path), route) as response:
+            async for chunk in response.aiter_bytes(chunk_size):
+                yield chunk
+        # unasync: sync
+        # """The bytes of ``path`` as a stream of chunks (nothing held in memory)."""
+        # with self._driver.stream(_ops.read_file_request(path), self._route()) as response:
+        #     yield from response.iter_bytes(chunk_size)
+        # unasync: end
+
+    async def upload_path(
+        self, local: str | os.PathLike[str], remote: str, *, mode: int | None = None
+    ) -> int:
+        """Streams the local file ``local`` to ``remote``; returns the size."""
+        op = _ops.write_file(
+            remote, async_body(path_chunks(local)), replayable=False, mode=mode, parents=True
+        )
+        result: int = await self._run(op)
+        return result
+
+    async def download_path(self, remote: str, local: str | os.PathLike[str]) -> int:
+        """Streams the file ``remote`` into ``local``; returns the size."""
+        size = 0
+        with open(local, "wb") as f:
+            async for chunk in self.iter_file(remote):
+                f.write(chunk)
+                size += len(chunk)
+        return size
+
+    async def stat(self, path: str) -> FileStat:
+        """Metadata of ``path`` (links are not followed)."""
+        result: FileStat = await self._run(_ops.stat(path))
+        return result
+
+    async def list_dir(self, path: str, *, depth: int = 1) -> list[FileStat]:
+        """Entries of a directory, ``depth`` levels deep."""
+        result: list[FileStat] = await self._run(_ops.list_dir(path, depth))
+        return result
+
+    async def mkdir(self, path: str, *, mode: int | None = None) -> None:
+        """Creates a directory and its missing parents."""
+        await self._run(_ops.mkdir(path, mode))
+
+    async def move(self, src: str, dst: str, *, overwrite: bool = False) -> None:
+        """Moves or renames ``src`` to ``dst``."""
+        await self._run(_ops.move(src, dst, overwrite))
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file, link, or (with ``recursive``) a directory tree."""
+        await self._run(_ops.remove(path, recursive))
+
+    async def upload_tar(
+        self,
+        archive: bytes
+        | str
+        | os.PathLike[str]
+        | IO[bytes]
+        | Iterable[bytes]
+        | AsyncIterable[bytes],
+        remote_dir: str,
+    ) -> ExtractResult:
+        """Extracts a tar or tar.gz (bytes, a path to one, a file object or chunks) into
+        ``remote_dir``, all or nothing."""
+        if isinstance(archive, (str, os.PathLike)):
+            content, replayable = path_chunks(archive), False
+        else:
+            content, replayable = body_from(archive)
+        op = _ops.upload_tar(remote_dir, async_body(content), replayable=replayable)
+        result: ExtractResult = await self._run(op)
+        return result
+
+    async def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str) -> ExtractResult:
+        # unasync: async
+        """Copies the contents of the local directory into ``remote_dir``."""
+        # unasync: sync
+        # """Copies the contents of the local directory into ``remote_dir`` (a streamed tar).
+        #
+        # >>> import tempfile, pathlib
+        # >>> d = tempfile.mkdtemp(); _ = pathlib.Path(d, "x.txt").write_text("x")
+        # >>> sandbox.upload_dir(d, "/tmp/up").entries
+        # 1
+        # """
+        # unasync: end
+        op = _ops.upload_tar(remote_dir, async_body(tar_directory(local_dir)), replayable=False)
+        result: ExtractResult = await self._run(op)
+        return result
+
+    async def download_tar(self, remote_path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        """Saves ``remote_path`` (a file or a directory) as a tar.gz into ``dest`` (a path or
+        a binary file object); returns the archive's size."""
+        size = 0
+        route = await self._route()
+        async with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
+            if isinstance(dest, (str, os.PathLike)):
+                with open(dest, "wb") as f:
+                    async for chunk in response.aiter_bytes():
+                        f.write(chunk)
+                        size += len(chunk)
+            else:
+                async for chunk in response.aiter_bytes():
+                    dest.write(chunk)
+                    size += len(chunk)
+        return size
+
+    async def download_dir(self, remote_path: str, local_dir: str | os.PathLike[str]) -> list[str]:
+        # unasync: async
+        """Copies the contents of ``remote_path`` into ``local_dir`` (see
+        :meth:`SandboxInstance.download_dir`)."""
+        with tempfile.TemporaryFile() as spool:
+            await self.download_tar(remote_path, spool)
+            spool.seek(0)
+            return extract_tar(spool, local_dir, archive_root(remote_path))
+        # unasync: sync
+        # """Copies the contents of the directory ``remote_path`` (or the file itself) into
+        # ``local_dir``, streamed, as :meth:`upload_dir` does the other way; entries that
+        # would land outside it are refused. Returns the extracted names."""
+        # route = self._route()
+        # with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
+        #     reader = IterReader(response.iter_bytes())
+        #     return extract_tar(reader, local_dir, archive_root(remote_path))  # type: ignore[arg-type]
+        # unasync: end
+
+    # --- /v1: git --------------------------------------------------------------------------
+
+    async def git_status(self, repo: str) -> GitStatus:
+        """Branch, HEAD and changed paths of the repository at ``repo``."""
+        result: GitStatus = await self._run(_ops.git_status(repo))
+        return result
+
+    async def git_diff(
+        self,
+        repo: str,
+        *,
+        base: str | None = None,
+        include_untracked: bool = True,
+        binary: bool = True,
+    ) -> GitDiff:
+        """The work tree against ``base`` (default HEAD) as a patch ``git apply`` accepts."""
+        result: GitDiff = await self._run(_ops.git_diff(repo, base, include_untracked, binary))
+        return result
+
+    async def git_apply(
+        self, repo: str, patch: str, *, check_only: bool = False, fuzzy: bool = False
+    ) -> GitApplyResult:
+        """Applies ``patch`` all or nothing; a patch that does not apply is reported in
+        ``conflicts``, not raised."""
+        result: GitApplyResult = await self._run(_ops.git_apply(repo, patch, check_only, fuzzy))
+        return result
+
+    async def git_commit(
+        self,
+        repo: str,
+        message: str,
+        *,
+        author_name: str | None = None,
+        author_email: str | None = None,
+        allow_empty: bool = False,
+    ) -> GitCommitResult:
+        """Stages everything and commits it on HEAD."""
+        result: GitCommitResult = await self._run(
+            _ops.git_commit(repo, message, author_name, author_email, allow_empty)
+        )
+        return result
+
+    async def git_reset(
+        self,
+        repo: str,
+        target: str | None = None,
+        *,
+        clean_untracked: bool = True,
+        keep_ignored: bool = True,
+    ) -> GitResetResult:
+        """Hard reset to ``target`` (default HEAD), removing untracked files by default."""
+        result: GitResetResult = await self._run(
+            _ops.git_reset(repo, target, clean_untracked, keep_ignored)
+        )
+        return result
