@@ -16,16 +16,16 @@
 //! A disabled level costs next to nothing: `tracing` caches per call site that nothing
 //! listens.
 
-use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::{fmt, io};
 
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter};
+use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::{reload, EnvFilter, Registry};
 
@@ -60,14 +60,75 @@ fn filter(spec: &str) -> EnvFilter {
 
 fn install() -> Option<reload::Handle<EnvFilter, Registry>> {
     let (filter, handle) = reload::Layer::new(EnvFilter::new("off"));
-    let fmt = tracing_subscriber::fmt::layer()
-        .fmt_fields(JsonFields::new())
-        .event_format(FlatJson)
-        .with_writer(std::io::stderr);
-    let subscriber = tracing_subscriber::registry().with(filter).with(fmt);
+    let subscriber = tracing_subscriber::registry()
+        .with(filter)
+        .with(layer(std::io::stderr));
     tracing::subscriber::set_global_default(subscriber)
         .ok()
         .map(|()| handle)
+}
+
+/// The line format writing to `writer`, as a layer of a registry.
+fn layer<S, W>(writer: W) -> impl Layer<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt::layer()
+        .fmt_fields(JsonFields::new())
+        .event_format(FlatJson)
+        .with_writer(writer)
+}
+
+/// A subscriber writing the lines at level `spec` (as in [`set_level`]) to `writer`,
+/// for a test to install with `tracing::subscriber::set_default` and read back (see
+/// [`Capture`]).
+pub fn subscriber<W>(spec: &str, writer: W) -> impl Subscriber + Send + Sync + 'static
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::registry()
+        .with(filter(spec))
+        .with(layer(writer))
+}
+
+/// Lines written into memory, for tests: pass a clone to [`subscriber`], then read
+/// them with [`Capture::lines`].
+#[derive(Clone, Default)]
+pub struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Capture {
+    /// Every line so far, each parsed as a JSON object; a line that is not one is an
+    /// error naming it.
+    pub fn lines(&self) -> Result<Vec<Map<String, Value>>, String> {
+        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(|l| serde_json::from_str(l).map_err(|e| format!("{e}: {l}")))
+            .collect()
+    }
+}
+
+impl io::Write for Capture {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Capture {
+    type Writer = Capture;
+
+    fn make_writer(&'a self) -> Capture {
+        self.clone()
+    }
 }
 
 /// The line format: one flat JSON object of strings (see the module header).
@@ -170,54 +231,12 @@ impl Visit for Fields<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::io;
-    use std::sync::{Arc, Mutex};
-
-    use tracing_subscriber::fmt::MakeWriter;
-
     use super::*;
 
-    /// A writer into a shared buffer, to read back what the subscriber wrote.
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-    impl io::Write for Buffer {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.0
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend_from_slice(b);
-            Ok(b.len())
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Buffer {
-        type Writer = Buffer;
-
-        fn make_writer(&'a self) -> Buffer {
-            self.clone()
-        }
-    }
-
     fn capture(level: &str, f: impl FnOnce()) -> Vec<Map<String, Value>> {
-        let buf = Buffer::default();
-        let subscriber = tracing_subscriber::registry()
-            .with(filter(level))
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .fmt_fields(JsonFields::new())
-                    .event_format(FlatJson)
-                    .with_writer(buf.clone()),
-            );
-        tracing::subscriber::with_default(subscriber, f);
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-            .collect()
+        let buf = Capture::default();
+        tracing::subscriber::with_default(subscriber(level, buf.clone()), f);
+        buf.lines().unwrap()
     }
 
     #[test]
@@ -240,7 +259,10 @@ mod tests {
         assert_eq!(l["status"], "200");
         assert_eq!(l["ok"], "true");
         let ts = l["ts"].as_str().unwrap();
-        assert!(ts.len() >= 20 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T', "{ts}");
+        assert!(
+            ts.len() >= 20 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
+            "{ts}"
+        );
     }
 
     #[test]

@@ -710,3 +710,50 @@ async fn the_terminal_bridge_reaches_agents_over_tcp() {
     assert!(out.contains("hi\r\n"), "{out:?}");
     server.abort();
 }
+
+#[tokio::test]
+async fn log_lines_are_json_and_name_their_request_and_sandbox() {
+    // The test's runtime runs every task on this thread, so they all write here.
+    let log = orchard_log::Capture::default();
+    let _on = tracing::subscriber::set_default(orchard_log::subscriber("info", log.clone()));
+    let h = Harness::new(FakeBackend::tcp()).await;
+    let body = serde_json::json!({"image": IMAGE});
+    let (status, created) = h.call("POST", "/sandboxes", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let id = created["sandbox_id"].as_str().unwrap().to_string();
+    let exec = format!("/sandboxes/{id}/exec");
+    let body = serde_json::json!({"command": "true", "wait": true});
+    assert_eq!(h.call("POST", &exec, Some(body)).await.0, StatusCode::OK);
+    let (status, _) = h.call("DELETE", &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let lines = log.lines().unwrap();
+    let line = |msg: &str, path: Option<&str>| {
+        lines
+            .iter()
+            .find(|l| l["msg"] == msg && path.map_or(true, |p| l["path"] == p))
+            .unwrap_or_else(|| panic!("no {msg} {path:?} line in {lines:?}"))
+    };
+    for l in &lines {
+        assert!(l["ts"].is_string() && l["level"].is_string(), "{l:?}");
+    }
+    let req = line("request", Some(&exec));
+    let rid = req["request_id"].as_str().unwrap_or_default();
+    assert!(
+        rid.len() == 16 && rid.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{req:?}"
+    );
+    assert_eq!(req["sandbox_id"], id.as_str(), "{req:?}");
+    assert_eq!(
+        (&req["method"], &req["status"]),
+        (&"POST".into(), &"200".into())
+    );
+    assert!(req["duration_ms"].is_string(), "{req:?}");
+    // A create's path has no id: the line names the one it made.
+    assert_eq!(
+        line("request", Some("/sandboxes"))["sandbox_id"],
+        id.as_str()
+    );
+    // Lines of the create task and of a removal name the sandbox through their spans.
+    assert_eq!(line("sandbox ready", None)["sandbox_id"], id.as_str());
+    assert_eq!(line("sandbox removed", None)["sandbox_id"], id.as_str());
+}
