@@ -5,7 +5,6 @@
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::backend::local::{LocalBackend, LocalConfig};
@@ -145,14 +144,11 @@ pub fn start_image_gc(config: &Config, service: &Service) {
     let metrics = service.metrics().clone();
     let report = move |outcome: &gc::BudgetReport| {
         let m = &metrics.image_gc;
-        m.store_bytes.store(outcome.bytes_after, Ordering::Relaxed);
+        m.store_bytes.set(outcome.bytes_after);
         let removed = &outcome.removed;
-        m.bytes_total
-            .fetch_add(removed.bytes_freed, Ordering::Relaxed);
-        m.images_total
-            .fetch_add(removed.images_removed.len() as u64, Ordering::Relaxed);
-        m.layers_total
-            .fetch_add(removed.layers_removed as u64, Ordering::Relaxed);
+        m.bytes_total.inc_by(removed.bytes_freed);
+        m.images_total.inc_by(removed.images_removed.len() as u64);
+        m.layers_total.inc_by(removed.layers_removed as u64);
         if removed.layers_removed + removed.blobs_removed + removed.images_removed.len() > 0 {
             tracing::info!(images_removed = %removed.images_removed.join(","), layers_removed = %removed.layers_removed, bytes_freed = %removed.bytes_freed, store_bytes = %outcome.bytes_after, "image gc");
         }
