@@ -27,14 +27,15 @@ use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter};
 use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::{reload, EnvFilter, Registry};
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::{reload, Registry};
 
 /// The handle that changes the installed subscriber's filter.
-static FILTER: OnceLock<Option<reload::Handle<EnvFilter, Registry>>> = OnceLock::new();
+static FILTER: OnceLock<Option<reload::Handle<Targets, Registry>>> = OnceLock::new();
 
 /// Sets the least level written: `debug`, `info`, `warn`, `error` or `off` apply to
 /// Orchard's own crates (the crates it uses stay silent, as before `tracing`); a spec
-/// with `=` is a full `EnvFilter` directive list (`orchard=debug,hyper=info`); anything
+/// with `=` is a list of `target=level` (`orchard=debug,hyper=info`); anything
 /// else is `info`. Installs the subscriber on first call; if another global subscriber
 /// was installed first, the call does nothing.
 pub fn set_level(spec: &str) {
@@ -46,20 +47,23 @@ pub fn set_level(spec: &str) {
     }
 }
 
-/// The filter `spec` means (see [`set_level`]).
-fn filter(spec: &str) -> EnvFilter {
-    let own = |level: &str| EnvFilter::new(format!("orchard={level}"));
+/// The filter `spec` means (see [`set_level`]). `Targets` rather than `EnvFilter`: the
+/// same `target=level` lists without a regex engine in the static agent.
+fn filter(spec: &str) -> Targets {
+    let own = |level: LevelFilter| Targets::new().with_target("orchard", level);
     match spec.trim() {
-        "trace" | "debug" | "info" | "warn" | "error" => own(spec.trim()),
-        "warning" => own("warn"),
-        "off" | "none" => EnvFilter::new("off"),
-        s if s.contains('=') => EnvFilter::try_new(s).unwrap_or_else(|_| own("info")),
-        _ => own("info"),
+        "trace" => own(LevelFilter::TRACE),
+        "debug" => own(LevelFilter::DEBUG),
+        "warn" | "warning" => own(LevelFilter::WARN),
+        "error" => own(LevelFilter::ERROR),
+        "off" | "none" => Targets::new(),
+        s if s.contains('=') => s.parse().unwrap_or_else(|_| own(LevelFilter::INFO)),
+        _ => own(LevelFilter::INFO),
     }
 }
 
-fn install() -> Option<reload::Handle<EnvFilter, Registry>> {
-    let (filter, handle) = reload::Layer::new(EnvFilter::new("off"));
+fn install() -> Option<reload::Handle<Targets, Registry>> {
+    let (filter, handle) = reload::Layer::new(Targets::new());
     let subscriber = tracing_subscriber::registry()
         .with(filter)
         .with(layer(std::io::stderr));

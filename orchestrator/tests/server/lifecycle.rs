@@ -416,7 +416,7 @@ fn a_server_killed_with_sigkill_restarts_adopting_sandboxes_and_failing_jobs_in_
         };
         assert!(v["sandbox_id"].is_string(), "{line}");
         if v["sandbox_id"] == "survivor" {
-            named.insert(what);
+            named.insert(what.to_string());
         }
     }
     assert!(requests >= 8, "{log}");
@@ -427,7 +427,7 @@ fn a_server_killed_with_sigkill_restarts_adopting_sandboxes_and_failing_jobs_in_
         "sandbox ready",
         "sandbox removed",
     ];
-    assert_eq!(named, want.into_iter().collect(), "{log}");
+    assert_eq!(named, want.map(String::from).into(), "{log}");
     // Stopping deleted everything: a backend opened on the same root finds nothing.
     let backend = LocalBackend::open(crate::util::sandbox::test_config(
         &data.path().join("backend"),
