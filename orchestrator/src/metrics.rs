@@ -83,7 +83,7 @@ pub struct ImageGcMetrics {
 impl Default for Metrics {
     fn default() -> Self {
         let exec = Family::<Route, Histogram>::new_with_constructor(latency as fn() -> _);
-        let m = Metrics {
+        let mut m = Metrics {
             create_seconds: latency(),
             exec_compat_seconds: exec.get_or_create_owned(&Route { route: "compat" }),
             exec_v1_seconds: exec.get_or_create_owned(&Route { route: "v1" }),
@@ -91,9 +91,12 @@ impl Default for Metrics {
             errors: Family::default(),
             sandboxes: Family::default(),
             image_gc: ImageGcMetrics::default(),
-            registry: Mutex::new(Registry::default()),
+            registry: Mutex::default(),
         };
-        let mut r = Registry::default();
+        let r = m.registry.get_mut().unwrap_or_else(|p| p.into_inner());
+        let gc = &m.image_gc;
+        // Registered in the order of the exposition; the HELP texts get their final
+        // period from the encoder, and counters their `_total`.
         r.register(
             "orchard_sandboxes",
             "Sandboxes by state",
@@ -109,7 +112,6 @@ impl Default for Metrics {
             "Time of an exec request, by route",
             exec,
         );
-        // Counters are registered without `_total`: the encoder appends it.
         r.register(
             "orchard_http_requests",
             "Requests answered, by status",
@@ -120,7 +122,6 @@ impl Default for Metrics {
             "Error answers, by error code",
             m.errors.clone(),
         );
-        let gc = &m.image_gc;
         r.register(
             "orchard_image_store_bytes",
             "Allocated bytes of the image store's layers and blobs, as of the last GC pass",
@@ -141,7 +142,6 @@ impl Default for Metrics {
             "Unpacked layers the image GC removed",
             gc.layers_total.clone(),
         );
-        *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = r;
         m
     }
 }

@@ -43,7 +43,7 @@ pub fn wrap<S: Clone + Send + Sync + 'static>(
         // A 5xx is logged once, by `Answered`, at `warn`.
         .on_failure(());
     // The last layer added runs first: drop an unusable id, set one, open the span,
-    // then (inside the span, so its answer line sees the header) echo the id.
+    // then echo the id on the answer.
     router
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(trace)
