@@ -102,6 +102,11 @@ fn main() -> anyhow::Result<()> {
     // Best effort: an agent that cannot clear the flag still serves.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let args = Args::parse();
+    // JSON lines on stderr, warnings only unless asked: the agent is on every exec's
+    // path and logs nothing per request. Commands do not inherit the setting.
+    let level = std::env::var("ORCHARD_AGENT_LOG").unwrap_or_else(|_| "warn".into());
+    std::env::remove_var("ORCHARD_AGENT_LOG");
+    orchard_log::set_level(&level);
     let mut config = Config::new(token(&args)?);
     // Commands must not see the token in their environment.
     std::env::remove_var("ORCHARD_AGENT_TOKEN");
@@ -112,7 +117,7 @@ fn main() -> anyhow::Result<()> {
         let path = std::env::var("PATH").unwrap_or_default();
         let done = orchard_agent::tools::publish(std::path::Path::new("/"), dir, &path);
         for warning in &done.warnings {
-            eprintln!("orchard-agent: {warning}");
+            tracing::warn!(warning = %warning, "publishing the harness tools");
         }
     }
     config.unix = args.unix.clone();

@@ -156,7 +156,8 @@ pub struct ServeArgs {
         default_missing_value = "true"
     )]
     pub allow_user_namespaces: Option<bool>,
-    /// Log level: debug, info, warn, off [default: info].
+    /// Log level: debug, info, warn, off, or tracing directives
+    /// (`orchard=debug,hyper=info`) [default: info].
     #[arg(long, env = "ORCHARD_LOG")]
     pub log_level: Option<String>,
     // --- Registry credentials and image GC (see `RegistryAndGc`). ---

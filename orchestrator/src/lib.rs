@@ -16,7 +16,7 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod image;
-pub mod log;
+pub use orchard_log as log;
 pub mod metrics;
 pub mod random;
 pub mod serve;

@@ -1,11 +1,22 @@
-//! Prometheus metrics, rendered by hand in the text exposition format: a few counters
-//! and histograms need no client library. Sandboxes by state are a gauge computed at
-//! scrape time by the caller of [`Metrics::render`].
+//! Prometheus metrics, kept and encoded by `prometheus-client`. Sandboxes by state are
+//! a gauge set at scrape time from what the caller of [`Metrics::render`] counted.
+//!
+//! The exposition is the Prometheus text format (`text/plain; version=0.0.4`, as the
+//! API has always served and its OpenAPI document says): `prometheus-client` writes
+//! OpenMetrics, which differs from it in two lines, fixed up in [`classic`]: a counter
+//! family is named without its `_total` (the samples have it either way), and the text
+//! ends with `# EOF`.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds (seconds) of the latency buckets: 100 µs to 2 min.
 const BUCKETS: [f64; 16] = [
@@ -13,48 +24,32 @@ const BUCKETS: [f64; 16] = [
     30.0, 120.0,
 ];
 
-/// One histogram.
-#[derive(Default)]
-pub struct Histogram {
-    counts: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    /// Sum in microseconds (atomics hold integers).
-    sum_us: AtomicU64,
+fn latency() -> Histogram {
+    Histogram::new(BUCKETS)
 }
 
-impl Histogram {
-    /// Records one observation.
-    pub fn observe(&self, seconds: f64) {
-        if let Some(i) = BUCKETS.iter().position(|b| seconds <= *b) {
-            self.counts[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_us
-            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (i, b) in BUCKETS.iter().enumerate() {
-            cumulative += self.counts[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        let _ = writeln!(out, "{name}_count{braces} {count}");
-    }
+/// `code` of the request and error counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Code {
+    code: String,
 }
+
+/// `route` of the exec histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Route {
+    route: &'static str,
+}
+
+/// `state` of the sandboxes gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct State {
+    state: &'static str,
+}
+
+/// A gauge of whole numbers.
+pub type IntGauge = Gauge<u64, AtomicU64>;
 
 /// The orchestrator's metrics.
-#[derive(Default)]
 pub struct Metrics {
     /// Time from create request to ready.
     pub create_seconds: Histogram,
@@ -62,116 +57,156 @@ pub struct Metrics {
     pub exec_compat_seconds: Histogram,
     /// Exec through `/v1/sandboxes/{id}/exec`.
     pub exec_v1_seconds: Histogram,
-    requests: Mutex<BTreeMap<u16, u64>>,
-    errors: Mutex<BTreeMap<&'static str, u64>>,
+    requests: Family<Code, Counter>,
+    errors: Family<Code, Counter>,
+    sandboxes: Family<State, IntGauge>,
     /// The image store's GC: see [`ImageGcMetrics`].
     pub image_gc: ImageGcMetrics,
+    /// Every family, in the order of the exposition. The lock also keeps two scrapes
+    /// from interleaving their settings of the sandboxes gauge.
+    registry: Mutex<Registry>,
 }
 
 /// The image store's size and what its GC removed.
 #[derive(Default)]
 pub struct ImageGcMetrics {
     /// Allocated bytes of layers and blobs, as of the last pass.
-    pub store_bytes: AtomicU64,
+    pub store_bytes: IntGauge,
     /// Bytes the GC freed.
-    pub bytes_total: AtomicU64,
+    pub bytes_total: Counter,
     /// Images the GC forgot to meet the budget.
-    pub images_total: AtomicU64,
+    pub images_total: Counter,
     /// Layers the GC removed.
-    pub layers_total: AtomicU64,
+    pub layers_total: Counter,
 }
 
-impl ImageGcMetrics {
-    fn render(&self, out: &mut String) {
-        for (name, kind, help, value) in [
-            (
-                "orchard_image_store_bytes",
-                "gauge",
-                "Allocated bytes of the image store's layers and blobs, as of the last GC pass.",
-                &self.store_bytes,
-            ),
-            (
-                "orchard_image_gc_bytes_total",
-                "counter",
-                "Bytes the image GC freed.",
-                &self.bytes_total,
-            ),
-            (
-                "orchard_image_gc_images_total",
-                "counter",
-                "Images the image GC removed to meet the disk budget.",
-                &self.images_total,
-            ),
-            (
-                "orchard_image_gc_layers_total",
-                "counter",
-                "Unpacked layers the image GC removed.",
-                &self.layers_total,
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
-                value.load(Ordering::Relaxed)
-            );
-        }
+impl Default for Metrics {
+    fn default() -> Self {
+        let exec = Family::<Route, Histogram>::new_with_constructor(latency as fn() -> _);
+        let mut m = Metrics {
+            create_seconds: latency(),
+            exec_compat_seconds: exec.get_or_create_owned(&Route { route: "compat" }),
+            exec_v1_seconds: exec.get_or_create_owned(&Route { route: "v1" }),
+            requests: Family::default(),
+            errors: Family::default(),
+            sandboxes: Family::default(),
+            image_gc: ImageGcMetrics::default(),
+            registry: Mutex::default(),
+        };
+        let r = m.registry.get_mut().unwrap_or_else(|p| p.into_inner());
+        let gc = &m.image_gc;
+        // Registered in the order of the exposition; the HELP texts get their final
+        // period from the encoder, and counters their `_total`.
+        r.register(
+            "orchard_sandboxes",
+            "Sandboxes by state",
+            m.sandboxes.clone(),
+        );
+        r.register(
+            "orchard_sandbox_create_seconds",
+            "Time from a create request to a ready sandbox",
+            m.create_seconds.clone(),
+        );
+        r.register(
+            "orchard_exec_seconds",
+            "Time of an exec request, by route",
+            exec,
+        );
+        r.register(
+            "orchard_http_requests",
+            "Requests answered, by status",
+            m.requests.clone(),
+        );
+        r.register(
+            "orchard_errors",
+            "Error answers, by error code",
+            m.errors.clone(),
+        );
+        r.register(
+            "orchard_image_store_bytes",
+            "Allocated bytes of the image store's layers and blobs, as of the last GC pass",
+            gc.store_bytes.clone(),
+        );
+        r.register(
+            "orchard_image_gc_bytes",
+            "Bytes the image GC freed",
+            gc.bytes_total.clone(),
+        );
+        r.register(
+            "orchard_image_gc_images",
+            "Images the image GC removed to meet the disk budget",
+            gc.images_total.clone(),
+        );
+        r.register(
+            "orchard_image_gc_layers",
+            "Unpacked layers the image GC removed",
+            gc.layers_total.clone(),
+        );
+        m
     }
 }
 
 impl Metrics {
     /// Counts one answered request by status.
     pub fn request(&self, status: u16) {
-        *self
-            .requests
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(status)
-            .or_default() += 1;
+        let code = Code {
+            code: status.to_string(),
+        };
+        self.requests.get_or_create(&code).inc();
     }
 
     /// Counts one error answer by code.
     pub fn error(&self, code: &'static str) {
-        *self
-            .errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(code)
-            .or_default() += 1;
+        let code = Code { code: code.into() };
+        self.errors.get_or_create(&code).inc();
     }
 
     /// The text exposition, with `sandboxes` as the by-state gauge.
     pub fn render(&self, sandboxes: &BTreeMap<&'static str, u64>) -> String {
-        let mut out = String::new();
-        out.push_str(
-            "# HELP orchard_sandboxes Sandboxes by state.\n# TYPE orchard_sandboxes gauge\n",
-        );
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        // States no sandbox is in any more are left out, as they were before.
+        self.sandboxes.clear();
         for (state, n) in sandboxes {
-            let _ = writeln!(out, "orchard_sandboxes{{state=\"{state}\"}} {n}");
+            self.sandboxes.get_or_create(&State { state }).set(*n);
         }
-        out.push_str("# HELP orchard_sandbox_create_seconds Time from a create request to a ready sandbox.\n# TYPE orchard_sandbox_create_seconds histogram\n");
-        self.create_seconds
-            .render(&mut out, "orchard_sandbox_create_seconds", "");
-        out.push_str("# HELP orchard_exec_seconds Time of an exec request, by route.\n# TYPE orchard_exec_seconds histogram\n");
-        self.exec_compat_seconds
-            .render(&mut out, "orchard_exec_seconds", "route=\"compat\"");
-        self.exec_v1_seconds
-            .render(&mut out, "orchard_exec_seconds", "route=\"v1\"");
-        out.push_str("# HELP orchard_http_requests_total Requests answered, by status.\n# TYPE orchard_http_requests_total counter\n");
-        for (code, n) in self
-            .requests
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
-            let _ = writeln!(out, "orchard_http_requests_total{{code=\"{code}\"}} {n}");
-        }
-        out.push_str("# HELP orchard_errors_total Error answers, by error code.\n# TYPE orchard_errors_total counter\n");
-        for (code, n) in self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let _ = writeln!(out, "orchard_errors_total{{code=\"{code}\"}} {n}");
-        }
-        self.image_gc.render(&mut out);
-        out
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+        classic(&text)
     }
+}
+
+/// The Prometheus text format of `openmetrics` (see the module header): `# HELP` and
+/// `# TYPE` of a counter name its samples (`_total`), and no `# EOF`.
+fn classic(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len() + 256);
+    let mut counters = Vec::new();
+    for line in openmetrics.lines() {
+        if let Some(name) = line
+            .strip_prefix("# TYPE ")
+            .and_then(|t| t.strip_suffix(" counter"))
+        {
+            counters.push(name);
+        }
+    }
+    for line in openmetrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let family = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let name = rest.split(' ').next()?;
+            counters
+                .contains(&name)
+                .then(|| (*p, name, &rest[name.len()..]))
+        });
+        match family {
+            Some((p, name, rest)) => out.push_str(&format!("{p}{name}_total{rest}")),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]
@@ -195,5 +230,41 @@ mod tests {
         assert!(text.contains("orchard_sandbox_create_seconds_count 3"));
         assert!(text.contains("orchard_sandboxes{state=\"running\"} 2"));
         assert!(text.contains("orchard_errors_total{code=\"not_found\"} 1"));
+    }
+
+    #[test]
+    fn the_exposition_keeps_every_family_and_its_samples_names() {
+        let m = Metrics::default();
+        m.request(200);
+        // A labelled family with no sample yet has no lines at all.
+        m.error("not_found");
+        m.image_gc.bytes_total.inc_by(7);
+        m.image_gc.store_bytes.set(9);
+        m.exec_v1_seconds.observe(0.001);
+        let text = m.render(&BTreeMap::from([("pending", 1)]));
+        for line in [
+            "# TYPE orchard_sandboxes gauge",
+            "# TYPE orchard_sandbox_create_seconds histogram",
+            "# TYPE orchard_exec_seconds histogram",
+            "# TYPE orchard_http_requests_total counter",
+            "# HELP orchard_http_requests_total Requests answered, by status.",
+            "# TYPE orchard_errors_total counter",
+            "# TYPE orchard_image_store_bytes gauge",
+            "# TYPE orchard_image_gc_bytes_total counter",
+            "# TYPE orchard_image_gc_images_total counter",
+            "# TYPE orchard_image_gc_layers_total counter",
+            "orchard_http_requests_total{code=\"200\"} 1",
+            "orchard_image_gc_bytes_total 7",
+            "orchard_image_store_bytes 9",
+            "orchard_exec_seconds_count{route=\"v1\"} 1",
+            "orchard_exec_seconds_count{route=\"compat\"} 0",
+            "orchard_sandboxes{state=\"pending\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        assert!(!text.contains("# EOF"), "{text}");
+        // A state with no sandbox left is not reported.
+        let text = m.render(&BTreeMap::new());
+        assert!(!text.contains("state=\"pending\""), "{text}");
     }
 }

@@ -5,7 +5,6 @@
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::backend::local::{LocalBackend, LocalConfig};
@@ -132,19 +131,10 @@ pub fn start_image_gc(config: &Config, service: &Service) {
     if !registry.credentials.is_empty() {
         let mut hosts: Vec<&str> = registry.credentials.keys().map(String::as_str).collect();
         hosts.sort();
-        crate::log::info(
-            "registry credentials loaded",
-            &[
-                ("hosts", &hosts.join(",")),
-                ("from", &registry.credential_sources.join(", ")),
-            ],
-        );
+        tracing::info!(hosts = %hosts.join(","), from = %registry.credential_sources.join(", "), "registry credentials loaded");
     }
     if !registry.ignored_helpers.is_empty() {
-        crate::log::warn(
-            "credential helpers are not run; configure those registries with --registry-auth",
-            &[("helpers", &registry.ignored_helpers.join(", "))],
-        );
+        tracing::warn!(helpers = %registry.ignored_helpers.join(", "), "credential helpers are not run; configure those registries with --registry-auth");
     }
     let Some(policy) = registry.gc else {
         return;
@@ -165,42 +155,19 @@ pub fn start_image_gc(config: &Config, service: &Service) {
     let metrics = service.metrics().clone();
     let report = move |outcome: &gc::BudgetReport| {
         let m = &metrics.image_gc;
-        m.store_bytes.store(outcome.bytes_after, Ordering::Relaxed);
+        m.store_bytes.set(outcome.bytes_after);
         let removed = &outcome.removed;
-        m.bytes_total
-            .fetch_add(removed.bytes_freed, Ordering::Relaxed);
-        m.images_total
-            .fetch_add(removed.images_removed.len() as u64, Ordering::Relaxed);
-        m.layers_total
-            .fetch_add(removed.layers_removed as u64, Ordering::Relaxed);
+        m.bytes_total.inc_by(removed.bytes_freed);
+        m.images_total.inc_by(removed.images_removed.len() as u64);
+        m.layers_total.inc_by(removed.layers_removed as u64);
         if removed.layers_removed + removed.blobs_removed + removed.images_removed.len() > 0 {
-            crate::log::info(
-                "image gc",
-                &[
-                    ("images_removed", &removed.images_removed.join(",")),
-                    ("layers_removed", &removed.layers_removed.to_string()),
-                    ("bytes_freed", &removed.bytes_freed.to_string()),
-                    ("store_bytes", &outcome.bytes_after.to_string()),
-                ],
-            );
+            tracing::info!(images_removed = %removed.images_removed.join(","), layers_removed = %removed.layers_removed, bytes_freed = %removed.bytes_freed, store_bytes = %outcome.bytes_after, "image gc");
         }
         if let Some(budget) = outcome.budget.filter(|b| outcome.bytes_after > *b) {
-            crate::log::warn(
-                "image store over its disk budget; what is left is in use",
-                &[
-                    ("store_bytes", &outcome.bytes_after.to_string()),
-                    ("budget_bytes", &budget.to_string()),
-                ],
-            );
+            tracing::warn!(store_bytes = %outcome.bytes_after, budget_bytes = %budget, "image store over its disk budget; what is left is in use");
         }
     };
-    crate::log::info(
-        "image gc",
-        &[
-            ("budget", &policy.budget.to_string()),
-            ("interval_s", &policy.interval.as_secs().to_string()),
-        ],
-    );
+    tracing::info!(budget = %policy.budget, interval_s = %policy.interval.as_secs(), "image gc");
     tokio::spawn(gc::run(store, policy, in_use, report));
 }
 
@@ -213,7 +180,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     std::fs::set_permissions(&config.data_dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| ServeError::Setup(format!("securing {}: {e}", config.data_dir.display())))?;
     let keys = if config.no_auth {
-        crate::log::warn("auth is disabled: every request is accepted", &[]);
+        tracing::warn!("auth is disabled: every request is accepted");
         Keys::disabled()
     } else if config.api_keys.is_empty() {
         let key = generated_key(&config.data_dir)?;
@@ -226,9 +193,8 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         let keys = Keys::new(&config.api_keys);
         if config.operator_keys.is_empty() {
             if config.api_keys.len() > 1 {
-                crate::log::warn(
-                    "several keys and no --operator-key: no key may import or delete images",
-                    &[],
+                tracing::warn!(
+                    "several keys and no --operator-key: no key may import or delete images"
                 );
             }
             keys
@@ -257,13 +223,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         .map_err(|e| ServeError::Setup(format!("listening on {}: {e}", config.listen)))?;
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
-    crate::log::info(
-        "listening",
-        &[
-            ("url", &url),
-            ("data_dir", &config.data_dir.display().to_string()),
-        ],
-    );
+    tracing::info!(url = %url, data_dir = %config.data_dir.display(), "listening");
     if let Some(f) = &config.ready_file {
         std::fs::write(f, format!("{url}\n"))
             .map_err(|e| ServeError::Setup(format!("writing {}: {e}", f.display())))?;
@@ -279,9 +239,9 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         .with_graceful_shutdown(shutdown)
         .await?;
     if config.keep_sandboxes_on_exit {
-        crate::log::info("stopping; sandboxes are kept for the next start", &[]);
+        tracing::info!("stopping; sandboxes are kept for the next start");
     } else {
-        crate::log::info("stopping; deleting every sandbox", &[]);
+        tracing::info!("stopping; deleting every sandbox");
         service.shutdown().await;
     }
     Ok(())

@@ -479,8 +479,8 @@ where
             tokio::task::spawn_blocking(move || store.enforce_budget(policy.budget, in_use)).await;
         match pass {
             Ok(Ok(outcome)) => report(&outcome),
-            Ok(Err(err)) => crate::log::warn("image gc failed", &[("error", &err.to_string())]),
-            Err(err) => crate::log::warn("image gc failed", &[("error", &err.to_string())]),
+            Ok(Err(err)) => tracing::warn!(error = %err, "image gc failed"),
+            Err(err) => tracing::warn!(error = %err, "image gc failed"),
         }
     }
 }

@@ -4,31 +4,30 @@
 //!
 //! Requests are parsed into typed values by the extractors here ([`ApiJson`], [`Auth`])
 //! and every failure is a [`crate::service::Error`], turned into a response in one
-//! place ([`error`]: its status, code and body). A middleware gives each request an id
-//! (`x-request-id`, echoed), logs it as one JSON line and counts it.
+//! place ([`error`]: its status, code and body). [`observe`] gives each request an id
+//! (`x-request-id`, echoed) and a tracing span, logs it as one JSON line and counts it.
 
 pub mod compat;
 pub mod error;
 pub mod images;
+pub mod observe;
 pub mod openapi;
 pub mod proxy;
 pub mod upload;
 pub mod v1;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::Next;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
-use self::error::{ErrorCodeExt, InternalDetail};
 use crate::service::{Error, Keys, Service, Tenant};
 
 /// Largest JSON body of most routes.
@@ -197,70 +196,6 @@ impl FromRequestParts<AppState> for Auth {
     }
 }
 
-/// A request id for a request that came without one. Ids must be unique, not secret:
-/// when the random generator fails, a process-wide counter stands in.
-fn new_request_id() -> String {
-    crate::random::hex(8).unwrap_or_else(|_| {
-        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("{}-{n}", std::process::id())
-    })
-}
-
-async fn observe(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let request_id = req
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map_or_else(new_request_id, str::to_string);
-    if let Ok(v) = HeaderValue::from_str(&request_id) {
-        req.headers_mut().insert("x-request-id", v);
-    }
-    let method = req.method().to_string();
-    let path = req.uri().path().to_string();
-    let mut resp = next.run(req).await;
-    let status = resp.status().as_u16();
-    let metrics = state.service.metrics();
-    metrics.request(status);
-    let code = resp
-        .extensions()
-        .get::<ErrorCodeExt>()
-        .map(|c| c.0.as_str());
-    if let Some(code) = code {
-        metrics.error(code);
-    }
-    let ms = format!("{:.3}", started.elapsed().as_secs_f64() * 1e3);
-    let status_s = status.to_string();
-    let mut fields = vec![
-        ("request_id", request_id.as_str()),
-        ("method", method.as_str()),
-        ("path", path.as_str()),
-        ("status", status_s.as_str()),
-        ("duration_ms", ms.as_str()),
-    ];
-    if let Some(c) = code {
-        fields.push(("error", c));
-    }
-    let internal = resp
-        .extensions()
-        .get::<InternalDetail>()
-        .map(|d| d.0.clone());
-    if let Some(d) = &internal {
-        fields.push(("internal", d.as_str()));
-    }
-    if status >= 500 {
-        crate::log::warn("request", &fields);
-    } else {
-        crate::log::info("request", &fields);
-    }
-    if let Ok(v) = HeaderValue::from_str(&request_id) {
-        resp.headers_mut().insert("x-request-id", v);
-    }
-    resp
-}
-
 async fn no_route(req: Request) -> Error {
     Error::NotFound(format!("no route {} {}", req.method(), req.uri().path()))
 }
@@ -294,7 +229,7 @@ async fn openapi_doc() -> Response {
 
 /// The whole API.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_doc))
         .merge(compat::routes())
@@ -303,9 +238,8 @@ pub fn router(state: AppState) -> Router {
         .merge(proxy::routes())
         .fallback(no_route)
         .method_not_allowed_fallback(bad_method)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
-        .layer(axum::extract::DefaultBodyLimit::disable())
-        .with_state(state)
+        .layer(axum::extract::DefaultBodyLimit::disable());
+    observe::wrap(router, state.service.metrics().clone()).with_state(state)
 }
 
 /// A body from a JSON value.

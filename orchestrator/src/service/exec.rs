@@ -15,6 +15,7 @@ use orchard_protocol::compat::CompatCommand;
 use orchard_protocol::exec::timeout_error;
 use orchard_protocol::login::{filter_login_noise, login_shell_argv};
 use orchard_protocol::{Command, ErrorCode, ExecRequest};
+use tracing::Instrument;
 
 use crate::state::{JobRecord, Lease, Phase, SandboxRecord, Topic};
 
@@ -54,7 +55,9 @@ const LEASE_TTL: Duration = Duration::from_secs(30);
 pub(super) fn spawn_worker(service: &Service, rec: &SandboxRecord) {
     let weak = Arc::downgrade(&service.inner);
     let (id, uid) = (rec.id.clone(), rec.uid.clone());
-    tokio::spawn(async move {
+    // Every line the worker and its jobs write names the sandbox.
+    let span = tracing::warn_span!("worker", sandbox_id = %id);
+    let worker = async move {
         let lease_name = format!("sandbox/{id}");
         let lease = loop {
             let Some(inner) = weak.upgrade() else { return };
@@ -117,7 +120,8 @@ pub(super) fn spawn_worker(service: &Service, rec: &SandboxRecord) {
                     continue;
                 }
             };
-            let run = run(&service, &live, job, &rec, &lease);
+            let job_span = tracing::warn_span!("job", job_id = %job.job.job_id);
+            let run = run(&service, &live, job, &rec, &lease).instrument(job_span);
             tokio::pin!(run);
             loop {
                 tokio::select! {
@@ -129,7 +133,8 @@ pub(super) fn spawn_worker(service: &Service, rec: &SandboxRecord) {
             }
             let _ = service.store().renew_lease(&lease, LEASE_TTL).await;
         }
-    });
+    };
+    tokio::spawn(worker.instrument(span));
 }
 
 /// Fails every queued job of sandbox `id` with `why`.

@@ -147,7 +147,7 @@ impl Service {
         }
         job.finished_ms = Some(now_ms());
         if let Err(e) = self.store().finish_job(job, lease).await {
-            crate::log::warn("cannot store a finished job", &[("error", &e.to_string())]);
+            tracing::warn!(error = %e, "cannot store a finished job");
         }
     }
 

@@ -251,18 +251,12 @@ fn fit_defaults(defaults: &mut SandboxDefaults, cap: Option<crate::backend::Capa
     let Some(cap) = cap else { return };
     if units::parse_cpu(&defaults.cpu).is_ok_and(|c| c > cap.cpus) {
         let fitted = format!("{}", cap.cpus);
-        crate::log::warn(
-            "the default CPU limit is more than a sandbox here can have; lowered",
-            &[("default_cpu", &defaults.cpu), ("now", &fitted)],
-        );
+        tracing::warn!(default_cpu = %defaults.cpu, now = %fitted, "the default CPU limit is more than a sandbox here can have; lowered");
         defaults.cpu = fitted;
     }
     if units::parse_memory(&defaults.memory).is_ok_and(|m| m > cap.memory_bytes) {
         let fitted = format!("{}Mi", cap.memory_bytes >> 20);
-        crate::log::warn(
-            "the default memory limit is more than a sandbox here can have; lowered",
-            &[("default_memory", &defaults.memory), ("now", &fitted)],
-        );
+        tracing::warn!(default_memory = %defaults.memory, now = %fitted, "the default memory limit is more than a sandbox here can have; lowered");
         defaults.memory = fitted;
     }
 }

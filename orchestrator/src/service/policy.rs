@@ -75,10 +75,7 @@ pub(super) async fn reconcile(service: &Service) -> bool {
     let list = match service.backend().list().await {
         Ok(l) => l,
         Err(e) => {
-            crate::log::warn(
-                "reconciliation skipped: the backend cannot list",
-                &[("error", &e.to_string())],
-            );
+            tracing::warn!(error = %e, "reconciliation skipped: the backend cannot list");
             return false;
         }
     };
@@ -113,10 +110,7 @@ pub(super) async fn reconcile(service: &Service) -> bool {
     };
     for sb in &list {
         if !known.contains(&sb.id) && sb.labels.contains_key("orchard.tenant") {
-            crate::log::warn(
-                "removing a sandbox no record owns",
-                &[("sandbox_id", &sb.id)],
-            );
+            tracing::warn!(sandbox_id = %sb.id, "removing a sandbox no record owns");
             let _ = service.backend().delete(&sb.id).await;
         }
     }

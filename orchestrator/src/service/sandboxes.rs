@@ -13,6 +13,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use crate::backend::{BackendSandbox, CreateSpec};
 use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version};
 
@@ -168,6 +170,7 @@ impl Service {
     }
 
     /// Removes a record and its backend sandbox; `why` is logged.
+    #[tracing::instrument(level = "warn", name = "remove", skip_all, fields(sandbox_id = %rec.id))]
     pub(super) async fn remove(&self, rec: &SandboxRecord, why: &str) -> Result<(), Error> {
         let Some(was) = self.store().remove_sandbox(&rec.id, &rec.uid).await? else {
             // Someone else removed it first; they delete what it holds.
@@ -184,10 +187,8 @@ impl Service {
                 let _ = self.backend().delete(&was.id).await;
             }
         }
-        crate::log::info(
-            "sandbox removed",
-            &[("sandbox_id", &was.id), ("reason", why)],
-        );
+        // The span names the sandbox.
+        tracing::info!(reason = %why, "sandbox removed");
         Ok(())
     }
 
@@ -329,6 +330,8 @@ impl Service {
         self.inner.pending.fetch_add(1, Ordering::Relaxed);
         let service = self.clone();
         let task_rec = rec.clone();
+        // The request's line names the sandbox it made (its path has no id).
+        tracing::Span::current().record("sandbox_id", rec.id.as_str());
         tokio::spawn(async move { service.run_create(task_rec, spec).await });
         Ok(rec)
     }
@@ -403,24 +406,28 @@ impl Service {
 
     /// The create task: waits for a slot, makes the sandbox within its readiness limit,
     /// and marks the record ready or failed.
+    #[tracing::instrument(level = "warn", name = "create", skip_all, fields(sandbox_id = %rec.id))]
     async fn run_create(self, rec: SandboxRecord, (image, parts): (String, CreateSpecParts)) {
         let started = Instant::now();
         let mut attempt = {
             let (service, rec) = (self.clone(), rec.clone());
-            tokio::spawn(async move {
-                // Creates beyond the concurrency limit wait here, in arrival order
-                // (tokio's semaphore is fair); the readiness limit counts the wait.
-                let _slot = service
-                    .inner
-                    .create_slots
-                    .acquire()
-                    .await
-                    .map_err(|e| format!("internal error: {e}"))?;
-                if !service.is_current(&rec).await {
-                    return Err("the sandbox was deleted before it started".to_string());
+            tokio::spawn(
+                async move {
+                    // Creates beyond the concurrency limit wait here, in arrival order
+                    // (tokio's semaphore is fair); the readiness limit counts the wait.
+                    let _slot = service
+                        .inner
+                        .create_slots
+                        .acquire()
+                        .await
+                        .map_err(|e| format!("internal error: {e}"))?;
+                    if !service.is_current(&rec).await {
+                        return Err("the sandbox was deleted before it started".to_string());
+                    }
+                    service.start(&rec, image, parts).await
                 }
-                service.start(&rec, image, parts).await
-            })
+                .in_current_span(),
+            )
         };
         let outcome = match tokio::time::timeout(rec.ready_timeout(), &mut attempt).await {
             Ok(joined) => joined.unwrap_or_else(|e| Err(format!("internal error: {e}"))),
@@ -429,11 +436,14 @@ impl Service {
                 // once it is done.
                 let svc = self.clone();
                 let id = rec.id.clone();
-                tokio::spawn(async move {
-                    if let Ok(Ok(_)) = attempt.await {
-                        let _ = svc.backend().delete(&id).await;
+                tokio::spawn(
+                    async move {
+                        if let Ok(Ok(_)) = attempt.await {
+                            let _ = svc.backend().delete(&id).await;
+                        }
                     }
-                });
+                    .in_current_span(),
+                );
                 Err(format!(
                     "the sandbox was not ready within {} s",
                     rec.ready_timeout().as_secs()
@@ -453,17 +463,14 @@ impl Service {
                     })
                     .await;
                 if marked.is_ok() {
-                    crate::log::info("sandbox ready", &[("sandbox_id", &rec.id)]);
+                    tracing::info!("sandbox ready");
                 } else {
                     // Deleted while it was being made: what was made goes too.
                     let _ = self.backend().delete(&rec.id).await;
                 }
             }
             Err(message) => {
-                crate::log::warn(
-                    "sandbox failed to start",
-                    &[("sandbox_id", &rec.id), ("error", &message)],
-                );
+                tracing::warn!(sandbox_id = %rec.id, error = %message, "sandbox failed to start");
                 let _ = self
                     .update(None, &rec.id, Some(&rec.uid), |r| {
                         r.phase = Phase::Failed {
@@ -528,10 +535,7 @@ impl Service {
             _ => match agent.mkdir(wanted).await {
                 Ok(_) => wanted.clone(),
                 Err(e) => {
-                    crate::log::warn(
-                        "cannot make the default working directory; commands run in /",
-                        &[("path", wanted), ("error", &e.to_string())],
-                    );
+                    tracing::warn!(path = %wanted, error = %e, "cannot make the default working directory; commands run in /");
                     "/".into()
                 }
             },
@@ -555,10 +559,7 @@ impl Service {
         let list = match self.backend().list().await {
             Ok(l) => l,
             Err(e) => {
-                crate::log::warn(
-                    "cannot list sandboxes to adopt",
-                    &[("error", &e.to_string())],
-                );
+                tracing::warn!(error = %e, "cannot list sandboxes to adopt");
                 return Ok(());
             }
         };
@@ -596,7 +597,8 @@ impl Service {
             let mut rec =
                 self.new_record(sb.id.clone(), &tenant, &req, Duration::ZERO, ttl, created)?;
             rec.phase = Phase::Ready;
-            rec.agent = Some(self.probe(&sb).await);
+            let span = tracing::warn_span!("adopt", sandbox_id = %sb.id);
+            rec.agent = Some(self.probe(&sb).instrument(span).await);
             // Adopted sandboxes count against the quota, but are never refused by it.
             self.store()
                 .acquire_slot(&held_counter(&tenant.0), 0)
@@ -606,7 +608,7 @@ impl Service {
                 continue;
             }
             exec::spawn_worker(self, &rec);
-            crate::log::info("adopted sandbox", &[("sandbox_id", &sb.id)]);
+            tracing::info!(sandbox_id = %sb.id, "adopted sandbox");
         }
         Ok(())
     }

@@ -708,3 +708,31 @@ async fn the_terminal_bridge_reaches_agents_over_tcp() {
     assert!(out.contains("hi\r\n"), "{out:?}");
     server.abort();
 }
+
+#[tokio::test]
+async fn a_usable_request_id_is_echoed_and_any_other_replaced_by_ours() {
+    let h = Harness::new(FakeBackend::tcp()).await;
+    let echoed = |sent: Option<String>| {
+        let mut req = Request::builder().uri("/v1/sandboxes/nope");
+        if let Some(id) = sent {
+            req = req.header("x-request-id", id);
+        }
+        let req = req.body(Body::empty()).unwrap();
+        let app = h.app.clone();
+        async move {
+            let resp = app.oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+            let id = resp.headers().get("x-request-id").unwrap();
+            id.to_str().unwrap().to_string()
+        }
+    };
+    let ours = |id: &str| id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit());
+    assert_eq!(echoed(Some("r1".into())).await, "r1");
+    let long = "x".repeat(128);
+    assert_eq!(echoed(Some(long.clone())).await, long);
+    for sent in [None, Some(String::new()), Some("x".repeat(129))] {
+        let id = echoed(sent.clone()).await;
+        assert!(ours(&id), "{sent:?} -> {id}");
+    }
+    assert_ne!(echoed(None).await, echoed(None).await);
+}

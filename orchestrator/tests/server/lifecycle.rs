@@ -385,9 +385,11 @@ fn a_server_killed_with_sigkill_restarts_adopting_sandboxes_and_failing_jobs_in_
     let status = second.stop();
     assert!(status.success(), "{status}");
     crate::util::server::reap_orphaned_agents();
-    // Its log is JSON lines, each request with an id.
+    // Its log is JSON lines, each request with an id, and every line about a sandbox
+    // (a request on its routes, its creation, adoption and removal) with its id.
     let log = std::fs::read_to_string(data.path().join("server.log")).unwrap();
     let mut requests = 0;
+    let mut named = std::collections::BTreeSet::new();
     for line in log.lines().filter(|l| l.starts_with('{')) {
         let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert!(
@@ -402,8 +404,26 @@ fn a_server_killed_with_sigkill_restarts_adopting_sandboxes_and_failing_jobs_in_
             );
             assert!(v["status"].is_string() && v["path"].is_string(), "{line}");
         }
+        let what = match (v["msg"].as_str(), v["path"].as_str()) {
+            (Some("request"), Some("/v1/sandboxes")) if v["method"] == "POST" => "create request",
+            (Some("request"), Some("/sandboxes/survivor/exec")) => "exec request",
+            (Some(msg @ ("sandbox ready" | "adopted sandbox" | "sandbox removed")), _) => msg,
+            _ => continue,
+        };
+        assert!(v["sandbox_id"].is_string(), "{line}");
+        if v["sandbox_id"] == "survivor" {
+            named.insert(what.to_string());
+        }
     }
     assert!(requests >= 8, "{log}");
+    let want = [
+        "adopted sandbox",
+        "create request",
+        "exec request",
+        "sandbox ready",
+        "sandbox removed",
+    ];
+    assert_eq!(named, want.map(String::from).into(), "{log}");
     // Stopping deleted everything: a backend opened on the same root finds nothing.
     let backend = LocalBackend::open(crate::util::sandbox::test_config(
         &data.path().join("backend"),

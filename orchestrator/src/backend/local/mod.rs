@@ -190,13 +190,7 @@ impl LocalBackend {
                 return Err(LocalError::Busy(root));
             }
             if !said {
-                crate::log::warn(
-                    "another process holds the backend's lock; waiting for it",
-                    &[
-                        ("path", &lock_path.display().to_string()),
-                        ("wait_s", &config.lock_wait.as_secs().to_string()),
-                    ],
-                );
+                tracing::warn!(path = %lock_path.display(), wait_s = %config.lock_wait.as_secs(), "another process holds the backend's lock; waiting for it");
                 said = true;
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
