@@ -343,7 +343,7 @@ impl Inner {
 }
 
 /// The `layers/<hex>` and `blobs/<hex>` keys an image record names.
-fn keys_of(record: &Record) -> Result<Vec<String>, ImageError> {
+pub(crate) fn keys_of(record: &Record) -> Result<Vec<String>, ImageError> {
     let mut keys = Vec::new();
     for diff_id in &record.diff_ids {
         keys.push(format!("layers/{}", digest::hex_of(diff_id)?));

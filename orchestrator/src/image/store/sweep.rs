@@ -19,19 +19,7 @@ impl Inner {
             let records = self.read_records(true)?;
             let mut keep: HashSet<String> = HashSet::new();
             for record in &records {
-                for diff_id in &record.diff_ids {
-                    keep.insert(format!("layers/{}", digest::hex_of(diff_id)?));
-                }
-                for blob in [
-                    Some(&record.digest),
-                    Some(&record.config_digest),
-                    record.index_digest.as_ref(),
-                ]
-                .into_iter()
-                .flatten()
-                {
-                    keep.insert(format!("blobs/{}", digest::hex_of(blob)?));
-                }
+                keep.extend(crate::image::gc::keys_of(record)?);
             }
             for path in in_use {
                 if let Some(name) = path.file_name() {
