@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds the test cluster's components from their pinned Go modules into a cache keyed by
+# the pins, and prints the cache's bin directory. A cached build is reused as it is.
+#
+#   kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl  k8s.io/kubernetes
+#   etcd                                                                     go.etcd.io/etcd/server/v3
+#   pause (static C, from k8s.io/kubernetes/build/pause) and its OCI layout (umoci)
+#
+# containerd, runc and the CNI plugins come from Debian (tests/k8s/deps.sh).
+# Environment: ORCHARD_K8S_CACHE (default ~/.cache/orchard/k8s).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
+
+key=$(cat "$here/versions.env" "$here/build.sh" "$here"/gomod/*/go.mod "$here"/gomod/*/go.sum |
+  sha256sum | cut -c1-16)
+cache=${ORCHARD_K8S_CACHE:-$HOME/.cache/orchard/k8s}
+dest="$cache/$K8S_VERSION-$key"
+if [ -f "$dest/.complete" ]; then
+  echo "$dest/bin"
+  exit 0
+fi
+
+log() { echo "k8s build: $*" >&2; }
+start=$(date +%s)
+rm -rf "$dest.tmp"
+mkdir -p "$dest.tmp/bin"
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+
+minor=${K8S_VERSION#v1.}
+minor=${minor%%.*}
+ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION \
+ -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor \
+ -X k8s.io/component-base/version.gitTreeState=clean \
+ -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+log "building Kubernetes $K8S_VERSION (cold: about 20 min on 2 cores)"
+(cd "$here/gomod/k8s" && go build -trimpath -ldflags "$ldflags" -o "$dest.tmp/bin/" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl)
+log "building etcd $ETCD_VERSION"
+(cd "$here/gomod/etcd" && go build -trimpath -ldflags "-s -w" -o "$dest.tmp/bin/etcd" \
+  go.etcd.io/etcd/server/v3)
+
+log "building the pause image"
+kdir=$(cd "$here/gomod/k8s" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+root="$dest.tmp/pause-root"
+mkdir -p "$root"
+gcc -Os -static -DVERSION="$K8S_VERSION" -o "$root/pause" "$kdir/build/pause/linux/pause.c"
+layout="$dest.tmp/pause"
+tag=${PAUSE_IMAGE##*:}
+umoci init --layout "$layout" >/dev/null
+umoci new --image "$layout:$tag" >/dev/null
+tar -C "$root" --sort=name --mtime=2024-01-01T00:00:00Z --numeric-owner --owner=65535 \
+  --group=65535 -cf "$dest.tmp/pause.tar" ./pause
+umoci raw add-layer --image "$layout:$tag" "$dest.tmp/pause.tar" >/dev/null
+umoci config --image "$layout:$tag" --config.entrypoint /pause --config.user 65535:65535 \
+  --architecture amd64 --os linux >/dev/null
+umoci gc --layout "$layout"
+rm -rf "$root" "$dest.tmp/pause.tar"
+
+echo "$(( $(date +%s) - start ))" > "$dest.tmp/build-seconds"
+touch "$dest.tmp/.complete"
+rm -rf "$dest"
+mv "$dest.tmp" "$dest"
+log "built in $(cat "$dest/build-seconds") s: $dest"
+echo "$dest/bin"

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The test cluster's smoke test (in `make test`): starts the cluster (cached binaries
+# make this the "< 60 s" start), then checks that the node is Ready; a busybox pod from
+# the imported image runs, answers on its pod IP from the host, has its logs read and
+# `kubectl exec` run in it; deleting it leaves no container, veth or IP behind; and
+# `down.sh` after a SIGKILL of every component leaves nothing on the host.
+# Prints `k8s smoke: N passed, M failed` (the CI total counts it).
+set -uo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+passed=0
+failed=0
+check() {
+  local what=$1
+  shift
+  if "$@"; then
+    passed=$((passed + 1)); echo "k8s smoke: ok: $what"
+  else
+    failed=$((failed + 1)); echo "k8s smoke: FAILED: $what"
+  fi
+}
+finish() {
+  "$K8S_DIR/down.sh" --quiet >/dev/null 2>&1
+  echo "k8s smoke: $passed passed, $failed failed"
+  [ "$failed" = 0 ]
+}
+trap 'finish; exit $?' EXIT
+
+"$K8S_DIR/build.sh" >/dev/null || { failed=$((failed + 1)); exit 1; }
+t0=$(date +%s%N)
+if ! "$K8S_DIR/up.sh" > "$RUN.up.log" 2>&1; then
+  cat "$RUN.up.log"
+  failed=$((failed + 1))
+  exit 1
+fi
+up_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+echo "k8s smoke: cluster up in $((up_ms / 1000)).$(printf %03d $((up_ms % 1000))) s (cached binaries)"
+BIN=$(cat "$RUN/bin")
+k() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+
+node_ready() { [ "$(k get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
+check "node $NODE_NAME is Ready" node_ready
+
+# A pod from the imported busybox image: a line on stdout, then a web server.
+k apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: smoke, labels: {app: smoke}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: web
+    image: busybox:latest
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "echo smoke-log-line; mkdir -p /www; echo hello-from-pod > /www/index.html; exec httpd -f -p 8080 -h /www"]
+    readinessProbe:
+      tcpSocket: {port: 8080}
+      periodSeconds: 1
+YAML
+check "the busybox pod becomes Ready" k wait --for=condition=Ready pod/smoke --timeout=60s
+ip=$(k get pod smoke -o 'jsonpath={.status.podIP}')
+in_range() { python3 -c "import ipaddress,sys; sys.exit(ipaddress.ip_address('$ip') not in ipaddress.ip_network('$POD_CIDR'))"; }
+check "the pod IP $ip is in $POD_CIDR" in_range
+answers() { [ "$(curl -s --max-time 5 "http://$ip:8080/index.html")" = hello-from-pod ]; }
+check "the pod IP answers from the host" answers
+logs() { k logs smoke | grep -qx smoke-log-line; }
+check "kubectl logs reads the pod's stdout" logs
+execs() { [ "$(k exec smoke -- cat /www/index.html)" = hello-from-pod ]; }
+check "kubectl exec runs in the pod" execs
+not_pulled() { k get events --field-selector involvedObject.name=smoke,reason=Pulled -o 'jsonpath={.items[*].message}' | grep -q 'already present on machine'; }
+check "the image came from the import (no pull)" not_pulled
+
+k delete pod smoke --wait=true --timeout=60s >/dev/null
+no_containers() { [ -z "$(runc --root "$RUNC_ROOT" list -q 2>/dev/null)" ]; }
+no_veths() { [ -z "$(ip -o link show master "$BRIDGE" 2>/dev/null)" ]; }
+no_ips() { [ -z "$(find "$RUN/cni/ipam" -type f -name '198.*' 2>/dev/null)" ]; }
+gone() { no_containers && no_veths && no_ips; }
+check "deleting the pod leaves no container, veth or pod IP" wait_for 60 "the pod's sandbox to go" gone
+
+# A second pod, then SIGKILL every component: down.sh still cleans up everything.
+k run survivor --image=busybox:latest --image-pull-policy=IfNotPresent --restart=Never -- sleep 3600 >/dev/null
+check "a second pod runs" k wait --for=condition=Ready pod/survivor --timeout=60s
+pkill -9 -f -- "$RUN/"
+check "down.sh after kill -9 of every component leaves nothing behind" "$K8S_DIR/down.sh"
+netns_left() { ! ip netns list 2>/dev/null | grep -q cni-; }
+check "no network namespace is left" netns_left

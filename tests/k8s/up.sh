@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# `make cluster`: starts the single-node test cluster (etcd, containerd on runc, the API
+# server, controller manager, scheduler and kubelet, a CNI bridge) and prints
+# `export KUBECONFIG=...`. Builds or reuses the cached binaries (build.sh), imports the
+# pause image and the test images into containerd (no registry), and waits until the
+# node is Ready. Already running: prints the export line again. `down.sh` stops it.
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+[ "$(id -u)" = 0 ] || die "the test cluster needs root (kubelet, containerd, network)"
+start=$(date +%s)
+
+if [ -f "$RUN/up.complete" ] && curl -sf --cacert "$RUN/pki/ca.crt" \
+    --cert "$RUN/pki/admin.crt" --key "$RUN/pki/admin.key" \
+    "https://$NODE_IP:$APISERVER_PORT/readyz" >/dev/null 2>&1; then
+  log "already running"
+  echo "export KUBECONFIG=$KUBECONFIG_FILE"
+  exit 0
+fi
+# Leftovers of a crashed run go first.
+"$K8S_DIR/down.sh" --quiet
+
+"$K8S_DIR/deps.sh"
+BIN=$("$K8S_DIR/build.sh")
+IMAGES=$(cd "$K8S_DIR/../../images/out" 2>/dev/null && pwd) ||
+  die "images/out is missing: run make images"
+"$K8S_DIR/pki.sh"
+PKI=$RUN/pki
+mkdir -p "$RUN"/{logs,pids,etcd,containerd,cni/net.d,cni/ipam,kubelet,pod-logs,apiserver,kcm,scheduler}
+
+# start NAME COMMAND...: runs a component in its own session, logging to logs/NAME.log.
+start() {
+  local name=$1
+  shift
+  setsid "$@" > "$RUN/logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$RUN/pids/$name"
+}
+# alive NAME: the component is still running (a crash fails fast with its log).
+alive() {
+  kill -0 "$(cat "$RUN/pids/$1")" 2>/dev/null || {
+    tail -20 "$RUN/logs/$1.log" >&2
+    die "$1 exited; its log: $RUN/logs/$1.log"
+  }
+}
+# ready NAME SECONDS COMMAND...: waits for COMMAND while NAME stays alive.
+ready() {
+  local name=$1 limit=$2
+  shift 2
+  local deadline=$(( $(date +%s) + limit ))
+  until "$@" >/dev/null 2>&1; do
+    alive "$name"
+    [ "$(date +%s)" -lt "$deadline" ] || die "$name not ready after ${limit}s; log: $RUN/logs/$name.log"
+    sleep 0.2
+  done
+}
+
+# The pods' bridge, with the node's address: the host reaches every pod IP on it
+# directly, and with no masquerade and no forwarding nothing routes off the machine.
+prefix=${POD_CIDR#*/}
+ip link add "$BRIDGE" type bridge
+ip addr add "$NODE_IP/$prefix" dev "$BRIDGE"
+ip link set "$BRIDGE" up
+
+start etcd "$BIN/etcd" --name orchard-test --data-dir "$RUN/etcd" \
+  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-cluster "orchard-test=http://127.0.0.1:$ETCD_PEER_PORT" --listen-metrics-urls "" \
+  --quota-backend-bytes 1073741824 --log-level warn
+
+# containerd: everything under $RUN (root, state, socket, runc root, network namespaces),
+# CNI from Debian's plugins, no snapshotters but overlayfs, cgroupfs like the kubelet.
+cat > "$RUN/containerd/config.toml" <<TOML
+version = 2
+root = "$RUN/containerd/root"
+state = "$RUN/containerd/state"
+disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.native",
+  "io.containerd.tracing.processor.v1.otlp"]
+[grpc]
+  address = "$CONTAINERD_SOCK"
+[debug]
+  level = "warn"
+[metrics]
+  address = ""
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "$RUNC_ROOT"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$RUN/cni/net.d"
+TOML
+cat > "$RUN/cni/net.d/10-orchard.conflist" <<JSON
+{
+  "cniVersion": "0.4.0",
+  "name": "orchard-test",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$RUN/cni/ipam",
+        "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$NODE_IP"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "loopback"}
+  ]
+}
+JSON
+start containerd containerd --config "$RUN/containerd/config.toml"
+
+ready etcd 30 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+svc_ip=${SERVICE_CIDR%.*}.1
+start kube-apiserver "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+  --bind-address "$NODE_IP" --advertise-address "$NODE_IP" --secure-port "$APISERVER_PORT" \
+  --cert-dir "$RUN/apiserver" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+  --client-ca-file "$PKI/ca.crt" --service-cluster-ip-range "$SERVICE_CIDR" \
+  --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$PKI/sa.pub" \
+  --service-account-signing-key-file "$PKI/sa.key" --authorization-mode Node,RBAC \
+  --enable-admission-plugins NodeRestriction --allow-privileged=true \
+  --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+  --kubelet-client-key "$PKI/apiserver-kubelet-client.key" --kubelet-certificate-authority "$PKI/ca.crt" \
+  --kubelet-preferred-address-types InternalIP --profiling=false --v=1
+
+ready containerd 30 test -S "$CONTAINERD_SOCK"
+ctr() { command ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
+# import LAYOUT NAME: an OCI layout into containerd's k8s.io namespace (what CRI sees).
+import() {
+  local tarball=$RUN/import.tar base=${2%:*}
+  tar -C "$1" -cf "$tarball" .
+  ctr images import --base-name "$base" "$tarball" >/dev/null
+  rm -f "$tarball"
+  ctr images ls -q | grep -qx "$2" || die "importing $1 did not make $2"
+}
+pause_layout=$(dirname "$BIN")/pause
+import "$pause_layout" "$PAUSE_IMAGE"
+import "$IMAGES/busybox" docker.io/library/busybox:latest
+import "$IMAGES/python" docker.io/library/python:3.11-slim
+
+admin_curl() { curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$@"; }
+ready kube-apiserver 90 admin_curl "https://$NODE_IP:$APISERVER_PORT/readyz"
+
+start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig "$PKI/controller-manager.kubeconfig" \
+  --authentication-kubeconfig "$PKI/controller-manager.kubeconfig" \
+  --authorization-kubeconfig "$PKI/controller-manager.kubeconfig" \
+  --bind-address 127.0.0.1 --cert-dir "$RUN/kcm" --leader-elect=false \
+  --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+  --use-service-account-credentials --cluster-signing-cert-file "$PKI/ca.crt" \
+  --cluster-signing-key-file "$PKI/ca.key" --profiling=false
+start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$PKI/scheduler.kubeconfig" \
+  --authentication-kubeconfig "$PKI/scheduler.kubeconfig" --authorization-kubeconfig "$PKI/scheduler.kubeconfig" \
+  --bind-address 127.0.0.1 --leader-elect=false --profiling=false
+
+# The kubelet: cgroup v1 allowed (failCgroupV1, see README), cgroupfs (no systemd here),
+# every pod under one cgroup, files under $RUN, eviction only when the disk is nearly full.
+cat > "$RUN/kubelet/config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+failSwapOn: false
+cgroupDriver: cgroupfs
+cgroupRoot: /$CGROUP_ROOT
+cgroupsPerQOS: true
+enforceNodeAllocatable: ["pods"]
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: $PKI/kubelet.crt
+tlsPrivateKeyFile: $PKI/kubelet.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization:
+  mode: Webhook
+podLogsDir: $RUN/pod-logs
+resolvConf: /etc/resolv.conf
+evictionHard: {"nodefs.available": "1%", "imagefs.available": "1%", "memory.available": "100Mi"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+registerNode: true
+rotateCertificates: false
+YAML
+start kubelet "$BIN/kubelet" --config "$RUN/kubelet/config.yaml" \
+  --kubeconfig "$PKI/kubelet.kubeconfig" --root-dir "$RUN/kubelet/root" \
+  --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=1
+
+kubectl() { "$BIN/kubectl" --kubeconfig "$PKI/admin.kubeconfig" "$@"; }
+node_ready() {
+  [ "$(kubectl get node "$NODE_NAME" \
+    -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+ready kubelet 90 node_ready
+# Pods are refused until the default service account exists (its controller makes it).
+ready kube-controller-manager 60 kubectl get serviceaccount default
+cp "$PKI/admin.kubeconfig" "$KUBECONFIG_FILE"
+echo "$BIN" > "$RUN/bin"
+touch "$RUN/up.complete"
+log "cluster ready in $(( $(date +%s) - start )) s (node $NODE_NAME Ready; logs in $RUN/logs)"
+echo "export KUBECONFIG=$KUBECONFIG_FILE"
+echo "export PATH=$BIN:\$PATH   # kubectl $K8S_VERSION"
