@@ -27,10 +27,31 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 
 ## test: everything CI checks.
-test: agent images harness lint sdk-deps fuzz
+test: agent k8s-build-background images harness lint sdk-deps fuzz
 	cargo test --workspace
 	@images/harness/test.sh
 	$(SDK_PYTEST)
+	@tests/k8s/smoke.sh
+
+## k8s-build-background: the test cluster's cold build (about 15 min of Go on 2 cores),
+## niced and overlapped with the rest of `make test`; the smoke test waits for it.
+.PHONY: k8s-build-background
+k8s-build-background:
+	@tests/k8s/build.sh --background
+
+## cluster: a single-node Kubernetes cluster on this machine, built from pinned Go modules
+## (cached), with the test images imported; prints `export KUBECONFIG=...`.
+## cluster-down: stops it and removes everything it made. See tests/k8s/README.md.
+.PHONY: cluster cluster-down cluster-test
+cluster: images
+	@tests/k8s/up.sh
+
+cluster-down:
+	@tests/k8s/down.sh
+
+## cluster-test: only the cluster's smoke test (starts and stops the cluster).
+cluster-test: images
+	@tests/k8s/smoke.sh
 
 ## fuzz: the cargo-fuzz targets (fuzz/) of the parsers that read untrusted bytes (tar,
 ## patches, image manifests and layers, request bodies, PTY frames), FUZZ_TIME seconds

@@ -19,12 +19,28 @@ command -v skopeo >/dev/null || need+=(skopeo)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
 command -v umoci >/dev/null || need+=(umoci)
 [ -x /usr/sbin/debootstrap ] || command -v debootstrap >/dev/null || need+=(debootstrap)
+# The test cluster (tests/k8s): containerd as its CRI runtime, the CNI plugins (bridge,
+# host-local, loopback in /usr/lib/cni), iptables for the cleanup check, openssl for its
+# certificates.
+command -v containerd >/dev/null || need+=(containerd)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+command -v iptables-save >/dev/null || need+=(iptables)
+command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
+  # No init system here may start Debian's own containerd service: the test cluster runs
+  # its own. policy-rc.d refuses every service start during the install.
+  ours=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    ours=1
+  fi
   $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  [ -z "$ours" ] || $SUDO rm -f /usr/sbin/policy-rc.d
 fi
 if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
   echo "deps: adding the x86_64-unknown-linux-musl target"

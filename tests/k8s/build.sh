@@ -6,17 +6,38 @@
 #   etcd                                                                     go.etcd.io/etcd/server/v3
 #   pause (static C, from k8s.io/kubernetes/build/pause) and its OCI layout (umoci)
 #
-# containerd, runc and the CNI plugins come from Debian (tests/k8s/deps.sh).
+# containerd, runc and the CNI plugins come from Debian (scripts/deps.sh).
 # Environment: ORCHARD_K8S_CACHE (default ~/.cache/orchard/k8s).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 . "$here/versions.env"
 
-key=$(cat "$here/versions.env" "$here/build.sh" "$here"/gomod/*/go.mod "$here"/gomod/*/go.sum |
+# --background: start the build niced and detached (make test overlaps it with the rest
+# of the run); a later foreground call waits for it on the lock and then reuses it.
+if [ "${1:-}" = --background ]; then
+  mkdir -p "${ORCHARD_K8S_CACHE:-$HOME/.cache/orchard/k8s}"
+  bglog=${ORCHARD_K8S_CACHE:-$HOME/.cache/orchard/k8s}/background-build.log
+  setsid nice -n 19 "$0" > "$bglog" 2>&1 < /dev/null &
+  echo "k8s build: started in the background (log: $bglog)" >&2
+  exit 0
+fi
+
+key=$(cat "$here/versions.env" "$here"/gomod/*/go.mod "$here"/gomod/*/go.sum |
   sha256sum | cut -c1-16)
 cache=${ORCHARD_K8S_CACHE:-$HOME/.cache/orchard/k8s}
 dest="$cache/$K8S_VERSION-$key"
+if [ -f "$dest/.complete" ]; then
+  echo "$dest/bin"
+  exit 0
+fi
+# One build at a time: a second caller waits here, then finds the first one's result.
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+if ! flock -n 9; then
+  echo "k8s build: waiting for the build already running" >&2
+  flock 9
+fi
 if [ -f "$dest/.complete" ]; then
   echo "$dest/bin"
   exit 0

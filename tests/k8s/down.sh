@@ -27,11 +27,11 @@ for _ in 1 2 3 4 5 6 7 8 9 10; do
   sleep 0.2
 done
 # runc's record of the containers (their processes are dead by now).
-if [ -d "$RUNC_ROOT" ]; then
-  for id in $(runc --root "$RUNC_ROOT" list -q 2>/dev/null); do
-    runc --root "$RUNC_ROOT" delete -f "$id" >/dev/null 2>&1
+for root in "$RUNC_ROOT"/*/; do
+  for id in $(runc --root "$root" list -q 2>/dev/null); do
+    runc --root "$root" delete -f "$id" >/dev/null 2>&1
   done
-fi
+done
 
 # Mounts under $RUN, deepest first (overlay roots, network namespace files, secrets).
 for _ in 1 2 3; do
@@ -66,7 +66,14 @@ done
 for l in /var/log/containers/*.log; do
   case $(readlink "$l") in "$RUN"/*) rm -f "$l" ;; esac
 done
+rmdir /var/log/containers 2>/dev/null
+# libcni caches each attachment as <network>-<sandbox id>-<interface>: ours are named
+# after our network, or after a sandbox id of our containerd.
 rm -f /var/lib/cni/results/orchard-test-*
+for task in "$RUN"/containerd/state/io.containerd.runtime.v2.task/*/*/; do
+  id=$(basename "$task")
+  rm -f /var/lib/cni/results/*-"$id"-*
+done
 
 # Files: everything but the certificates.
 find "$RUN" -mindepth 1 -maxdepth 1 ! -name pki -exec rm -rf {} + 2>/dev/null

@@ -26,7 +26,8 @@ finish() {
 }
 trap 'finish; exit $?' EXIT
 
-"$K8S_DIR/build.sh" >/dev/null || { failed=$((failed + 1)); exit 1; }
+bin=$("$K8S_DIR/build.sh") || { failed=$((failed + 1)); exit 1; }
+echo "k8s smoke: binaries in $(dirname "$bin"), built in $(cat "$(dirname "$bin")/build-seconds") s"
 t0=$(date +%s%N)
 if ! "$K8S_DIR/up.sh" > "$RUN.up.log" 2>&1; then
   cat "$RUN.up.log"
@@ -71,7 +72,7 @@ not_pulled() { k get events --field-selector involvedObject.name=smoke,reason=Pu
 check "the image came from the import (no pull)" not_pulled
 
 k delete pod smoke --wait=true --timeout=60s >/dev/null
-no_containers() { [ -z "$(runc --root "$RUNC_ROOT" list -q 2>/dev/null)" ]; }
+no_containers() { [ -z "$(runc --root "$RUNC_ROOT/k8s.io" list -q 2>/dev/null)" ]; }
 no_veths() { [ -z "$(ip -o link show master "$BRIDGE" 2>/dev/null)" ]; }
 no_ips() { [ -z "$(find "$RUN/cni/ipam" -type f -name '198.*' 2>/dev/null)" ]; }
 gone() { no_containers && no_veths && no_ips; }

@@ -20,7 +20,7 @@ fi
 # Leftovers of a crashed run go first.
 "$K8S_DIR/down.sh" --quiet
 
-"$K8S_DIR/deps.sh"
+"$K8S_DIR/../../scripts/deps.sh"
 BIN=$("$K8S_DIR/build.sh")
 IMAGES=$(cd "$K8S_DIR/../../images/out" 2>/dev/null && pwd) ||
   die "images/out is missing: run make images"
@@ -86,6 +86,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
   netns_mounts_under_state_dir = true
+  # Root here lacks CAP_SYS_RESOURCE (the VM's init drops it), so no process may lower its
+  # oom_score_adj below 0; the kubelet asks -998 for every pod's pause container, which
+  # runc then fails to set. Keep every container at or above containerd's own (0).
+  restrict_oom_score_adj = true
   stream_server_address = "127.0.0.1"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
@@ -144,7 +148,7 @@ import() {
   tar -C "$1" -cf "$tarball" .
   ctr images import --base-name "$base" "$tarball" >/dev/null
   rm -f "$tarball"
-  ctr images ls -q | grep -qx "$2" || die "importing $1 did not make $2"
+  ctr images ls -q | grep -Fx "$2" >/dev/null || die "importing $1 did not make $2"
 }
 pause_layout=$(dirname "$BIN")/pause
 import "$pause_layout" "$PAUSE_IMAGE"
@@ -199,6 +203,14 @@ serializeImagePulls: false
 registerNode: true
 rotateCertificates: false
 YAML
+# The kubelet wants its cgroupRoot to exist in every hierarchy; a new v1 cpuset starts
+# with no CPUs and no memory nodes, so it gets its parent's.
+for hier in /sys/fs/cgroup/*/; do
+  [ "$hier" = /sys/fs/cgroup/unified/ ] && continue
+  mkdir -p "$hier$CGROUP_ROOT"
+done
+cp /sys/fs/cgroup/cpuset/cpuset.cpus "/sys/fs/cgroup/cpuset/$CGROUP_ROOT/cpuset.cpus"
+cp /sys/fs/cgroup/cpuset/cpuset.mems "/sys/fs/cgroup/cpuset/$CGROUP_ROOT/cpuset.mems"
 start kubelet "$BIN/kubelet" --config "$RUN/kubelet/config.yaml" \
   --kubeconfig "$PKI/kubelet.kubeconfig" --root-dir "$RUN/kubelet/root" \
   --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=1
