@@ -26,6 +26,8 @@ command -v containerd >/dev/null || need+=(containerd)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 command -v iptables-save >/dev/null || need+=(iptables)
 command -v openssl >/dev/null || need+=(openssl)
+# kube-router, the test cluster's NetworkPolicy enforcer, drives ipsets with this tool.
+command -v ipset >/dev/null || need+=(ipset)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi

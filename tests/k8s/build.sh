@@ -4,6 +4,7 @@
 #
 #   kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl  k8s.io/kubernetes
 #   etcd                                                                     go.etcd.io/etcd/server/v3
+#   kube-router (firewall only: NetworkPolicy)                              github.com/cloudnativelabs/kube-router/v2
 #   pause (static C, from k8s.io/kubernetes/build/pause) and its OCI layout (umoci)
 #
 # containerd, runc and the CNI plugins come from Debian (scripts/deps.sh).
@@ -23,7 +24,9 @@ if [ "${1:-}" = --background ]; then
   exit 0
 fi
 
-key=$(cat "$here/versions.env" "$here"/gomod/*/go.mod "$here"/gomod/*/go.sum |
+# The cache key: the pins, and RECIPE, bumped when what this script builds changes.
+RECIPE=2
+key=$( (echo "$RECIPE"; cat "$here/versions.env" "$here"/gomod/*/go.mod "$here"/gomod/*/go.sum) |
   sha256sum | cut -c1-16)
 cache=${ORCHARD_K8S_CACHE:-$HOME/.cache/orchard/k8s}
 dest="$cache/$K8S_VERSION-$key"
@@ -63,6 +66,10 @@ log "building etcd $ETCD_VERSION"
 (cd "$here/gomod/etcd" && go build -trimpath -ldflags "-s -w" -o "$dest.tmp/bin/etcd" \
   go.etcd.io/etcd/server/v3)
 
+log "building kube-router (the NetworkPolicy enforcer)"
+(cd "$here/gomod/kube-router" && go build -trimpath -ldflags "-s -w" -o "$dest.tmp/bin/kube-router" \
+  github.com/cloudnativelabs/kube-router/v2/cmd/kube-router)
+
 log "building the pause image"
 kdir=$(cd "$here/gomod/k8s" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 root="$dest.tmp/pause-root"
@@ -84,5 +91,9 @@ echo "$(( $(date +%s) - start ))" > "$dest.tmp/build-seconds"
 touch "$dest.tmp/.complete"
 rm -rf "$dest"
 mv "$dest.tmp" "$dest"
+# Builds for other pins are dead weight (about 600 MB each).
+for old in "$cache"/v*-*; do
+  [ "$old" = "$dest" ] || rm -rf "$old"
+done
 log "built in $(cat "$dest/build-seconds") s: $dest"
 echo "$dest/bin"

@@ -2,7 +2,7 @@
 # `make cluster-down`: stops the test cluster and removes what it made on the host, even
 # after every component was killed with SIGKILL: processes (the components, containerd's
 # shims, every container process), mounts under $RUN, network namespaces, the bridge and
-# its veths, iptables chains the kubelet made (KUBE-*), and the cgroup $CGROUP_ROOT in
+# its veths, iptables chains and ipsets the kubelet and kube-router made (KUBE-*), and the cgroup $CGROUP_ROOT in
 # every hierarchy. Keeps $RUN/pki (certificates) for the next start. `--quiet`: no
 # summary. Exits non-zero if anything is left.
 set -uo pipefail
@@ -55,6 +55,13 @@ for save in iptables-save ip6tables-save; do
   done
 done
 
+# kube-router's ipsets (named KUBE-*; free once no rule refers to them).
+if command -v ipset >/dev/null; then
+  for set in $(ipset list -n 2>/dev/null | grep '^KUBE-'); do
+    ipset destroy "$set" 2>/dev/null
+  done
+fi
+
 # Cgroups, deepest first.
 for hier in /sys/fs/cgroup/*/; do
   [ -d "$hier$CGROUP_ROOT" ] || continue
@@ -85,6 +92,7 @@ awk -v r="$RUN/" 'index($2, r) == 1 { f = 1 } END { exit !f }' /proc/self/mounts
 ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("interface $BRIDGE")
 compgen -G "/sys/fs/cgroup/*/$CGROUP_ROOT" >/dev/null && left+=("cgroups $CGROUP_ROOT")
 iptables-save 2>/dev/null | grep -q 'KUBE-' && left+=("iptables KUBE-* rules")
+ipset list -n 2>/dev/null | grep -q '^KUBE-' && left+=("ipsets KUBE-*")
 if [ ${#left[@]} -gt 0 ]; then
   log "left behind: ${left[*]}"
   exit 1

@@ -11,7 +11,6 @@ CONTAINERD_SOCK=$RUN/containerd/containerd.sock
 RUNC_ROOT=$RUN/runc
 # The cgroup every pod and container of the cluster lives under, in every v1 hierarchy.
 CGROUP_ROOT=orchard-k8s
-COMPONENTS=(etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet)
 
 log() { echo "k8s: $*" >&2; }
 die() { echo "k8s: error: $*" >&2; exit 1; }

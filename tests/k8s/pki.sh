@@ -7,7 +7,9 @@ set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 PKI=$RUN/pki
-[ -f "$PKI/.complete" ] && exit 0
+# Bumped when the set of certificates changes, so an older set is made anew.
+PKI_REV=2
+[ "$(cat "$PKI/.complete" 2>/dev/null)" = "$PKI_REV" ] && exit 0
 rm -rf "$PKI"
 mkdir -p "$PKI"
 cd "$PKI"
@@ -44,6 +46,7 @@ cert controller-manager "/CN=system:kube-controller-manager"
 cert scheduler "/CN=system:kube-scheduler"
 cert kubelet-client "/O=system:nodes/CN=system:node:$NODE_NAME"
 cert kubelet "/CN=$NODE_NAME" "IP:$NODE_IP,DNS:$NODE_NAME"
+cert kube-router "/CN=kube-router"
 openssl genrsa -out sa.key 2048 2>/dev/null
 openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
 
@@ -75,5 +78,6 @@ kubeconfig admin admin
 kubeconfig controller-manager controller-manager
 kubeconfig scheduler scheduler
 kubeconfig kubelet kubelet-client
+kubeconfig kube-router kube-router
 chmod 600 ./*.key
-touch .complete
+echo "$PKI_REV" > .complete

@@ -2,8 +2,9 @@
 # The test cluster's smoke test (in `make test`): starts the cluster (cached binaries
 # make this the "< 60 s" start), then checks that the node is Ready; a busybox pod from
 # the imported image runs, answers on its pod IP from the host, has its logs read and
-# `kubectl exec` run in it; deleting it leaves no container, veth or IP behind; and
-# `down.sh` after a SIGKILL of every component leaves nothing on the host.
+# `kubectl exec` run in it; a NetworkPolicy denying its egress is enforced; deleting it
+# leaves no container, veth or IP behind; and `down.sh` after a SIGKILL of every
+# component leaves nothing on the host.
 # Prints `k8s smoke: N passed, M failed` (the CI total counts it).
 set -uo pipefail
 # shellcheck source=lib.sh
@@ -70,6 +71,31 @@ execs() { [ "$(k exec smoke -- cat /www/index.html)" = hello-from-pod ]; }
 check "kubectl exec runs in the pod" execs
 not_pulled() { k get events --field-selector involvedObject.name=smoke,reason=Pulled -o 'jsonpath={.items[*].message}' | grep -q 'already present on machine'; }
 check "the image came from the import (no pull)" not_pulled
+
+# NetworkPolicy is enforced (kube-router): the smoke pod reaches a peer pod until a policy
+# denies the smoke pod's egress; the host still reaches the smoke pod.
+k run peer --labels=app=peer --image=busybox:latest --image-pull-policy=IfNotPresent --restart=Never -- \
+  sh -c 'mkdir -p /www; echo hello-from-peer > /www/index.html; exec httpd -f -p 8080 -h /www' >/dev/null
+k wait --for=condition=Ready pod/peer --timeout=60s >/dev/null
+peer_ip=$(k get pod peer -o 'jsonpath={.status.podIP}')
+reaches_peer() {
+  [ "$(k exec smoke -- sh -c "printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 2 $peer_ip 8080 2>/dev/null | tail -1")" = hello-from-peer ]
+}
+check "a pod reaches another pod's IP" reaches_peer
+k apply -f - >/dev/null <<YAML
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: smoke-deny-egress}
+spec:
+  podSelector: {matchLabels: {app: smoke}}
+  policyTypes: [Egress]
+YAML
+blocked() { ! reaches_peer; }
+check "a NetworkPolicy denying egress blocks it" wait_for 30 "the policy to take effect" blocked
+check "the host still reaches the pod under the policy" answers
+k delete networkpolicy smoke-deny-egress >/dev/null
+check "deleting the policy lets it through again" wait_for 30 "the policy to go" reaches_peer
+k delete pod peer --wait=true --timeout=60s >/dev/null
 
 k delete pod smoke --wait=true --timeout=60s >/dev/null
 no_containers() { [ -z "$(runc --root "$RUNC_ROOT/k8s.io" list -q 2>/dev/null)" ]; }

@@ -216,11 +216,43 @@ start kubelet "$BIN/kubelet" --config "$RUN/kubelet/config.yaml" \
   --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=1
 
 kubectl() { "$BIN/kubectl" --kubeconfig "$PKI/admin.kubeconfig" "$@"; }
+
 node_ready() {
   [ "$(kubectl get node "$NODE_NAME" \
     -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
 ready kubelet 90 node_ready
+
+# kube-router, firewall only (no routing, no service proxy, no CNI): it enforces
+# NetworkPolicy with iptables and ipsets on the bridged pod traffic (br_netfilter).
+# Its identity may read what it needs and nothing else. It needs the node registered.
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: orchard-test:kube-router}
+rules:
+- apiGroups: [""]
+  resources: [namespaces, pods, services, nodes, endpoints]
+  verbs: [get, list, watch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: orchard-test:kube-router}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: orchard-test:kube-router}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-router}
+YAML
+start kube-router "$BIN/kube-router" --kubeconfig "$PKI/kube-router.kubeconfig" \
+  --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
+  --enable-ipv6=false --hostname-override "$NODE_NAME" --service-cluster-ip-range "$SERVICE_CIDR" \
+  --health-port 0 --metrics-port 0
+ready kube-router 30 iptables -S KUBE-ROUTER-FORWARD
 # Pods are refused until the default service account exists (its controller makes it).
 ready kube-controller-manager 60 kubectl get serviceaccount default
 cp "$PKI/admin.kubeconfig" "$KUBECONFIG_FILE"
