@@ -810,3 +810,42 @@ async fn the_harness_bundle_is_injected_read_only_and_on_path() {
     tb.finish().await;
     fs::remove_dir_all(&harness).unwrap();
 }
+
+/// A create still in flight when the backend was destroyed (here hung after `runc
+/// create`, its task then aborted as a runtime shutdown would) kept its table entry, so
+/// `destroy` skipped it: its `runc init` and its cgroups outlived the backend, one
+/// process and a cgroup per hierarchy for each such sandbox left on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_create_in_flight_when_the_backend_is_destroyed_leaves_no_process() {
+    orchard_test_support::require_runc!();
+    let mut config = test_config(&fresh_root());
+    config.fail_point = Some(FailPoint::HangAfterRuncCreate);
+    let tb = TestBackend::with_config(config);
+    let id = unique_id("hang");
+    let mut spec = SandboxSpec::new(busybox_image());
+    spec.id = Some(id.clone());
+    let backend = tb.backend.clone();
+    let task = tokio::spawn(async move { backend.create(spec).await });
+    let dir = tb.root.join("sandboxes").join(&id);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.join("failpoint").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the create never reached its fail point"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let pid: i32 = fs::read_to_string(dir.join("init.pid"))
+        .expect("runc create wrote the init's pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    task.abort();
+    assert!(task.await.is_err(), "the hung create was aborted");
+    tb.finish().await;
+    let state = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        state.is_empty() || state.contains(") Z "),
+        "the sandbox's runc init {pid} outlived the backend: {state}"
+    );
+}

@@ -634,15 +634,19 @@ impl Inner {
                 problems.push(e.to_string());
             }
         }
-        // Whatever no live sandbox accounts for: a previous backend's, or our leaks.
+        // Whatever is left: a previous backend's, our leaks, and creates still in flight
+        // (or hung: a create task aborted with its runtime never reaches its own
+        // cleanup). The backend is going away, so an in-flight create loses its sandbox
+        // here; its next step fails on the missing directory and tears down again.
         let (ids, more) = self.ids_on_host().await;
         problems.extend(more);
         for id in ids {
-            if self.lock_table().contains_key(&id) {
+            if matches!(self.lock_table().get(&id), Some(Entry::Ready(_))) {
                 continue;
             }
             let state = state::load(&self.paths(&id).state).ok();
             problems.extend(self.teardown(&id, state.as_ref()).await);
+            self.lock_table().remove(&id);
         }
         if let Err(e) = self.unmount_under(&self.root) {
             problems.push(e);
