@@ -19,6 +19,8 @@ if [ -f "$RUN/up.complete" ] && curl -sf --cacert "$RUN/pki/ca.crt" \
 fi
 # Leftovers of a crashed run go first.
 "$K8S_DIR/down.sh" --quiet
+# A failed start leaves what it started, with its logs, for a look: say how to remove it.
+trap 'rc=$?; [ "$rc" = 0 ] || log "the start failed: the logs are in $RUN/logs; make cluster-down removes what was started"' EXIT
 
 "$K8S_DIR/../../scripts/deps.sh"
 BIN=$("$K8S_DIR/build.sh")
