@@ -18,6 +18,13 @@ agent: deps
 	@file $(AGENT_BIN) | grep -q 'statically linked' || { echo "error: $(AGENT_BIN) is not statically linked"; file $(AGENT_BIN); exit 1; }
 	@echo "agent: $(AGENT_BIN) ($$(stat -c %s $(AGENT_BIN)) bytes, static)"
 
+## injector-image: the Kubernetes init container's image (FROM scratch: the static
+## injector and agent) as an OCI layout in images/out/injector; see images/injector.sh.
+.PHONY: injector-image
+injector-image: agent
+	cargo build --release --target $(MUSL_TARGET) -p orchard-injector
+	@images/injector.sh
+
 build: agent
 	cargo build --workspace
 

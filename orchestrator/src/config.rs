@@ -60,6 +60,13 @@ pub struct ServeArgs {
     /// The harness bundle directory, injected at /.orchard/harness.
     #[arg(long, env = "ORCHARD_HARNESS")]
     pub harness: Option<PathBuf>,
+    /// Where sandboxes run: `local` (runc on this machine) or `kubernetes` (a pod per
+    /// sandbox; see the `--kube*` settings and the `[kubernetes]` table) [default: local].
+    #[arg(long, env = "ORCHARD_BACKEND")]
+    pub backend: Option<String>,
+    /// The Kubernetes backend's settings.
+    #[command(flatten)]
+    pub kube: crate::backend::kubernetes::KubeArgs,
     /// Write the base URL here once listening (for scripts and tests).
     #[arg(long, env = "ORCHARD_READY_FILE")]
     pub ready_file: Option<PathBuf>,
@@ -282,6 +289,8 @@ pub struct FileConfig {
     agent: Option<PathBuf>,
     harness: Option<PathBuf>,
     ready_file: Option<PathBuf>,
+    backend: Option<String>,
+    kubernetes: Option<crate::backend::kubernetes::KubeFile>,
     ready_timeout_s: Option<u64>,
     ttl_s: Option<u64>,
     heartbeat_timeout_s: Option<u64>,
@@ -339,9 +348,20 @@ pub enum ConfigError {
     Credentials(#[from] CredentialsError),
 }
 
+/// Which backend runs sandboxes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendChoice {
+    /// runc over overlayfs on this machine.
+    Local,
+    /// A pod per sandbox.
+    Kubernetes(Box<crate::backend::kubernetes::KubeConfig>),
+}
+
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The backend.
+    pub backend: BackendChoice,
     /// Listen address.
     pub listen: String,
     /// Accepted keys (empty with `no_auth`, or before a key is generated).
@@ -440,6 +460,27 @@ impl Config {
             None => FileConfig::default(),
         };
         let registry = RegistryAndGc::resolve(&args, &file)?;
+        let backend = match args
+            .backend
+            .clone()
+            .or(file.backend.clone())
+            .as_deref()
+            .unwrap_or("local")
+        {
+            "local" => BackendChoice::Local,
+            "kubernetes" | "k8s" => BackendChoice::Kubernetes(Box::new(
+                crate::backend::kubernetes::KubeConfig::resolve(
+                    &args.kube,
+                    file.kubernetes.as_ref(),
+                )
+                .map_err(ConfigError::Invalid)?,
+            )),
+            other => {
+                return Err(ConfigError::Invalid(format!(
+                    "backend {other:?}: use local or kubernetes"
+                )))
+            }
+        };
         let mut api_keys = args.api_keys.clone();
         if api_keys.is_empty() {
             let env = std::env::var("ORCHARD_API_KEYS").or_else(|_| std::env::var("API_KEYS"));
@@ -550,6 +591,7 @@ impl Config {
             })
             .collect::<Result<_, _>>()?;
         Ok(Config {
+            backend,
             listen: args
                 .listen
                 .or(file.listen)

@@ -1,5 +1,5 @@
-//! `orchard serve`: opens the image store and the local backend under the data
-//! directory, adopts what a previous process left, serves the API until SIGTERM or
+//! `orchard serve`: opens the image store under the data directory and the configured
+//! backend (local, or Kubernetes), adopts what a previous process left, serves the API until SIGTERM or
 //! SIGINT, then deletes the sandboxes (unless told to keep them for a restart).
 
 use std::io::Write;
@@ -7,9 +7,10 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::backend::kubernetes::KubeBackend;
 use crate::backend::local::{LocalBackend, LocalConfig};
 use crate::backend::Backend;
-use crate::config::Config;
+use crate::config::{BackendChoice, Config};
 use crate::image::gc::{self, InUse};
 use crate::image::{ImageStore, StoreConfig};
 use crate::metrics::Metrics;
@@ -171,6 +172,35 @@ pub fn start_image_gc(config: &Config, service: &Service) {
     tokio::spawn(gc::run(store, policy, in_use, report));
 }
 
+/// Opens the configured backend.
+async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
+    match &config.backend {
+        BackendChoice::Local => {
+            if !config.agent.is_file() {
+                return Err(ServeError::Setup(format!(
+                    "the agent binary {} does not exist: build it with `make agent` or pass --agent",
+                    config.agent.display()
+                )));
+            }
+            let mut local = LocalConfig::new(config.data_dir.join("backend"), &config.agent);
+            local.harness = config.harness.clone();
+            local.disk = config.sandbox_disk;
+            local.allow_user_namespaces = config.allow_user_namespaces;
+            local.ready_timeout = config.policy.max_ready_timeout;
+            let backend = LocalBackend::open(local)
+                .map_err(|e| ServeError::Setup(format!("opening the local backend: {e}")))?;
+            Ok(Arc::new(backend))
+        }
+        BackendChoice::Kubernetes(kube) => {
+            let backend = KubeBackend::connect((**kube).clone())
+                .await
+                .map_err(|e| ServeError::Setup(format!("starting the Kubernetes backend: {e}")))?;
+            tracing::info!(namespace = %kube.namespace, injector_image = %kube.injector_image, "kubernetes backend");
+            Ok(Arc::new(backend))
+        }
+    }
+}
+
 /// Runs the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     crate::log::set_level(&config.log_level);
@@ -202,21 +232,9 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             keys.with_operators(&config.operator_keys)
         }
     };
-    if !config.agent.is_file() {
-        return Err(ServeError::Setup(format!(
-            "the agent binary {} does not exist: build it with `make agent` or pass --agent",
-            config.agent.display()
-        )));
-    }
     let images = open_images(&config)?;
-    let mut local = LocalConfig::new(config.data_dir.join("backend"), &config.agent);
-    local.harness = config.harness.clone();
-    local.disk = config.sandbox_disk;
-    local.allow_user_namespaces = config.allow_user_namespaces;
-    local.ready_timeout = config.policy.max_ready_timeout;
-    let backend = LocalBackend::open(local)
-        .map_err(|e| ServeError::Setup(format!("opening the local backend: {e}")))?;
-    let (router, service) = app(Arc::new(backend), images, &config, keys).await?;
+    let backend = open_backend(&config).await?;
+    let (router, service) = app(backend, images, &config, keys).await?;
     start_image_gc(&config, &service);
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await

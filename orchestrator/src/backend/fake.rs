@@ -169,7 +169,7 @@ impl Backend for FakeBackend {
             let (agent, server) = self.serve_agent(&spec.id, &token).await?;
             let info = BackendSandbox {
                 id: spec.id.clone(),
-                image: spec.image.reference.clone(),
+                image: spec.image.reference().to_string(),
                 created_at: crate::time::rfc3339(crate::time::now_ms()),
                 agent,
                 token,

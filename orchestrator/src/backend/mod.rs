@@ -1,4 +1,5 @@
-//! Sandbox backends. [`local`] runs sandboxes on this machine with runc over overlayfs.
+//! Sandbox backends. [`local`] runs sandboxes on this machine with runc over overlayfs;
+//! [`kubernetes`] runs each sandbox as a pod, its agent reached on the pod IP.
 //!
 //! [`Backend`] is what the server needs of one: create, delete, list, adopt what a
 //! previous process left. Futures are boxed so the server can hold any backend as
@@ -6,12 +7,14 @@
 
 #[cfg(test)]
 pub mod fake;
+pub mod kubernetes;
 pub mod local;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::time::Duration;
 
 use crate::image::Image;
 
@@ -44,7 +47,7 @@ pub struct CreateSpec {
     /// Its id (the server picks it).
     pub id: String,
     /// The image.
-    pub image: Image,
+    pub image: SandboxImage,
     /// CPUs.
     pub cpus: Option<f64>,
     /// Memory in bytes.
@@ -56,6 +59,30 @@ pub struct CreateSpec {
     /// Labels recorded with the sandbox (the server keeps its own metadata here so a
     /// restarted server can rebuild its records).
     pub labels: BTreeMap<String, String>,
+    /// Its lifetime, when it has one: a backend that can stop a sandbox by itself
+    /// (Kubernetes' `activeDeadlineSeconds`) uses it as a backstop for a server that is
+    /// gone; the server's policy loop deletes it on time otherwise.
+    pub ttl: Option<Duration>,
+}
+
+/// The image of a sandbox, in the form its backend needs.
+#[derive(Debug, Clone)]
+pub enum SandboxImage {
+    /// Pulled and unpacked by the server's image store (the local backend).
+    Local(Image),
+    /// Only its normalised reference (`docker.io/library/python:3.11-slim`): the backend
+    /// pulls it (on Kubernetes, the kubelet).
+    Reference(String),
+}
+
+impl SandboxImage {
+    /// Its normalised reference.
+    pub fn reference(&self) -> &str {
+        match self {
+            SandboxImage::Local(i) => &i.reference,
+            SandboxImage::Reference(r) => r,
+        }
+    }
 }
 
 /// Whether `id` is a valid sandbox id: 1-63 characters of `a-z0-9-_.`, starting with a
@@ -170,6 +197,11 @@ impl Capacity {
 pub trait Backend: Send + Sync + 'static {
     /// Short name (`local`), reported as the compatible API's `namespace`.
     fn name(&self) -> &str;
+    /// Whether the backend pulls images itself ([`SandboxImage::Reference`]); when
+    /// not, the server pulls and unpacks them first ([`SandboxImage::Local`]).
+    fn pulls_images(&self) -> bool {
+        false
+    }
     /// Creates a sandbox; returns once its agent answers. On failure nothing is left.
     fn create(&self, spec: CreateSpec) -> BackendFuture<'_, BackendSandbox>;
     /// Removes a sandbox and everything it holds.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use crate::backend::{BackendSandbox, CreateSpec};
+use crate::backend::{BackendSandbox, CreateSpec, SandboxImage};
 use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version};
 
 use super::runtime::Live;
@@ -493,18 +493,25 @@ impl Service {
         image: String,
         parts: CreateSpecParts,
     ) -> Result<AgentRecord, String> {
-        let store = self.images().clone();
-        let found = match store.get(&image) {
-            Ok(Some(i)) => i,
-            Ok(None) => store
-                .ensure(&image, |_| {})
-                .await
-                .map_err(|e| format!("image {image}: {e}"))?,
-            Err(e) => return Err(format!("image {image}: {e}")),
+        let image = if self.backend().pulls_images() {
+            let reference = crate::image::Reference::parse(&image)
+                .map_err(|e| format!("image {image}: {e}"))?;
+            SandboxImage::Reference(reference.to_string())
+        } else {
+            let store = self.images().clone();
+            SandboxImage::Local(match store.get(&image) {
+                Ok(Some(i)) => i,
+                Ok(None) => store
+                    .ensure(&image, |_| {})
+                    .await
+                    .map_err(|e| format!("image {image}: {e}"))?,
+                Err(e) => return Err(format!("image {image}: {e}")),
+            })
         };
         let spec = CreateSpec {
             id: rec.id.clone(),
-            image: found,
+            image,
+            ttl: rec.ttl_ms.map(Duration::from_millis),
             cpus: parts.cpus,
             memory_bytes: parts.memory_bytes,
             egress: !rec.block_network,

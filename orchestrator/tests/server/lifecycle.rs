@@ -124,12 +124,13 @@ async fn reconciliation_fails_lost_sandboxes_removes_orphans_and_skips_when_list
         &srv.backend.inner,
         orchard::backend::CreateSpec {
             id: "orphan-1".into(),
-            image,
+            image: orchard::backend::SandboxImage::Local(image),
             cpus: None,
             memory_bytes: None,
             egress: false,
             env: vec![],
             labels: BTreeMap::from([("orchard.tenant".to_string(), "someone".to_string())]),
+            ttl: None,
         },
     )
     .await

@@ -432,7 +432,16 @@ impl crate::backend::Backend for LocalBackend {
         spec: crate::backend::CreateSpec,
     ) -> crate::backend::BackendFuture<'_, crate::backend::BackendSandbox> {
         Box::pin(async move {
-            let mut s = SandboxSpec::new(spec.image);
+            let image = match spec.image {
+                crate::backend::SandboxImage::Local(image) => image,
+                crate::backend::SandboxImage::Reference(r) => {
+                    return Err(crate::backend::BackendError::Invalid(format!(
+                        "image {r} is not unpacked: the local backend runs images from the \
+                         server's image store"
+                    )))
+                }
+            };
+            let mut s = SandboxSpec::new(image);
             s.id = Some(spec.id);
             s.limits.cpus = spec.cpus;
             s.limits.memory_bytes = spec.memory_bytes;

@@ -1,0 +1,321 @@
+//! Settings of the Kubernetes backend: flags (`--kube-*`, plus `--kubeconfig` and
+//! `--namespace`), `ORCHARD_*` variables, and the TOML file's `[kubernetes]` table, with
+//! the same precedence as every other setting (flags, environment, file, defaults).
+//!
+//! The defaults match what `make cluster` imports into the test cluster, so
+//! `orchard serve --backend kubernetes --kubeconfig FILE` needs nothing else there.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// The injector image's default name: this release's, as `make injector-image` builds it
+/// and `make cluster` imports it.
+pub const DEFAULT_INJECTOR_IMAGE: &str = concat!(
+    "ghcr.io/orchard-env/orchard-injector:",
+    env!("CARGO_PKG_VERSION")
+);
+/// The namespace sandboxes live in by default.
+pub const DEFAULT_NAMESPACE: &str = "orchard-sandboxes";
+/// The port agents listen on in their pods.
+pub const DEFAULT_AGENT_PORT: u16 = 7070;
+
+/// The resolved settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubeConfig {
+    /// Kubeconfig file; `None`: `KUBECONFIG`, `~/.kube/config`, then in-cluster.
+    pub kubeconfig: Option<PathBuf>,
+    /// Where sandboxes' pods, secrets and policies live.
+    pub namespace: String,
+    /// The injector image (agent, injector, optionally the harness bundle).
+    pub injector_image: String,
+    /// Its pull policy (`IfNotPresent`: an imported image is never pulled).
+    pub injector_pull_policy: String,
+    /// Pull policy of sandbox images.
+    pub image_pull_policy: String,
+    /// The agent's port.
+    pub agent_port: u16,
+    /// Seconds between SIGTERM and SIGKILL when a sandbox is deleted.
+    pub grace_period_s: i64,
+    /// Each sandbox's ephemeral-storage limit (a quantity), if any.
+    pub ephemeral_storage: Option<String>,
+    /// The injector image carries the harness bundle: inject and publish it.
+    pub harness: bool,
+    /// CIDRs allowed to reach agents (trainers calling them directly; the host when
+    /// the orchestrator runs outside the cluster).
+    pub ingress_cidrs: Vec<String>,
+    /// Pod labels (`key=value`, any namespace) allowed to reach agents.
+    pub ingress_pod_labels: Vec<(String, String)>,
+    /// RuntimeClass of sandbox pods (gVisor, Kata), if any.
+    pub runtime_class: Option<String>,
+    /// Node selector of sandbox pods.
+    pub node_selector: BTreeMap<String, String>,
+    /// Extra annotations on sandbox pods.
+    pub pod_annotations: BTreeMap<String, String>,
+}
+
+impl Default for KubeConfig {
+    fn default() -> KubeConfig {
+        KubeConfig {
+            kubeconfig: None,
+            namespace: DEFAULT_NAMESPACE.into(),
+            injector_image: DEFAULT_INJECTOR_IMAGE.into(),
+            injector_pull_policy: "IfNotPresent".into(),
+            image_pull_policy: "IfNotPresent".into(),
+            agent_port: DEFAULT_AGENT_PORT,
+            grace_period_s: 2,
+            ephemeral_storage: None,
+            harness: false,
+            ingress_cidrs: Vec::new(),
+            ingress_pod_labels: Vec::new(),
+            runtime_class: None,
+            node_selector: BTreeMap::new(),
+            pod_annotations: BTreeMap::new(),
+        }
+    }
+}
+
+/// Flags and environment of the Kubernetes backend (flattened into `orchard serve`).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct KubeArgs {
+    /// Kubeconfig file of the Kubernetes backend [default: KUBECONFIG, ~/.kube/config,
+    /// then the in-cluster service account].
+    #[arg(long, env = "ORCHARD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the sandboxes' pods [default: orchard-sandboxes; made when missing].
+    #[arg(long, env = "ORCHARD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The injector image [default: ghcr.io/orchard-env/orchard-injector:VERSION].
+    #[arg(long, env = "ORCHARD_INJECTOR_IMAGE")]
+    pub injector_image: Option<String>,
+    /// Pull policy of the injector image [default: IfNotPresent].
+    #[arg(long, env = "ORCHARD_INJECTOR_PULL_POLICY")]
+    pub injector_pull_policy: Option<String>,
+    /// Pull policy of sandbox images [default: IfNotPresent].
+    #[arg(long, env = "ORCHARD_KUBE_IMAGE_PULL_POLICY")]
+    pub kube_image_pull_policy: Option<String>,
+    /// The agents' port in their pods [default: 7070].
+    #[arg(long, env = "ORCHARD_KUBE_AGENT_PORT")]
+    pub kube_agent_port: Option<u16>,
+    /// Seconds between SIGTERM and SIGKILL when a sandbox pod is deleted [default: 2].
+    #[arg(long, env = "ORCHARD_KUBE_GRACE_PERIOD_S")]
+    pub kube_grace_period_s: Option<i64>,
+    /// Ephemeral-storage limit of each sandbox pod, like "10Gi" [default: none].
+    #[arg(long, env = "ORCHARD_KUBE_EPHEMERAL_STORAGE")]
+    pub kube_ephemeral_storage: Option<String>,
+    /// The injector image carries the harness bundle: publish it in sandboxes
+    /// [default: false].
+    #[arg(long, env = "ORCHARD_KUBE_HARNESS", num_args = 0..=1, default_missing_value = "true")]
+    pub kube_harness: Option<bool>,
+    /// A CIDR allowed to reach agents (repeatable; ORCHARD_KUBE_INGRESS_CIDRS takes a
+    /// comma-separated list): trainers, or this host when the server runs outside the
+    /// cluster [default: none; the orchestrator's pods always may].
+    #[arg(long = "kube-ingress-cidr")]
+    pub kube_ingress_cidrs: Vec<String>,
+    /// Pod labels `key=value` (any namespace) allowed to reach agents (repeatable;
+    /// ORCHARD_KUBE_INGRESS_POD_LABELS takes a comma-separated list).
+    #[arg(long = "kube-ingress-pod-label")]
+    pub kube_ingress_pod_labels: Vec<String>,
+    /// RuntimeClass of sandbox pods (gVisor, Kata) [default: the cluster's].
+    #[arg(long, env = "ORCHARD_KUBE_RUNTIME_CLASS")]
+    pub kube_runtime_class: Option<String>,
+}
+
+/// The file form: `[kubernetes]`.
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct KubeFile {
+    kubeconfig: Option<PathBuf>,
+    namespace: Option<String>,
+    injector_image: Option<String>,
+    injector_pull_policy: Option<String>,
+    image_pull_policy: Option<String>,
+    agent_port: Option<u16>,
+    grace_period_s: Option<i64>,
+    ephemeral_storage: Option<String>,
+    harness: Option<bool>,
+    ingress_cidrs: Option<Vec<String>>,
+    ingress_pod_labels: Option<Vec<String>>,
+    runtime_class: Option<String>,
+    node_selector: Option<BTreeMap<String, String>>,
+    pod_annotations: Option<BTreeMap<String, String>>,
+}
+
+fn env_list(name: &str) -> Vec<String> {
+    std::env::var(name)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The first non-empty list: flags, environment, file.
+fn list(flags: &[String], env: &str, file: Option<&Vec<String>>) -> Vec<String> {
+    if !flags.is_empty() {
+        return flags.to_vec();
+    }
+    let e = env_list(env);
+    if !e.is_empty() {
+        return e;
+    }
+    file.cloned().unwrap_or_default()
+}
+
+impl KubeConfig {
+    /// Resolves flags (and environment, through clap) over the file over defaults.
+    pub fn resolve(args: &KubeArgs, file: Option<&KubeFile>) -> Result<KubeConfig, String> {
+        let empty = KubeFile::default();
+        let file = file.unwrap_or(&empty);
+        let d = KubeConfig::default();
+        let policy = |v: Option<String>, what: &str| -> Result<Option<String>, String> {
+            match v.as_deref() {
+                None => Ok(None),
+                Some(p @ ("Always" | "IfNotPresent" | "Never")) => Ok(Some(p.to_string())),
+                Some(p) => Err(format!("{what} {p:?}: use Always, IfNotPresent or Never")),
+            }
+        };
+        let pod_labels = list(
+            &args.kube_ingress_pod_labels,
+            "ORCHARD_KUBE_INGRESS_POD_LABELS",
+            file.ingress_pod_labels.as_ref(),
+        )
+        .into_iter()
+        .map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| format!("kube ingress pod label {l:?}: use key=value"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+        let cidrs = list(
+            &args.kube_ingress_cidrs,
+            "ORCHARD_KUBE_INGRESS_CIDRS",
+            file.ingress_cidrs.as_ref(),
+        );
+        for c in &cidrs {
+            let ok = c.split_once('/').is_some_and(|(ip, len)| {
+                ip.parse::<std::net::IpAddr>().is_ok() && len.parse::<u8>().is_ok_and(|l| l <= 128)
+            });
+            if !ok {
+                return Err(format!(
+                    "kube ingress CIDR {c:?}: use ADDRESS/LENGTH, e.g. 10.0.0.0/8"
+                ));
+            }
+        }
+        let namespace = args
+            .namespace
+            .clone()
+            .or(file.namespace.clone())
+            .unwrap_or(d.namespace);
+        if !crate::backend::valid_id(&namespace) || namespace.contains(['_', '.']) {
+            return Err(format!(
+                "namespace {namespace:?} is not a valid namespace name"
+            ));
+        }
+        let grace_period_s = args
+            .kube_grace_period_s
+            .or(file.grace_period_s)
+            .unwrap_or(d.grace_period_s);
+        if grace_period_s < 0 {
+            return Err("kube grace period must be 0 or more seconds".into());
+        }
+        let agent_port = args
+            .kube_agent_port
+            .or(file.agent_port)
+            .unwrap_or(d.agent_port);
+        if agent_port == 0 {
+            return Err("the kube agent port must not be 0".into());
+        }
+        Ok(KubeConfig {
+            kubeconfig: args.kubeconfig.clone().or(file.kubeconfig.clone()),
+            namespace,
+            injector_image: args
+                .injector_image
+                .clone()
+                .or(file.injector_image.clone())
+                .unwrap_or(d.injector_image),
+            injector_pull_policy: policy(
+                args.injector_pull_policy
+                    .clone()
+                    .or(file.injector_pull_policy.clone()),
+                "injector pull policy",
+            )?
+            .unwrap_or(d.injector_pull_policy),
+            image_pull_policy: policy(
+                args.kube_image_pull_policy
+                    .clone()
+                    .or(file.image_pull_policy.clone()),
+                "image pull policy",
+            )?
+            .unwrap_or(d.image_pull_policy),
+            agent_port,
+            grace_period_s,
+            ephemeral_storage: args
+                .kube_ephemeral_storage
+                .clone()
+                .or(file.ephemeral_storage.clone()),
+            harness: args.kube_harness.or(file.harness).unwrap_or(false),
+            ingress_cidrs: cidrs,
+            ingress_pod_labels: pod_labels,
+            runtime_class: args
+                .kube_runtime_class
+                .clone()
+                .or(file.runtime_class.clone()),
+            node_selector: file.node_selector.clone().unwrap_or_default(),
+            pod_annotations: file.pod_annotations.clone().unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        let file: KubeFile = toml::from_str(
+            "namespace = \"from-file\"\ninjector_image = \"file/img:1\"\ningress_cidrs = [\"10.0.0.0/8\"]",
+        )
+        .unwrap();
+        let args = KubeArgs {
+            namespace: Some("from-flag".into()),
+            ..Default::default()
+        };
+        let c = KubeConfig::resolve(&args, Some(&file)).unwrap();
+        assert_eq!(c.namespace, "from-flag");
+        assert_eq!(c.injector_image, "file/img:1");
+        assert_eq!(c.ingress_cidrs, vec!["10.0.0.0/8".to_string()]);
+        assert_eq!(c.agent_port, DEFAULT_AGENT_PORT);
+        let d = KubeConfig::resolve(&KubeArgs::default(), None).unwrap();
+        assert_eq!(d, KubeConfig::default());
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_setting_named() {
+        let bad = |args: KubeArgs| KubeConfig::resolve(&args, None).unwrap_err();
+        assert!(bad(KubeArgs {
+            kube_ingress_cidrs: vec!["10.0.0.0".into()],
+            ..Default::default()
+        })
+        .contains("CIDR"));
+        assert!(bad(KubeArgs {
+            injector_pull_policy: Some("sometimes".into()),
+            ..Default::default()
+        })
+        .contains("pull policy"));
+        assert!(bad(KubeArgs {
+            namespace: Some("Bad_NS".into()),
+            ..Default::default()
+        })
+        .contains("namespace"));
+        assert!(bad(KubeArgs {
+            kube_ingress_pod_labels: vec!["role".into()],
+            ..Default::default()
+        })
+        .contains("key=value"));
+    }
+}
