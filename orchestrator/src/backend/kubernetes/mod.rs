@@ -20,6 +20,9 @@ pub mod objects;
 pub mod status;
 pub mod watch;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;

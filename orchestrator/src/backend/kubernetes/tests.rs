@@ -1,0 +1,276 @@
+//! kube-rs mock API tests: the error paths a real cluster cannot produce on demand (an
+//! API server refusing or failing a call, a watch that expires and must re-list). The
+//! client is kube's own, over a `tower::service_fn` answering like the API server; the
+//! real cluster tests are in `orchestrator/tests/kubernetes`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::{Method, Request, Response, StatusCode};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use kube::Client;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::backend::SandboxImage;
+
+type MockBody = UnsyncBoxBody<Bytes, std::io::Error>;
+
+const NS: &str = "orchard-mock";
+
+fn full(code: u16, v: Value) -> Response<MockBody> {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap())
+        .header("content-type", "application/json")
+        .body(
+            Full::new(Bytes::from(v.to_string()))
+                .map_err(|e| match e {})
+                .boxed_unsync(),
+        )
+        .unwrap()
+}
+
+/// A body that sends `lines` (watch events), then stays open like a quiet watch.
+fn stream(lines: Vec<Value>) -> Response<MockBody> {
+    let frames = futures_util::stream::iter(
+        lines
+            .into_iter()
+            .map(|l| Ok(Frame::data(Bytes::from(format!("{l}\n"))))),
+    )
+    .chain(futures_util::stream::pending());
+    Response::builder()
+        .status(200)
+        .body(StreamBody::new(frames).boxed_unsync())
+        .unwrap()
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+           "reason": reason, "message": message})
+}
+
+fn pod_json(name: &str, rv: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"),
+                        "resourceVersion": rv,
+                        "labels": {objects::MANAGED_BY: objects::MANAGED_BY_VALUE,
+                                   SANDBOX_LABEL: name},
+                        "annotations": {objects::LABELS_ANNOTATION: "{\"orchard.tenant\":\"t\"}",
+                                        objects::IMAGE_ANNOTATION: "docker.io/library/busybox:latest"}},
+           "spec": {"containers": [{"name": objects::SANDBOX_CONTAINER, "image": "busybox"}]},
+           "status": {"phase": "Running", "podIP": "10.0.0.9",
+                      "containerStatuses": [{"name": objects::SANDBOX_CONTAINER, "image": "busybox",
+                                             "imageID": "", "ready": true, "restartCount": 0,
+                                             "state": {"running": {}}}]}})
+}
+
+/// What the mock saw and how it answers the calls a test varies.
+#[derive(Default)]
+struct Script {
+    /// `METHOD path` of every call.
+    calls: Vec<String>,
+    /// Pods each list returns, one entry per list (the last repeats).
+    lists: Vec<Vec<Value>>,
+    lists_done: usize,
+    /// Events of each watch, one entry per watch (the last repeats).
+    watches: Vec<Vec<Value>>,
+    watches_done: usize,
+    /// Answers to `POST .../pods` and `POST .../secrets`.
+    pod_create: Option<(u16, Value)>,
+    secret_create: Option<(u16, Value)>,
+}
+
+fn answer(script: &Arc<Mutex<Script>>, req: &Request<kube::client::Body>) -> Response<MockBody> {
+    let mut s = script.lock().unwrap();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
+    s.calls.push(format!("{} {path}", req.method()));
+    let pods = format!("/api/v1/namespaces/{NS}/pods");
+    let secrets = format!("/api/v1/namespaces/{NS}/secrets");
+    match (req.method().clone(), path.as_str()) {
+        (Method::GET, p) if p == format!("/api/v1/namespaces/{NS}") => full(
+            200,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+        ),
+        (Method::PATCH, p) if p.contains("/networkpolicies/") => full(
+            200,
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                   "metadata": {"name": p.rsplit('/').next().unwrap(), "namespace": NS}}),
+        ),
+        (Method::GET, "/api/v1/nodes") => full(
+            200,
+            json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": [
+                {"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "1900m", "memory": "8Gi"}}},
+                {"metadata": {"name": "n2"}, "status": {"allocatable": {"cpu": "4", "memory": "2048Mi"}}}]}),
+        ),
+        (Method::GET, p) if p == pods && query.contains("watch=true") => {
+            let i = s.watches_done.min(s.watches.len().saturating_sub(1));
+            s.watches_done += 1;
+            stream(s.watches.get(i).cloned().unwrap_or_default())
+        }
+        (Method::GET, p) if p == pods => {
+            let i = s.lists_done.min(s.lists.len().saturating_sub(1));
+            s.lists_done += 1;
+            let items = s.lists.get(i).cloned().unwrap_or_default();
+            let rv = format!("{}", 10 + s.lists_done);
+            full(
+                200,
+                json!({"apiVersion": "v1", "kind": "PodList",
+                             "metadata": {"resourceVersion": rv}, "items": items}),
+            )
+        }
+        (Method::GET, p) if p == secrets => full(
+            200,
+            json!({"apiVersion": "v1", "kind": "SecretList", "metadata": {}, "items": [
+                {"metadata": {"name": "sb-late-token", "labels": {SANDBOX_LABEL: "sb-late"}},
+                 "data": {"token": "dG9rZW4="}}]}),
+        ),
+        (Method::POST, p) if p == secrets => match s.secret_create.clone() {
+            Some((code, v)) => full(code, v),
+            None => full(
+                201,
+                json!({"apiVersion": "v1", "kind": "Secret",
+                                    "metadata": {"name": "x", "namespace": NS}}),
+            ),
+        },
+        (Method::POST, p) if p == pods => match s.pod_create.clone() {
+            Some((code, v)) => full(code, v),
+            None => full(500, status(500, "InternalError", "no pod script")),
+        },
+        (Method::DELETE, _) => full(200, status(200, "", "")),
+        _ => full(404, status(404, "NotFound", "not in the mock")),
+    }
+}
+
+fn client(script: &Arc<Mutex<Script>>) -> Client {
+    let script = script.clone();
+    let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
+        let r = answer(&script, &req);
+        async move { Ok::<_, std::convert::Infallible>(r) }
+    });
+    Client::new(svc, NS)
+}
+
+fn cfg() -> KubeConfig {
+    KubeConfig {
+        namespace: NS.into(),
+        ..KubeConfig::default()
+    }
+}
+
+fn spec(id: &str) -> CreateSpec {
+    CreateSpec {
+        id: id.into(),
+        image: SandboxImage::Reference("docker.io/library/busybox:latest".into()),
+        cpus: Some(1.0),
+        memory_bytes: Some(64 << 20),
+        egress: false,
+        env: vec![],
+        labels: BTreeMap::new(),
+        ttl: None,
+    }
+}
+
+#[tokio::test]
+async fn capacity_is_the_largest_nodes_allocatable() {
+    let script = Arc::new(Mutex::new(Script::default()));
+    let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
+    let c = b.capacity().unwrap();
+    assert_eq!(c.cpus, 4.0);
+    assert_eq!(c.memory_bytes, 8 << 30);
+    let calls = script.lock().unwrap().calls.clone();
+    assert!(
+        calls
+            .iter()
+            .filter(|c| c.contains("/networkpolicies/"))
+            .count()
+            == 2,
+        "both namespace policies are applied: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_pod_create_removes_the_secret_and_is_unavailable() {
+    let script = Arc::new(Mutex::new(Script {
+        pod_create: Some((500, status(500, "InternalError", "etcd is down"))),
+        ..Script::default()
+    }));
+    let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
+    let err = Backend::create(&b, spec("sb-1")).await.unwrap_err();
+    assert!(matches!(err, BackendError::Unavailable(_)), "{err:?}");
+    assert!(err.to_string().contains("etcd is down"), "{err}");
+    let calls = script.lock().unwrap().calls.clone();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c == &format!("DELETE /api/v1/namespaces/{NS}/secrets/sb-1-token")),
+        "the secret made for the pod is removed: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_forbidden_call_names_the_missing_permission() {
+    let script = Arc::new(Mutex::new(Script {
+        secret_create: Some((
+            403,
+            status(403, "Forbidden", "secrets is forbidden: User cannot create"),
+        )),
+        ..Script::default()
+    }));
+    let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
+    let err = Backend::create(&b, spec("sb-1")).await.unwrap_err();
+    let BackendError::Failed(m) = err else {
+        panic!("{err:?}")
+    };
+    assert!(m.contains("forbidden") && m.contains("rbac"), "{m}");
+    let calls = script.lock().unwrap().calls.clone();
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.starts_with("POST") && c.ends_with("/pods")),
+        "no pod without its secret: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_refused_before_any_call() {
+    let script = Arc::new(Mutex::new(Script::default()));
+    let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
+    let before = script.lock().unwrap().calls.len();
+    let err = Backend::create(&b, spec("has_underscore"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BackendError::Invalid(_)), "{err:?}");
+    assert_eq!(script.lock().unwrap().calls.len(), before);
+}
+
+#[tokio::test]
+async fn an_expired_watch_relists_and_sees_what_changed_meanwhile() {
+    let gone =
+        json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")});
+    let script = Arc::new(Mutex::new(Script {
+        lists: vec![vec![], vec![pod_json("sb-late", "20")]],
+        watches: vec![vec![gone], vec![]],
+        ..Script::default()
+    }));
+    let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
+    let seen = tokio::time::timeout(
+        Duration::from_secs(20),
+        b.watch.wait_for("sb-late", |p| p.map(|_| ())),
+    )
+    .await;
+    assert!(seen.is_ok(), "the re-list after the 410 brought the pod in");
+    let list = Backend::list(&b).await.unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].id, "sb-late");
+    assert_eq!(list[0].token, "token");
+    assert!(list[0].running);
+    assert_eq!(list[0].labels["orchard.tenant"], "t");
+    assert_eq!(list[0].agent.to_string(), "http://10.0.0.9:7070");
+    assert!(script.lock().unwrap().lists_done >= 2);
+}
