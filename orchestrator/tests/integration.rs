@@ -7,6 +7,7 @@ mod adversarial;
 mod cli;
 mod end_to_end;
 mod image_store;
+mod kubernetes;
 mod local_backend;
 mod server;
 mod util;

@@ -1,11 +1,13 @@
 """A real ``orchard serve`` on the local backend for the whole test session.
 
 The binary is ``$ORCHARD_BIN`` (default: the workspace's ``target/debug/orchard``), the
-agent ``$ORCHARD_AGENT_BIN`` (default: the musl release build). The server gets a fresh
-data directory and API key, the test images are imported into it with
-``POST /v1/images/import`` (busybox for everything, python:3.11-slim only for the tests
-that need it), and ``SANDBOX_BASE_URL``/``SANDBOX_API_KEY`` point at it. SIGTERM at the
-end makes it delete its sandboxes; before that the session checks that none was left.
+agent ``$ORCHARD_AGENT_BIN`` (default: the musl release build);
+``$ORCHARD_TEST_SERVE_ARGS`` adds arguments (``tests/k8s/backend.sh`` runs tests on the
+Kubernetes backend with it). The server gets a fresh data directory and API key, the
+test images are imported into it with ``POST /v1/images/import`` (busybox for
+everything, python:3.11-slim only for the tests that need it), and
+``SANDBOX_BASE_URL``/``SANDBOX_API_KEY`` point at it. SIGTERM at the end makes it delete
+its sandboxes; before that the session checks that none was left.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -140,6 +143,8 @@ def running_server() -> Iterator[Server]:
             str(ready),
             "--log-level",
             "warn",
+            # Another backend for the same tests (tests/k8s/backend.sh: Kubernetes).
+            *shlex.split(os.environ.get("ORCHARD_TEST_SERVE_ARGS", "")),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -1,0 +1,192 @@
+//! `orchard serve --backend kubernetes` (the real binary, on this host) driven through
+//! the compatible API and `/v1`: create, wait, exec, direct pod-IP access, a restart
+//! that adopts the pods, a pod deleted behind the server's back, capacity refusals.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{host_cidr, require_cluster, TestNamespace};
+use crate::util::server::{send, ServerProcess, KEY};
+
+fn serve(kc: &Path, ns: &TestNamespace, data: &Path) -> ServerProcess {
+    let kc = kc.to_str().unwrap();
+    let cidr = host_cidr();
+    ServerProcess::start(
+        data,
+        &[
+            "--backend",
+            "kubernetes",
+            "--kubeconfig",
+            kc,
+            "--namespace",
+            &ns.name,
+            "--kube-ingress-cidr",
+            &cidr,
+            "--kube-grace-period-s",
+            "0",
+            "--reconcile-interval-s",
+            "1",
+        ],
+    )
+}
+
+async fn call(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .request(method, url)
+        .header("X-API-Key", KEY)
+        .timeout(Duration::from_secs(300));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    send(req).await
+}
+
+async fn exec(url: &str, id: &str, command: &str) -> Value {
+    let (s, job) = call(
+        reqwest::Method::POST,
+        format!("{url}/sandboxes/{id}/exec"),
+        Some(json!({"command": command, "wait": true})),
+    )
+    .await;
+    assert_eq!(s, 200, "{job}");
+    job
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compatible_api_runs_on_pods_and_a_restarted_server_adopts_them() {
+    let kc = require_cluster!();
+    let ns = TestNamespace::new(&kc, "compat");
+    let data = tempfile::tempdir().unwrap();
+    let mut first = serve(&kc, &ns, data.path());
+
+    let (s, created) = call(
+        reqwest::Method::POST,
+        format!("{}/sandboxes", first.url),
+        Some(json!({"image": "python:3.11-slim", "cpu": "500m", "memory": "256Mi"})),
+    )
+    .await;
+    assert_eq!(s, 200, "{created}");
+    assert_eq!(created["status"], "pending");
+    let id = created["sandbox_id"].as_str().unwrap().to_string();
+    let (s, ready) = call(
+        reqwest::Method::GET,
+        format!("{}/sandboxes/{id}/wait?timeout=240", first.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{ready}");
+    assert_eq!(ready["status"], "ready", "{ready}");
+    let job = exec(
+        &first.url,
+        &id,
+        "echo before > /tmp/mark; python3 -c 'print(1+1)'; pwd",
+    )
+    .await;
+    assert_eq!(job["status"], "succeeded", "{job}");
+    assert_eq!(job["stdout"], "2\n/workspace\n", "{job}");
+
+    // /v1 answers the agent's pod-IP URL and token; the agent answers them directly.
+    let (s, v1) = call(
+        reqwest::Method::GET,
+        format!("{}/v1/sandboxes/{id}", first.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v1}");
+    let url = v1["agent"]["url"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v1}"));
+    let endpoint = orchard::backend::AgentEndpoint::parse_url(url).unwrap();
+    let direct =
+        orchard_client::AgentClient::new(endpoint.client(), v1["agent"]["token"].as_str().unwrap());
+    let r = direct
+        .exec(&orchard_protocol::ExecRequest {
+            command: orchard_protocol::Command::Shell("cat /tmp/mark".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.stdout.text_lossy(), "before\n");
+
+    // More than the largest node has is refused up front.
+    let (s, refused) = call(
+        reqwest::Method::POST,
+        format!("{}/sandboxes", first.url),
+        Some(json!({"image": "busybox:latest", "cpu": "512"})),
+    )
+    .await;
+    assert_eq!(s, 400, "{refused}");
+
+    first.kill9();
+    let second = serve(&kc, &ns, data.path());
+    let (s, again) = call(
+        reqwest::Method::GET,
+        format!("{}/sandboxes/{id}", second.url),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, again["status"].as_str()),
+        (200, Some("ready")),
+        "{again}"
+    );
+    let job = exec(&second.url, &id, "cat /tmp/mark").await;
+    assert_eq!(
+        job["stdout"], "before\n",
+        "the adopted pod kept its state: {job}"
+    );
+
+    let (s, _) = call(
+        reqwest::Method::DELETE,
+        format!("{}/sandboxes/{id}", second.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let left = ns.kubectl(&[
+        "get",
+        "pods,secrets",
+        "-l",
+        "orchard.dev/sandbox",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(left, "", "delete leaves nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_deleted_behind_the_servers_back_fails_its_sandbox() {
+    let kc = require_cluster!();
+    let ns = TestNamespace::new(&kc, "gone");
+    let data = tempfile::tempdir().unwrap();
+    let srv = serve(&kc, &ns, data.path());
+    let (s, sb) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/sandboxes", srv.url),
+        Some(json!({"image": "busybox:latest"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_string();
+    ns.kubectl(&["delete", "pod", &id, "--grace-period=0", "--wait=true"]);
+    // Reconciliation runs every second: the record turns failed with the reason.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, v) = call(
+            reqwest::Method::GET,
+            format!("{}/v1/sandboxes/{id}", srv.url),
+            None,
+        )
+        .await;
+        if v["status"] == "failed" {
+            let m = v["status_message"].as_str().unwrap_or_default();
+            assert!(m.contains("disappeared"), "{v}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {v}");
+        // The reconciliation loop has no event to wait on from outside the server.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

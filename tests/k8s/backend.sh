@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The Kubernetes backend's tests on the test cluster (in `make test`): brings the cluster
+# up (unless one is up already, which it then leaves running), imports the injector image
+# and the no-shell test image, and runs
+#   - the Rust tests of orchestrator/tests/kubernetes (the backend, and the real
+#     `orchard serve --backend kubernetes` on this host);
+#   - the Python SDK's quick start against `orchard serve --backend kubernetes`.
+# Prints `k8s backend: N passed, M failed` (the CI total counts it).
+set -uo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+ROOT=$(cd "$K8S_DIR/../.." && pwd -P)
+IMAGES=$ROOT/images/out
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+passed=0
+failed=0
+started=
+finish() {
+  [ -n "$started" ] && "$K8S_DIR/down.sh" --quiet >/dev/null 2>&1
+  echo "k8s backend: $passed passed, $failed failed"
+  [ "$failed" = 0 ]
+}
+trap 'finish; exit $?' EXIT
+
+if ! [ -S "$CONTAINERD_SOCK" ] || ! kubectl --kubeconfig "$KUBECONFIG_FILE" get --raw /readyz >/dev/null 2>&1; then
+  "$K8S_DIR/build.sh" >/dev/null || { failed=$((failed + 1)); exit 1; }
+  started=1
+  if ! "$K8S_DIR/up.sh" > "$RUN.up.log" 2>&1; then
+    cat "$RUN.up.log"
+    failed=$((failed + 1))
+    exit 1
+  fi
+fi
+"$K8S_DIR/import.sh" "$IMAGES/injector=ghcr.io/orchard-env/orchard-injector:$VERSION" \
+  "$IMAGES/empty=docker.io/library/empty:latest" || { failed=$((failed + 1)); exit 1; }
+
+export ORCHARD_TEST_KUBECONFIG=$KUBECONFIG_FILE ORCHARD_REQUIRE_K8S=1
+export ORCHARD_TEST_KUBE_HOST_CIDR=$NODE_IP/32
+out=$(mktemp)
+(cd "$ROOT" && cargo test -q -p orchard --test integration kubernetes:: 2>&1) | tee "$out"
+n=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' "$out" | tail -1)
+rm -f "$out"
+if [ -n "$n" ]; then
+  passed=$((passed + ${n% *})); failed=$((failed + ${n#* }))
+else
+  failed=$((failed + 1))
+fi
+
+# The SDK's quick start, verbatim, against a server on the Kubernetes backend.
+ns=t-sdk-$$
+export ORCHARD_TEST_SERVE_ARGS="--backend kubernetes --kubeconfig $KUBECONFIG_FILE --namespace $ns --kube-ingress-cidr $NODE_IP/32 --kube-grace-period-s 0"
+if (cd "$ROOT" && ORCHARD_BIN=$ROOT/target/debug/orchard python3 -m pytest -q -p no:cacheprovider \
+      sdk/python/tests/test_quickstart.py 2>&1); then
+  passed=$((passed + 1)); echo "k8s backend: ok: SDK quick start"
+else
+  failed=$((failed + 1)); echo "k8s backend: FAILED: SDK quick start"
+fi
+kubectl --kubeconfig "$KUBECONFIG_FILE" delete namespace "$ns" --wait=false --ignore-not-found >/dev/null 2>&1
