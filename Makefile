@@ -18,12 +18,13 @@ agent: deps
 	@file $(AGENT_BIN) | grep -q 'statically linked' || { echo "error: $(AGENT_BIN) is not statically linked"; file $(AGENT_BIN); exit 1; }
 	@echo "agent: $(AGENT_BIN) ($$(stat -c %s $(AGENT_BIN)) bytes, static)"
 
-## injector-image: the Kubernetes init container's image (FROM scratch: the static
-## injector and agent) as an OCI layout in images/out/injector; see images/injector.sh.
-.PHONY: injector-image
-injector-image: agent
-	cargo build --release --target $(MUSL_TARGET) -p orchard-injector
-	@images/injector.sh
+## k8s-images: the Kubernetes images (FROM scratch, static binaries) as OCI layouts in
+## images/out/: the injector (init container: injector + agent) and the orchestrator;
+## see images/scratch-images.sh.
+.PHONY: k8s-images
+k8s-images: agent
+	cargo build --release --target $(MUSL_TARGET) -p orchard-injector -p orchard
+	@images/scratch-images.sh injector orchestrator
 
 build: agent
 	cargo build --workspace

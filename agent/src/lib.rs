@@ -42,6 +42,7 @@ pub mod spawn;
 pub mod state;
 pub mod supervise;
 pub mod sys;
+pub mod token;
 pub mod tools;
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: N
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
         });
-    let ok = given.is_some_and(|t| constant_time_eq(t, state.config.token.as_bytes()));
+    let ok = given.is_some_and(|t| state.token.matches(t));
     if !ok {
         return ApiError::new(
             ErrorCode::Unauthorized,
@@ -103,6 +103,7 @@ async fn livez() -> &'static str {
 pub fn router(state: Arc<AppState>) -> Router {
     let authed = Router::new()
         .route("/v1/health", get(crate::health::health))
+        .route("/v1/token", axum::routing::put(crate::token::rotate))
         .route("/v1/exec", post(crate::exec::exec_sync))
         .route("/v1/exec/stream", post(crate::exec::exec_stream))
         .merge(crate::process::routes())

@@ -32,6 +32,8 @@ pub struct AppState {
     pub ptys: PtyTable,
     /// Set once shutdown began; new work is refused.
     pub shutting_down: AtomicBool,
+    /// The token requests must carry (replaceable: `PUT /v1/token`).
+    pub token: crate::token::Token,
 }
 
 impl AppState {
@@ -42,6 +44,7 @@ impl AppState {
             processes: ProcessTable::new(&config),
             sessions: SessionTable::default(),
             ptys: PtyTable::default(),
+            token: crate::token::Token::new(&config.token),
             config,
             started: Instant::now(),
             reaper,

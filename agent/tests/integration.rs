@@ -1691,6 +1691,32 @@ async fn wrong_token_is_unauthorized() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_token_replaces_the_old_one_for_every_route() {
+    orchard_test_support::require_runc!();
+    let sb = Sandbox::busybox();
+    let old = sb.client();
+    // Refused: too short, and a rotation needs the current token.
+    let err = fails("a short token", old.rotate_token("short")).await;
+    assert_api_error(&err, 400, ErrorCode::InvalidArgument);
+    let stranger = sb.client().with_token("not-the-token");
+    let err = fails(
+        "rotation with a wrong token",
+        stranger.rotate_token(&"n".repeat(32)),
+    )
+    .await;
+    assert_api_error(&err, 401, ErrorCode::Unauthorized);
+
+    let new_token = "claimed-0123456789abcdef".to_string();
+    assert!(old.rotate_token(&new_token).await.unwrap().rotated);
+    let err = fails("exec with the old token", old.exec(&argv(&["true"]))).await;
+    assert_api_error(&err, 401, ErrorCode::Unauthorized);
+    let new = sb.client().with_token(new_token);
+    let r = new.exec(&argv(&["echo", "still here"])).await.unwrap();
+    assert_eq!(r.stdout.text_lossy(), "still here\n");
+    sb.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_body_is_body_too_large() {
     orchard_test_support::require_runc!();
     let sb = Sandbox::start(

@@ -258,6 +258,18 @@ impl AgentClient {
         self.get("/v1/health").await
     }
 
+    /// `PUT /v1/token`: replaces the agent's token. This client's token is refused from
+    /// then on: make a new client with the new one.
+    pub async fn rotate_token(
+        &self,
+        token: &str,
+    ) -> Result<orchard_protocol::health::TokenRotated> {
+        let req = orchard_protocol::health::TokenRotate {
+            token: token.to_string(),
+        };
+        self.json(Method::PUT, "/v1/token", &req).await
+    }
+
     /// `POST /v1/exec`.
     pub async fn exec(&self, req: &ExecRequest) -> Result<ExecResult> {
         self.json(Method::POST, "/v1/exec", req).await

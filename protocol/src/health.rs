@@ -54,3 +54,19 @@ pub struct Limits {
     /// How long an exited background process stays retrievable, in milliseconds.
     pub process_retention_ms: u64,
 }
+
+/// Request body of `PUT /v1/token`: the token that replaces the agent's current one
+/// (a warm pod claimed for a sandbox gets a token of its own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRotate {
+    /// The new token: 16 to 256 printable ASCII characters.
+    pub token: String,
+}
+
+/// Answer of `PUT /v1/token`: from now on only the new token is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TokenRotated {
+    /// Always true.
+    pub rotated: bool,
+}

@@ -14,7 +14,7 @@ use crate::exec::{ExecEvent, ExecRequest, ExecResult};
 use crate::files::{
     Done, ExtractResult, FileList, FileStat, MkdirRequest, MoveRequest, WriteResult,
 };
-use crate::health::Health;
+use crate::health::{Health, TokenRotate, TokenRotated};
 use crate::process::{ProcessInfo, ProcessList, ProcessOutput, SignalRequest, StdinWrite};
 use crate::pty::{PtyCreate, PtyInfo, PtyList, PtyResize};
 use crate::session::{SessionCreate, SessionInfo, SessionList, SessionRun, SessionRunResult};
@@ -86,6 +86,15 @@ pub const AGENT_ROUTES: &[Route] = &[
         query: &[],
         request: Body::Empty,
         response: Body::Json(schema::<Health>),
+    },
+    Route {
+        method: "PUT",
+        path: "/v1/token",
+        summary: "Replace the agent's token; the old one is refused from then on.",
+        auth: true,
+        query: &[],
+        request: Body::Json(schema::<TokenRotate>),
+        response: Body::Json(schema::<TokenRotated>),
     },
     Route {
         method: "POST",

@@ -4,7 +4,9 @@
 # and the no-shell test image, and runs
 #   - the Rust tests of orchestrator/tests/kubernetes (the backend, and the real
 #     `orchard serve --backend kubernetes` on this host);
-#   - the Python SDK's quick start against `orchard serve --backend kubernetes`.
+#   - the Python SDK's quick start against `orchard serve --backend kubernetes`;
+#   - the same quick start against the orchestrator deployed inside the cluster from
+#     deploy/ (`kubectl apply -k deploy/test-cluster`), reached on its pod IP.
 # Prints `k8s backend: N passed, M failed` (the CI total counts it).
 set -uo pipefail
 # shellcheck source=lib.sh
@@ -32,7 +34,9 @@ if ! [ -S "$CONTAINERD_SOCK" ] || ! kubectl --kubeconfig "$KUBECONFIG_FILE" get 
   fi
 fi
 "$K8S_DIR/import.sh" "$IMAGES/injector=ghcr.io/orchard-env/orchard-injector:$VERSION" \
+  "$IMAGES/orchestrator=ghcr.io/orchard-env/orchard:$VERSION" \
   "$IMAGES/empty=docker.io/library/empty:latest" || { failed=$((failed + 1)); exit 1; }
+k() { kubectl --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 
 export ORCHARD_TEST_KUBECONFIG=$KUBECONFIG_FILE ORCHARD_REQUIRE_K8S=1
 export ORCHARD_TEST_KUBE_HOST_CIDR=$NODE_IP/32
@@ -55,4 +59,32 @@ if (cd "$ROOT" && ORCHARD_BIN=$ROOT/target/debug/orchard python3 -m pytest -q -p
 else
   failed=$((failed + 1)); echo "k8s backend: FAILED: SDK quick start"
 fi
-kubectl --kubeconfig "$KUBECONFIG_FILE" delete namespace "$ns" --wait=false --ignore-not-found >/dev/null 2>&1
+k delete namespace "$ns" --wait=false --ignore-not-found >/dev/null 2>&1
+
+# The orchestrator deployed in the cluster from deploy/: the quick start through it.
+quickstart='
+from orchard_env import SandboxClient
+with SandboxClient() as client:
+    with client.create_sandbox("python:3.11-slim") as sandbox:
+        print(sandbox.exec("echo Hello, Orchard!").stdout, end="")
+'
+deployed() {
+  k apply -k "$ROOT/deploy/test-cluster" >/dev/null || return 1
+  k -n orchard-system rollout status deploy/orchard --timeout=180s || {
+    k -n orchard-system describe pods; k -n orchard-system logs deploy/orchard; return 1; }
+  local ip
+  ip=$(k -n orchard-system get pods -l app.kubernetes.io/name=orchard \
+    -o jsonpath='{.items[0].status.podIP}') || return 1
+  local said
+  said=$(SANDBOX_BASE_URL=http://$ip:8000 SANDBOX_API_KEY=test-key-in-cluster \
+    timeout 300 python3 -c "$quickstart") || { k -n orchard-system logs deploy/orchard | tail -20; return 1; }
+  [ "$said" = "Hello, Orchard!" ] || { echo "the quick start printed: $said"; return 1; }
+  # Nothing is left in the sandbox namespace once the sandbox is deleted.
+  [ -z "$(k -n orchard-sandboxes get pods,secrets -l orchard.dev/sandbox -o name)" ]
+}
+if deployed; then
+  passed=$((passed + 1)); echo "k8s backend: ok: quick start through the orchestrator deployed from deploy/"
+else
+  failed=$((failed + 1)); echo "k8s backend: FAILED: quick start through the orchestrator deployed from deploy/"
+fi
+k delete -k "$ROOT/deploy/test-cluster" --wait=false --ignore-not-found >/dev/null 2>&1

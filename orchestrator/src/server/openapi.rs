@@ -79,7 +79,11 @@ pub const ROUTES: &[Route] = &[
 pub fn proxied_routes() -> Vec<Route> {
     agent_routes()
         .into_iter()
-        .filter(|r| r.path.starts_with("/v1/") && r.path != "/v1/pty/compat")
+        .filter(|r| {
+            r.path.starts_with("/v1/")
+                && r.path != "/v1/pty/compat"
+                && r.path != format!("/v1/{}", super::proxy::NOT_PROXIED)
+        })
         .map(|r| Route {
             method: r.method,
             // Leaked once: the document is built once per process.

@@ -68,6 +68,9 @@ fn unreachable(e: orchard_client::ClientError) -> Error {
     ))
 }
 
+/// The agent route the proxy refuses: `PUT /v1/token` (the server's to use).
+pub const NOT_PROXIED: &str = "token";
+
 /// The proxy route.
 pub fn routes() -> Router<AppState> {
     Router::new().route("/v1/sandboxes/{id}/{*rest}", any(forward))
@@ -93,6 +96,13 @@ async fn forward(
     req: Request,
 ) -> Result<Response, Error> {
     let live = state.service.ready(&tenant, &id).await?;
+    if rest.trim_end_matches('/') == NOT_PROXIED {
+        // The server keeps the sandbox's token; changing it under the server would cut
+        // the sandbox off from its jobs, proxy and adoption.
+        return Err(Error::Forbidden(
+            "the sandbox's agent token is managed by the server".into(),
+        ));
+    }
     let agent_path = format!("/v1/{rest}");
     let (mut parts, body) = req.into_parts();
     if super::is_websocket(&parts.headers) {

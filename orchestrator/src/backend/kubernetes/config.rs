@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-/// The injector image's default name: this release's, as `make injector-image` builds it
+/// The injector image's default name: this release's, as `make k8s-images` builds it
 /// and `make cluster` imports it.
 pub const DEFAULT_INJECTOR_IMAGE: &str = concat!(
     "ghcr.io/orchard-env/orchard-injector:",
