@@ -17,7 +17,12 @@ quiet=
 # reused pid), then every process in the cluster's cgroups (container processes that
 # outlived their shims).
 own_pids() { pgrep -f -- "$RUN/" | grep -vx "$$" ; }
-cgroup_pids() { cat /sys/fs/cgroup/*/"$CGROUP_ROOT"/cgroup.procs /sys/fs/cgroup/*/"$CGROUP_ROOT"/**/cgroup.procs 2>/dev/null; }
+# With no cgroup the globs expand to nothing, and `cat` with no file would read stdin.
+cgroup_pids() {
+  local files=(/sys/fs/cgroup/*/"$CGROUP_ROOT"/cgroup.procs /sys/fs/cgroup/*/"$CGROUP_ROOT"/**/cgroup.procs)
+  [ ${#files[@]} -gt 0 ] || return 0
+  cat "${files[@]}" 2>/dev/null
+}
 shopt -s globstar nullglob
 for _ in 1 2 3 4 5 6 7 8 9 10; do
   pids=$( { own_pids; cgroup_pids; } | sort -u)
