@@ -12,11 +12,10 @@ quiet=
 [ "${1:-}" = --quiet ] && quiet=1
 [ -d "$RUN" ] || exit 0
 
-# Processes: anything whose command line names $RUN (every component has a path under it
-# in its flags, and the shims carry the containerd socket's path; pid files could name a
-# reused pid), then every process in the cluster's cgroups (container processes that
-# outlived their shims).
-own_pids() { pgrep -f -- "$RUN/" | grep -vx "$$" ; }
+# Processes: the cluster's own, matched on their executable (own_pids in lib.sh: the
+# build cache's binaries, containerd and its shims for $RUN; pid files could name a reused
+# pid), then every process in the cluster's cgroups (container processes that outlived
+# their shims).
 # With no cgroup the globs expand to nothing, and `cat` with no file would read stdin.
 cgroup_pids() {
   local files=(/sys/fs/cgroup/*/"$CGROUP_ROOT"/cgroup.procs /sys/fs/cgroup/*/"$CGROUP_ROOT"/**/cgroup.procs)

@@ -107,7 +107,8 @@ check "deleting the pod leaves no container, veth or pod IP" wait_for 60 "the po
 # A second pod, then SIGKILL every component: down.sh still cleans up everything.
 k run survivor --image=busybox:latest --image-pull-policy=IfNotPresent --restart=Never -- sleep 3600 >/dev/null
 check "a second pod runs" k wait --for=condition=Ready pod/survivor --timeout=60s
-pkill -9 -f -- "$RUN/"
+# shellcheck disable=SC2046
+kill -9 $(own_pids) 2>/dev/null
 check "down.sh after kill -9 of every component leaves nothing behind" "$K8S_DIR/down.sh"
 netns_left() { ! ip netns list 2>/dev/null | grep -q cni-; }
 check "no network namespace is left" netns_left
