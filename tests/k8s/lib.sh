@@ -1,5 +1,5 @@
 # Shared by tests/k8s/*.sh: the pinned versions, the run directory and small helpers.
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034  # the variables are for the scripts that source this
 K8S_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 # shellcheck source=versions.env
 . "$K8S_DIR/versions.env"
@@ -30,10 +30,44 @@ own_pids() {
       case $exe in
         "$cache"/*/bin/*) echo "$pid" ;;
         "$containerd" | "$shim")
-          [[ $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) == *" $RUN/containerd/"* ]] && echo "$pid" ;;
+          [[ $(tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline") == *" $RUN/containerd/"* ]] && echo "$pid" ;;
       esac
     done
   return 0
+}
+
+# The host has one bridge, one set of ports and one cgroup root for the test cluster, so
+# one checkout at a time may run it: up.sh writes OWNER_FILE (checkout, run directory,
+# pid) with a flock on LOCK_FILE around the check and the write; down.sh removes it.
+LOCK_FILE=/run/orchard-k8s.lock
+OWNER_FILE=/run/orchard-k8s.owner
+CHECKOUT=$(cd "$K8S_DIR/../.." && pwd -P)
+# The sysctls the kubelet sets (kernel.*, vm.overcommit_memory), the CNI bridge turns on
+# (net.ipv4.ip_forward, isGateway) and kube-router needs (bridge-nf-call-*): up.sh saves
+# them here before anything starts, down.sh puts them back.
+SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory kernel.keys.root_maxkeys
+  kernel.keys.root_maxbytes net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables
+  net.bridge.bridge-nf-call-ip6tables)
+SYSCTL_SAVED=$RUN/sysctl.saved
+
+# owner_get FIELD: a field (checkout, run, pid) of the owner file, empty if none.
+owner_get() {
+  local v
+  v=$(sed -n "s/^$1=//p" "$OWNER_FILE" 2>/dev/null) || true
+  echo "${v%%$'\n'*}"
+}
+# owner_live RUN PID: the owner's cluster is starting (its up.sh, PID, is alive) or running
+# (a component in its RUN/pids is alive, with RUN in its command line against reused pids).
+owner_live() {
+  local run=$1 pid=$2 f p
+  [ -n "$run" ] && [ -d "$run" ] || return 1
+  [ -n "$pid" ] && [[ $(tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline") == *up.sh* ]] && return 0
+  for f in "$run"/pids/*; do
+    [ -f "$f" ] || continue
+    p=$(cat "$f" 2>/dev/null)
+    [[ -n "$p" && $(tr '\0' ' ' 2>/dev/null < "/proc/$p/cmdline") == *"$run/"* ]] && return 0
+  done
+  return 1
 }
 
 log() { echo "k8s: $*" >&2; }
