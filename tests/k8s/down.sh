@@ -74,14 +74,17 @@ done
 
 # The sysctls up.sh saved before anything started (the kubelet and the CNI bridge change
 # them); nothing is left to set them again.
+# Without ours, a stale owner's (another checkout whose cluster died) are the host's.
+saved=$SYSCTL_SAVED
+[ -f "$saved" ] || [ -z "$owner_run" ] || saved=$owner_run/sysctl.saved
 sysctls_differ=()
-if [ -f "$SYSCTL_SAVED" ]; then
+if [ -f "$saved" ]; then
   while read -r key value; do
     [ -n "$key" ] || continue
     [ "$(sysctl -n "$key" 2>/dev/null)" = "$value" ] && continue
     sysctl -qw "$key=$value" >/dev/null 2>&1
     [ "$(sysctl -n "$key" 2>/dev/null)" = "$value" ] || sysctls_differ+=("$key (saved $value)")
-  done < "$SYSCTL_SAVED"
+  done < "$saved"
 fi
 
 unmount_run
