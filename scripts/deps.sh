@@ -47,6 +47,10 @@ if [ ${#need[@]} -gt 0 ]; then
     $SUDO chmod +x /usr/sbin/policy-rc.d
   fi
   $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  if [ -n "$(trap -p EXIT)" ]; then
+    $SUDO rm -f /usr/sbin/policy-rc.d
+    trap - EXIT
+  fi
 fi
 # Go builds the test cluster (tests/k8s/build.sh) and is not installed from here: Debian 12's
 # golang is 1.19, older than the go.mod files ask for; it comes from https://go.dev/dl.
