@@ -10,19 +10,12 @@
 # containerd, runc and the CNI plugins come from Debian (scripts/deps.sh).
 # Environment: ORCHARD_K8S_CACHE (default ~/.cache/orchard/k8s).
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
+here=$(cd "$(dirname "$0")" && pwd -P)
 # shellcheck source=versions.env
 . "$here/versions.env"
 
-# --background: start the build niced and detached (make test overlaps it with the rest
-# of the run); a later foreground call waits for it on the lock and then reuses it.
-if [ "${1:-}" = --background ]; then
-  mkdir -p "${ORCHARD_K8S_CACHE:-$HOME/.cache/orchard/k8s}"
-  bglog=${ORCHARD_K8S_CACHE:-$HOME/.cache/orchard/k8s}/background-build.log
-  setsid nice -n 19 "$0" > "$bglog" 2>&1 < /dev/null &
-  echo "k8s build: started in the background (log: $bglog)" >&2
-  exit 0
-fi
+log() { echo "k8s build: $*" >&2; }
+die() { echo "k8s build: error: $*" >&2; exit 1; }
 
 # The cache key: the pins, and RECIPE, bumped when what this script builds changes.
 RECIPE=2
@@ -31,22 +24,54 @@ key=$( (echo "$RECIPE"; cat "$here/versions.env" "$here"/gomod/*/go.mod "$here"/
 cache=${ORCHARD_K8S_CACHE:-$HOME/.cache/orchard/k8s}
 dest="$cache/$K8S_VERSION-$key"
 if [ -f "$dest/.complete" ]; then
-  echo "$dest/bin"
+  [ "${1:-}" = --background ] || echo "$dest/bin"
   exit 0
 fi
-# One build at a time: a second caller waits here, then finds the first one's result.
+
+# A build needs Go (the version the gomod/*/go.mod files name, from go.dev: Debian 12's
+# is too old, so scripts/deps.sh cannot install it) and gcc (the static pause binary).
+export PATH=$PATH:/usr/local/go/bin
+go_min=$(sed -n 's/^go \([0-9.]*\).*/\1/p' "$here/gomod/k8s/go.mod")
+go_min=${go_min%.0}
+missing=()
+if ! command -v go >/dev/null; then
+  missing+=("Go $go_min or newer (not on PATH nor /usr/local/go/bin/go; Debian 12 does not package it: install it from https://go.dev/dl into /usr/local/go)")
+else
+  go_have=$(go env GOVERSION 2>/dev/null) || go_have=unknown
+  go_have=${go_have#go}
+  if [ "$(printf '%s\n%s\n' "$go_min" "$go_have" | sort -V | head -1)" != "$go_min" ]; then
+    missing+=("Go $go_min or newer (found $go_have at $(command -v go); Debian 12 does not package it: install it from https://go.dev/dl into /usr/local/go)")
+  fi
+fi
+command -v gcc >/dev/null || missing+=("gcc (scripts/deps.sh installs it from Debian)")
+if [ ${#missing[@]} -gt 0 ]; then
+  for m in "${missing[@]}"; do echo "k8s build: missing: $m" >&2; done
+  die "cannot build the test cluster's binaries without the above"
+fi
+
+# --background: start the build niced and detached (make test overlaps it with the rest
+# of the run); a later foreground call waits for it on the lock and then reuses it.
+if [ "${1:-}" = --background ]; then
+  mkdir -p "$cache"
+  bglog=$cache/background-build.log
+  setsid nice -n 19 "$0" > "$bglog" 2>&1 < /dev/null &
+  log "started in the background (log: $bglog)"
+  exit 0
+fi
+
+# One build at a time: a second caller waits here (an hour at most: a cold build takes
+# about 25 min), then finds the first one's result.
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 if ! flock -n 9; then
-  echo "k8s build: waiting for the build already running" >&2
-  flock 9
+  log "waiting for the build already running (lock: $cache/.lock)"
+  flock -w 3600 9 || die "gave up after 3600 s waiting for another build to release $cache/.lock (see $cache/background-build.log, or fuser $cache/.lock for its process)"
 fi
 if [ -f "$dest/.complete" ]; then
   echo "$dest/bin"
   exit 0
 fi
 
-log() { echo "k8s build: $*" >&2; }
 start=$(date +%s)
 rm -rf "$dest.tmp"
 mkdir -p "$dest.tmp/bin"
@@ -91,9 +116,25 @@ echo "$(( $(date +%s) - start ))" > "$dest.tmp/build-seconds"
 touch "$dest.tmp/.complete"
 rm -rf "$dest"
 mv "$dest.tmp" "$dest"
-# Builds for other pins are dead weight (about 600 MB each).
-for old in "$cache"/v*-*; do
-  [ "$old" = "$dest" ] || rm -rf "$old"
+# Builds for other pins are dead weight (about 600 MB each): keep this one and the newest
+# other (a checkout on an older pin, or a switch back), remove the rest and the leftovers
+# of interrupted builds. Only here, under the lock, so never while another build runs; and
+# never a build whose binaries are running.
+running=$(find /proc -mindepth 2 -maxdepth 2 -name exe -printf '%l\n' 2>/dev/null)
+kept=0
+# shellcheck disable=SC2045 # the names are v<version>-<hex key>, no blanks
+for old in $(ls -1dt "$cache"/v*-*/ 2>/dev/null); do
+  old=${old%/}
+  [ "$old" = "$dest" ] && continue
+  if [ -f "$old/.complete" ] && [ "$kept" -lt 1 ]; then
+    kept=$((kept + 1))
+    continue
+  fi
+  if grep -F "$old/" <<<"$running" >/dev/null; then
+    log "keeping $old: its binaries are running"
+    continue
+  fi
+  rm -rf "$old"
 done
 log "built in $(cat "$dest/build-seconds") s: $dest"
 echo "$dest/bin"

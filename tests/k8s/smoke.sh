@@ -65,11 +65,13 @@ in_range() { python3 -c "import ipaddress,sys; sys.exit(ipaddress.ip_address('$i
 check "the pod IP $ip is in $POD_CIDR" in_range
 answers() { [ "$(curl -s --max-time 5 "http://$ip:8080/index.html")" = hello-from-pod ]; }
 check "the pod IP answers from the host" answers
-logs() { k logs smoke | grep -qx smoke-log-line; }
+# (Output captured first: `grep -q` would exit at its match and, under pipefail, the
+# writer's SIGPIPE would fail the check.)
+logs() { grep -x smoke-log-line <<<"$(k logs smoke)" >/dev/null; }
 check "kubectl logs reads the pod's stdout" logs
 execs() { [ "$(k exec smoke -- cat /www/index.html)" = hello-from-pod ]; }
 check "kubectl exec runs in the pod" execs
-not_pulled() { k get events --field-selector involvedObject.name=smoke,reason=Pulled -o 'jsonpath={.items[*].message}' | grep -q 'already present on machine'; }
+not_pulled() { [[ $(k get events --field-selector involvedObject.name=smoke,reason=Pulled -o 'jsonpath={.items[*].message}') == *'already present on machine'* ]]; }
 check "the image came from the import (no pull)" not_pulled
 
 # NetworkPolicy is enforced (kube-router): the smoke pod reaches a peer pod until a policy
@@ -107,7 +109,28 @@ check "deleting the pod leaves no container, veth or pod IP" wait_for 60 "the po
 # A second pod, then SIGKILL every component: down.sh still cleans up everything.
 k run survivor --image=busybox:latest --image-pull-policy=IfNotPresent --restart=Never -- sleep 3600 >/dev/null
 check "a second pod runs" k wait --for=condition=Ready pod/survivor --timeout=60s
-pkill -9 -f -- "$RUN/"
+# The pods' network namespaces (containerd keeps them under $RUN, not in /run/netns where
+# `ip netns` looks): their inodes, from the cluster's processes, to look for afterwards.
+shopt -s globstar
+host_netns=$(readlink /proc/1/ns/net)
+pod_netns=$(for f in /sys/fs/cgroup/pids/"$CGROUP_ROOT"/**/cgroup.procs; do cat "$f"; done 2>/dev/null |
+  while read -r p; do readlink "/proc/$p/ns/net"; done 2>/dev/null | sort -u | grep -vxF "$host_netns")
+has_pod_netns() { [ -n "$pod_netns" ]; }
+check "the pod's network namespace is found (${pod_netns:-none})" has_pod_netns
+# shellcheck disable=SC2046
+kill -9 $(own_pids) 2>/dev/null
 check "down.sh after kill -9 of every component leaves nothing behind" "$K8S_DIR/down.sh"
-netns_left() { ! ip netns list 2>/dev/null | grep -q cni-; }
-check "no network namespace is left" netns_left
+# A namespace outlives down.sh only held by a process or a mount (nsfs, as containerd
+# pins them): neither may remain.
+netns_left() {
+  local ns held
+  for ns in $pod_netns; do
+    held=$(find /proc -mindepth 3 -maxdepth 3 -path '/proc/[0-9]*/ns/net' -printf '%l %h\n' 2>/dev/null |
+      grep -F "$ns " | cut -d' ' -f2 | tr '\n' ' ')
+    [ -z "$held" ] || { echo "k8s smoke: $ns still held by $held"; return 1; }
+    if grep -F " $ns " /proc/self/mountinfo >/dev/null; then echo "k8s smoke: $ns still mounted"; return 1; fi
+  done
+  if grep -F " $RUN/" /proc/self/mountinfo | grep -F nsfs >/dev/null; then echo "k8s smoke: nsfs mounts under $RUN"; return 1; fi
+  return 0
+}
+check "no network namespace of the cluster's pods is left" netns_left

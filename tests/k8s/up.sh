@@ -9,6 +9,12 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || die "the test cluster needs root (kubelet, containerd, network)"
 start=$(date +%s)
+# The kubelet and containerd are configured for cgroup v1 (hybrid: v1 controllers under
+# /sys/fs/cgroup, see README); a unified (v2 only) host needs another configuration.
+if [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" = cgroup2fs ] || [ ! -d /sys/fs/cgroup/memory ] ||
+  [ ! -f /sys/fs/cgroup/cpuset/cpuset.cpus ]; then
+  die "this host is not cgroup v1 or hybrid (/sys/fs/cgroup is $(stat -fc %T /sys/fs/cgroup 2>/dev/null), no v1 memory and cpuset hierarchies): the cluster's kubelet and containerd configuration expects v1 controllers under /sys/fs/cgroup"
+fi
 
 if [ -f "$RUN/up.complete" ] && curl -sf --cacert "$RUN/pki/ca.crt" \
     --cert "$RUN/pki/admin.crt" --key "$RUN/pki/admin.key" \
@@ -17,8 +23,26 @@ if [ -f "$RUN/up.complete" ] && curl -sf --cacert "$RUN/pki/ca.crt" \
   echo "export KUBECONFIG=$KUBECONFIG_FILE"
   exit 0
 fi
-# Leftovers of a crashed run go first.
+# Leftovers of a crashed run go first (only this checkout's files if another one's
+# cluster is running: the claim below then names it).
 "$K8S_DIR/down.sh" --quiet
+# One cluster per host: claim it in the owner file, under the lock. Another checkout's
+# running (or starting) cluster stops this start; a stale claim (its run directory gone,
+# its processes dead) is taken over, with the sysctls it saved.
+exec 8>>"$LOCK_FILE"
+flock -w 60 8 || die "could not take $LOCK_FILE in 60 s"
+owner_run=$(owner_get run)
+if [ -n "$owner_run" ] && [ "$owner_run" != "$RUN" ]; then
+  if owner_live "$owner_run" "$(owner_get pid)"; then
+    die "the host's test cluster belongs to $(owner_get checkout) (started by pid $(owner_get pid), run directory $owner_run; $OWNER_FILE): stop it there with tests/k8s/down.sh first"
+  fi
+  log "taking over from $(owner_get checkout): its cluster is not running (stale $OWNER_FILE)"
+  mkdir -p "$RUN"
+  [ -f "$owner_run/sysctl.saved" ] && [ ! -f "$SYSCTL_SAVED" ] && cp "$owner_run/sysctl.saved" "$SYSCTL_SAVED"
+fi
+printf 'checkout=%s\nrun=%s\npid=%s\nsince=%s\n' "$CHECKOUT" "$RUN" "$$" "$(date -u +%FT%TZ)" > "$OWNER_FILE.tmp"
+mv "$OWNER_FILE.tmp" "$OWNER_FILE"
+exec 8>&-
 # A failed start leaves what it started, with its logs, for a look: say how to remove it.
 trap 'rc=$?; [ "$rc" = 0 ] || log "the start failed: the logs are in $RUN/logs; make cluster-down removes what was started"' EXIT
 
@@ -56,8 +80,23 @@ ready() {
   done
 }
 
+# br_netfilter: kube-router filters the bridged pod traffic with iptables (built in here:
+# then modprobe fails, and /proc/sys/net/bridge tells).
+modprobe br_netfilter 2>/dev/null || true
+[ -d /proc/sys/net/bridge ] ||
+  die "br_netfilter is missing (no /proc/sys/net/bridge after modprobe br_netfilter): kube-router's NetworkPolicy needs it"
+# The sysctls the cluster changes, saved before anything starts (unless already saved:
+# a failed start's, or a stale owner's); down.sh restores them.
+if [ ! -s "$SYSCTL_SAVED" ]; then
+  for key in "${SYSCTLS[@]}"; do
+    value=$(sysctl -n "$key" 2>/dev/null) && echo "$key $value"
+  done > "$SYSCTL_SAVED.tmp"
+  mv "$SYSCTL_SAVED.tmp" "$SYSCTL_SAVED"
+fi
+
 # The pods' bridge, with the node's address: the host reaches every pod IP on it
-# directly, and with no masquerade and no forwarding nothing routes off the machine.
+# directly. Nothing is masqueraded, so pods have no working route off the machine (see
+# README: the CNI bridge's isGateway does turn on IP forwarding).
 prefix=${POD_CIDR#*/}
 ip link add "$BRIDGE" type bridge
 ip addr add "$NODE_IP/$prefix" dev "$BRIDGE"
