@@ -35,11 +35,12 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 
 ## test: everything CI checks.
-test: agent k8s-build-background images harness lint sdk-deps fuzz
+test: agent k8s-build-background images k8s-images harness lint sdk-deps fuzz
 	cargo test --workspace
 	@images/harness/test.sh
 	$(SDK_PYTEST)
 	@tests/k8s/smoke.sh
+	@tests/k8s/backend.sh
 
 ## k8s-build-background: the test cluster's cold build (about 15 min of Go on 2 cores),
 ## niced and overlapped with the rest of `make test`; the smoke test waits for it.
@@ -51,7 +52,7 @@ k8s-build-background:
 ## (cached), with the test images imported; prints `export KUBECONFIG=...`.
 ## cluster-down: stops it and removes everything it made. See tests/k8s/README.md.
 .PHONY: cluster cluster-down cluster-test
-cluster: images
+cluster: images k8s-images
 	@tests/k8s/up.sh
 
 cluster-down:

@@ -2,7 +2,8 @@
 # `make cluster`: starts the single-node test cluster (etcd, containerd on runc, the API
 # server, controller manager, scheduler and kubelet, a CNI bridge) and prints
 # `export KUBECONFIG=...`. Builds or reuses the cached binaries (build.sh), imports the
-# pause image and the test images into containerd (no registry), and waits until the
+# pause image, the test images and Orchard's injector and orchestrator images into
+# containerd (no registry), and waits until the
 # node is Ready. Already running: prints the export line again. `down.sh` stops it.
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -195,6 +196,18 @@ pause_layout=$(dirname "$BIN")/pause
 import "$pause_layout" "$PAUSE_IMAGE"
 import "$IMAGES/busybox" docker.io/library/busybox:latest
 import "$IMAGES/python" docker.io/library/python:3.11-slim
+# Orchard's own images (make k8s-images), under the names the Kubernetes backend and
+# deploy/ use by default, and an image with no files at all; re-import a rebuilt one
+# into a running cluster with import.sh.
+ORCHARD_VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$K8S_DIR/../../Cargo.toml" | head -1)
+for pair in injector=ghcr.io/orchard-env/orchard-injector:$ORCHARD_VERSION \
+    orchestrator=ghcr.io/orchard-env/orchard:$ORCHARD_VERSION empty=docker.io/library/empty:latest; do
+  if [ -f "$IMAGES/${pair%%=*}/index.json" ]; then
+    import "$IMAGES/${pair%%=*}" "${pair#*=}"
+  else
+    log "images/out/${pair%%=*} is missing (make k8s-images): ${pair#*=} not imported"
+  fi
+done
 
 admin_curl() { curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$@"; }
 ready kube-apiserver 90 admin_curl "https://$NODE_IP:$APISERVER_PORT/readyz"

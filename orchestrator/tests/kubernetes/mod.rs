@@ -327,10 +327,21 @@ async fn egress_is_denied_unless_asked_for() {
     assert!(!policies.contains("closed-egress"), "{policies}");
     // The API server on the node: reachable only by the sandbox allowed egress.
     let target = host_cidr().split('/').next().unwrap().to_string();
-    let probe = format!("nc -z -w 3 {target} 6443 && echo open || echo closed");
-    let (_, out_open, _) = run(&open, Command::Shell(probe.clone())).await;
+    let probe = format!("echo | nc -w 3 {target} 6443 >/dev/null && echo open || echo closed");
+    // The network plugin (kube-router here) applies policies to a new pod within
+    // seconds, on its own schedule: the sandbox allowed egress gets it within 30 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, out_open, _) = run(&open, Command::Shell(probe.clone())).await;
+        if out_open.trim() == "open" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "egress never opened: {out_open}"
+        );
+    }
     let (_, out_closed, _) = run(&closed, Command::Shell(probe)).await;
-    assert_eq!(out_open.trim(), "open");
     assert_eq!(
         out_closed.trim(),
         "closed",
