@@ -4,7 +4,8 @@
 # and the no-shell test image, and runs
 #   - the Rust tests of orchestrator/tests/kubernetes (the backend, and the real
 #     `orchard serve --backend kubernetes` on this host);
-#   - the Python SDK's quick start against `orchard serve --backend kubernetes`;
+#   - the Python SDK's quick start against `orchard serve --backend kubernetes`, and its
+#     `direct=True` sandboxes (exec, streams, files, terminals) on the agent's pod IP;
 #   - the same quick start against the orchestrator deployed inside the cluster from
 #     deploy/ (`kubectl apply -k deploy/test-cluster`), reached on its pod IP.
 # Prints `k8s backend: N passed, M failed` for its own checks (the CI total counts it, and
@@ -54,14 +55,15 @@ elif [ "${n#* }" != 0 ]; then
   cargo_failed=1
 fi
 
-# The SDK's quick start, verbatim, against a server on the Kubernetes backend.
+# The SDK's quick start, verbatim, against a server on the Kubernetes backend; then its
+# direct mode, sync and async, on the pod IP.
 ns=t-sdk-$$
 export ORCHARD_TEST_SERVE_ARGS="--backend kubernetes --kubeconfig $KUBECONFIG_FILE --namespace $ns --kube-ingress-cidr $NODE_IP/32 --kube-grace-period-s 0 --default-cpu 250m --default-memory 256Mi"
 if (cd "$ROOT" && ORCHARD_BIN=$ROOT/target/debug/orchard python3 -m pytest -q -p no:cacheprovider \
-      sdk/python/tests/test_quickstart.py 2>&1); then
-  passed=$((passed + 1)); echo "k8s backend: ok: SDK quick start"
+      sdk/python/tests/test_quickstart.py "sdk/python/tests/test_methods.py::test_direct" 2>&1); then
+  passed=$((passed + 1)); echo "k8s backend: ok: SDK quick start, and direct=True on the pod IP"
 else
-  failed=$((failed + 1)); echo "k8s backend: FAILED: SDK quick start"
+  failed=$((failed + 1)); echo "k8s backend: FAILED: SDK quick start, and direct=True on the pod IP"
 fi
 k delete namespace "$ns" --wait=false --ignore-not-found >/dev/null 2>&1
 
