@@ -192,7 +192,12 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
             Ok(Arc::new(backend))
         }
         BackendChoice::Kubernetes(kube) => {
-            let backend = KubeBackend::connect((**kube).clone())
+            let mut kube = (**kube).clone();
+            // Warm pods have the default limits: a create that asks for nothing claims one.
+            kube.warm_cpus = crate::service::units::parse_cpu(&config.defaults.cpu).ok();
+            kube.warm_memory_bytes =
+                crate::service::units::parse_memory(&config.defaults.memory).ok();
+            let backend = KubeBackend::connect(kube.clone())
                 .await
                 .map_err(|e| ServeError::Setup(format!("starting the Kubernetes backend: {e}")))?;
             tracing::info!(namespace = %kube.namespace, injector_image = %kube.injector_image, "kubernetes backend");

@@ -53,6 +53,13 @@ pub struct KubeConfig {
     pub node_selector: BTreeMap<String, String>,
     /// Extra annotations on sandbox pods.
     pub pod_annotations: BTreeMap<String, String>,
+    /// Warm pools: (normalised image, pods kept ready).
+    pub warm_pools: Vec<(String, usize)>,
+    /// CPUs of warm pods: a create claims one only when it asks for exactly this (the
+    /// server sets it to its default CPU limit).
+    pub warm_cpus: Option<f64>,
+    /// Memory of warm pods, likewise (the server's default memory limit).
+    pub warm_memory_bytes: Option<u64>,
 }
 
 impl Default for KubeConfig {
@@ -72,6 +79,9 @@ impl Default for KubeConfig {
             runtime_class: None,
             node_selector: BTreeMap::new(),
             pod_annotations: BTreeMap::new(),
+            warm_pools: Vec::new(),
+            warm_cpus: None,
+            warm_memory_bytes: None,
         }
     }
 }
@@ -120,6 +130,12 @@ pub struct KubeArgs {
     /// RuntimeClass of sandbox pods (gVisor, Kata) [default: the cluster's].
     #[arg(long, env = "ORCHARD_KUBE_RUNTIME_CLASS")]
     pub kube_runtime_class: Option<String>,
+    /// A warm pool, `IMAGE=N`: N pods of IMAGE kept started with their agent ready, so
+    /// a create of IMAGE with the default CPU and memory and no extra environment is a
+    /// claim, not a pod start (repeatable; ORCHARD_KUBE_WARM_POOLS takes a
+    /// comma-separated list) [default: none].
+    #[arg(long = "kube-warm-pool")]
+    pub kube_warm_pools: Vec<String>,
 }
 
 /// The file form: `[kubernetes]`.
@@ -140,6 +156,7 @@ pub struct KubeFile {
     runtime_class: Option<String>,
     node_selector: Option<BTreeMap<String, String>>,
     pod_annotations: Option<BTreeMap<String, String>>,
+    warm_pools: Option<Vec<String>>,
 }
 
 fn env_list(name: &str) -> Vec<String> {
@@ -164,6 +181,22 @@ fn list(flags: &[String], env: &str, file: Option<&Vec<String>>) -> Vec<String> 
         return e;
     }
     file.cloned().unwrap_or_default()
+}
+
+/// `IMAGE=N` as (normalised image, N).
+fn parse_pool(text: &str) -> Result<(String, usize), String> {
+    let bad = |why: &str| {
+        format!("kube warm pool {text:?}: {why} (use IMAGE=N, e.g. python:3.11-slim=4)")
+    };
+    let (image, n) = text.rsplit_once('=').ok_or_else(|| bad("no =N"))?;
+    let n: usize = n.trim().parse().map_err(|_| bad("N is not a number"))?;
+    if n > 1000 {
+        return Err(bad("at most 1000 pods per pool"));
+    }
+    let image = crate::image::Reference::parse(image.trim())
+        .map_err(|e| bad(&e.to_string()))?
+        .to_string();
+    Ok((image, n))
 }
 
 impl KubeConfig {
@@ -223,6 +256,14 @@ impl KubeConfig {
         if grace_period_s < 0 {
             return Err("kube grace period must be 0 or more seconds".into());
         }
+        let warm_pools = list(
+            &args.kube_warm_pools,
+            "ORCHARD_KUBE_WARM_POOLS",
+            file.warm_pools.as_ref(),
+        )
+        .into_iter()
+        .map(|p| parse_pool(&p))
+        .collect::<Result<Vec<_>, _>>()?;
         let agent_port = args
             .kube_agent_port
             .or(file.agent_port)
@@ -267,6 +308,9 @@ impl KubeConfig {
                 .or(file.runtime_class.clone()),
             node_selector: file.node_selector.clone().unwrap_or_default(),
             pod_annotations: file.pod_annotations.clone().unwrap_or_default(),
+            warm_pools,
+            warm_cpus: None,
+            warm_memory_bytes: None,
         })
     }
 }
@@ -292,6 +336,34 @@ mod tests {
         assert_eq!(c.agent_port, DEFAULT_AGENT_PORT);
         let d = KubeConfig::resolve(&KubeArgs::default(), None).unwrap();
         assert_eq!(d, KubeConfig::default());
+    }
+
+    #[test]
+    fn warm_pools_name_a_normalised_image_and_a_count() {
+        let args = KubeArgs {
+            kube_warm_pools: vec!["python:3.11-slim=4".into(), "busybox=0".into()],
+            ..Default::default()
+        };
+        let c = KubeConfig::resolve(&args, None).unwrap();
+        assert_eq!(
+            c.warm_pools,
+            vec![
+                ("docker.io/library/python:3.11-slim".to_string(), 4),
+                ("docker.io/library/busybox:latest".to_string(), 0)
+            ]
+        );
+        for bad in ["python", "python=x", "python=5000", "=3"] {
+            let args = KubeArgs {
+                kube_warm_pools: vec![bad.into()],
+                ..Default::default()
+            };
+            assert!(
+                KubeConfig::resolve(&args, None)
+                    .unwrap_err()
+                    .contains("warm pool"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

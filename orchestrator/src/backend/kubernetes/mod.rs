@@ -10,13 +10,15 @@
 //! A create makes the Secret, then the pod (then, off its critical path, makes the pod
 //! the Secret's owner and, when egress is allowed, its egress policy), waits on the
 //! watch for the agent's container to run, and checks the agent answers with its token
-//! on `http://POD_IP:PORT`. Any failure deletes what it made. A restarted server finds
+//! on `http://POD_IP:PORT`. With a warm pool for the image ([`pool`]), a create claims a
+//! pod started ahead instead. Any failure deletes what it made. A restarted server finds
 //! its pods through `list` (labels in an annotation, the token in the Secret) and adopts
 //! them as on the local backend.
 
 pub mod config;
 pub mod error;
 pub mod objects;
+pub mod pool;
 pub mod status;
 pub mod watch;
 
@@ -25,6 +27,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +41,7 @@ pub use error::KubeError;
 
 use self::error::{is_conflict, is_not_found};
 use self::objects::{PodInput, SANDBOX_LABEL};
+use self::pool::{Pool, PoolApi};
 use self::status::{pod_state, PodState};
 use self::watch::PodWatch;
 use crate::backend::{
@@ -55,12 +59,24 @@ const AGENT_LIMIT: Duration = Duration::from_secs(30);
 
 /// The backend.
 pub struct KubeBackend {
-    cfg: KubeConfig,
+    cfg: Arc<KubeConfig>,
     pods: Api<Pod>,
     secrets: Api<Secret>,
     policies: Api<NetworkPolicy>,
     watch: PodWatch,
     capacity: Option<Capacity>,
+    pools: Vec<Pool>,
+    pool_api: PoolApi,
+    stopping: Arc<AtomicBool>,
+    keeper: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for KubeBackend {
+    fn drop(&mut self) {
+        if let Some(k) = &self.keeper {
+            k.abort();
+        }
+    }
 }
 
 /// A client from the configured kubeconfig, or `KUBECONFIG`, `~/.kube/config`, or the
@@ -155,15 +171,52 @@ impl KubeBackend {
             }
         };
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
         let watch = PodWatch::start(pods.clone(), &ns, &objects::managed_selector());
         watch.synced(SYNC_LIMIT).await?;
+        let mut cfg = cfg;
+        if let Some(cap) = capacity {
+            // As the service lowers its defaults to what a node can give (see
+            // `service::fit_defaults`), so warm pods match the creates that ask for them.
+            cfg.warm_cpus = cfg.warm_cpus.map(|c| c.min(cap.cpus));
+            cfg.warm_memory_bytes = cfg.warm_memory_bytes.map(|m| {
+                if m > cap.memory_bytes {
+                    (cap.memory_bytes >> 20) << 20
+                } else {
+                    m
+                }
+            });
+        }
+        let cfg = Arc::new(cfg);
+        let pools = Pool::all(&cfg);
+        let pool_api = PoolApi {
+            cfg: cfg.clone(),
+            pods: pods.clone(),
+            secrets: secrets.clone(),
+            view: watch.view(),
+        };
+        let stopping = Arc::new(AtomicBool::new(false));
+        let keeper = (!pools.is_empty()).then(|| {
+            for p in &pools {
+                tracing::info!(image = %p.image, size = p.size, key = %p.key, "warm pool");
+            }
+            tokio::spawn(pool::keep(
+                pool_api.clone(),
+                pools.clone(),
+                stopping.clone(),
+            ))
+        });
         Ok(KubeBackend {
-            secrets: Api::namespaced(client.clone(), &ns),
+            secrets,
             pods,
             policies,
             watch,
             capacity,
             cfg,
+            pools,
+            pool_api,
+            stopping,
+            keeper,
         })
     }
 
@@ -175,6 +228,26 @@ impl KubeBackend {
     async fn create_sandbox(&self, spec: CreateSpec) -> Result<BackendSandbox, KubeError> {
         let id = spec.id.clone();
         objects::check_pod_name(&id)?;
+        if let Some(pool) = self.pools.iter().find(|p| p.serves(&spec)) {
+            match self.pool_api.claim(pool, &spec).await {
+                Ok(Some(sb)) => {
+                    if spec.egress {
+                        if let Err(e) = self.allow_egress(&id, None).await {
+                            let _ = self.remove(&id, 0).await;
+                            return Err(e);
+                        }
+                    }
+                    return Ok(sb);
+                }
+                Ok(None) => {
+                    tracing::info!(sandbox_id = %id, image = %pool.image, "no warm pod ready; starting one")
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox_id = %id, error = %e, "claiming a warm pod failed; starting one");
+                    let _ = self.remove(&id, 0).await;
+                }
+            }
+        }
         let token = crate::random::hex(32).map_err(|e| KubeError::Invalid(e.to_string()))?;
         let image = spec.image.reference().to_string();
         let pod = objects::pod(
@@ -187,9 +260,10 @@ impl KubeBackend {
                 env: &spec.env,
                 labels: &spec.labels,
                 ttl: spec.ttl,
+                pool: None,
             },
         )?;
-        let secret = objects::secret(&self.cfg, &id, &token);
+        let secret = objects::secret(&self.cfg, &id, &token, None);
         let pp = PostParams::default();
         if let Err(e) = self.secrets.create(&pp, &secret).await {
             if !is_conflict(&e) {
@@ -260,17 +334,7 @@ impl KubeBackend {
             if !egress {
                 return Ok(());
             }
-            let p = objects::egress_policy(&self.cfg, id, objects::owned_by(made));
-            self.policies
-                .create(&PostParams::default(), &p)
-                .await
-                .map(drop)
-                .map_err(|e| {
-                    KubeError::api(
-                        format!("making NetworkPolicy {}", objects::egress_policy_name(id)),
-                        e,
-                    )
-                })
+            self.allow_egress(id, objects::owned_by(made)).await
         };
         let uid = made.metadata.uid.clone();
         let running = self.wait_running(id, uid);
@@ -280,6 +344,25 @@ impl KubeBackend {
         let addr = SocketAddr::new(ip?, self.cfg.agent_port);
         self.agent_answers(addr, token).await?;
         Ok(addr)
+    }
+
+    /// Makes the policy allowing sandbox `id`'s egress.
+    async fn allow_egress(
+        &self,
+        id: &str,
+        owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    ) -> Result<(), KubeError> {
+        let p = objects::egress_policy(&self.cfg, id, owner);
+        self.policies
+            .create(&PostParams::default(), &p)
+            .await
+            .map(drop)
+            .map_err(|e| {
+                KubeError::api(
+                    format!("making NetworkPolicy {}", objects::egress_policy_name(id)),
+                    e,
+                )
+            })
     }
 
     /// Waits on the watch until pod `id` (incarnation `uid`) runs its agent.
@@ -353,19 +436,25 @@ impl KubeBackend {
             grace_period_seconds: Some(grace_s.max(0) as u32),
             ..DeleteParams::background()
         };
-        let pod_existed = match self.pods.delete(id, &dp).await {
+        // A claimed warm pod keeps its own name; a sandbox's own pod is named by its id.
+        let name = self
+            .watch
+            .sandbox(id)
+            .and_then(|p| p.metadata.name.clone())
+            .unwrap_or_else(|| id.to_string());
+        let pod_existed = match self.pods.delete(&name, &dp).await {
             Ok(_) => true,
             Err(e) if is_not_found(&e) => false,
-            Err(e) => return Err(KubeError::api(format!("deleting pod {id}"), e)),
+            Err(e) => return Err(KubeError::api(format!("deleting pod {name}"), e)),
         };
         let secret_existed = match self
             .secrets
-            .delete(&objects::secret_name(id), &DeleteParams::default())
+            .delete(&objects::secret_name(&name), &DeleteParams::default())
             .await
         {
             Ok(_) => true,
             Err(e) if is_not_found(&e) => false,
-            Err(e) => return Err(KubeError::api(format!("deleting Secret {id}-token"), e)),
+            Err(e) => return Err(KubeError::api(format!("deleting Secret {name}-token"), e)),
         };
         match self
             .policies
@@ -385,11 +474,11 @@ impl KubeBackend {
             let limit = GONE_LIMIT + Duration::from_secs(grace_s.max(0) as u64);
             let gone = tokio::time::timeout(
                 limit,
-                self.watch.wait_for(id, |p| p.is_none().then_some(())),
+                self.watch.wait_for(&name, |p| p.is_none().then_some(())),
             );
             if gone.await.is_err() {
                 return Err(KubeError::Timeout(format!(
-                    "pod {id} was still there {} s after its deletion",
+                    "pod {name} was still there {} s after its deletion",
                     limit.as_secs()
                 )));
             }
@@ -417,7 +506,8 @@ impl KubeBackend {
     }
 
     fn sandbox_of(&self, pod: &Pod, tokens: &BTreeMap<String, String>) -> Option<BackendSandbox> {
-        let id = pod.metadata.name.clone()?;
+        // Unclaimed warm pods have no sandbox label: not sandboxes, not listed.
+        let id = pod.metadata.labels.as_ref()?.get(SANDBOX_LABEL)?.clone();
         let annotations = pod.metadata.annotations.clone().unwrap_or_default();
         let labels = annotations
             .get(objects::LABELS_ANNOTATION)
@@ -490,13 +580,18 @@ impl Backend for KubeBackend {
                 .watch
                 .all()
                 .iter()
-                .filter_map(|p| p.metadata.name.clone())
+                .filter_map(|p| p.metadata.labels.as_ref()?.get(SANDBOX_LABEL).cloned())
                 .collect())
         })
     }
 
     fn shutdown(&self) -> BackendFuture<'_, ()> {
         Box::pin(async move {
+            // No refill while everything goes, warm pods included (by pod name).
+            self.stopping.store(true, Ordering::Relaxed);
+            if let Some(k) = &self.keeper {
+                k.abort();
+            }
             let ids: Vec<String> = self
                 .watch
                 .all()

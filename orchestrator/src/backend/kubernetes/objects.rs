@@ -48,6 +48,8 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "orchard";
 /// The label naming the sandbox an object belongs to.
 pub const SANDBOX_LABEL: &str = "orchard.dev/sandbox";
+/// The label of an unclaimed warm pod (and its Secret): its pool's key.
+pub const POOL_LABEL: &str = "orchard.dev/pool";
 /// The annotation holding the server's labels as a JSON object.
 pub const LABELS_ANNOTATION: &str = "orchard.dev/labels";
 /// The annotation holding the normalised image reference.
@@ -124,6 +126,17 @@ fn labels(id: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// Labels of a pod or Secret: a sandbox's, or an unclaimed warm pod's (`pool`).
+fn owner_labels(id: &str, pool: Option<&str>) -> BTreeMap<String, String> {
+    match pool {
+        None => labels(id),
+        Some(key) => BTreeMap::from([
+            (MANAGED_BY.to_string(), MANAGED_BY_VALUE.to_string()),
+            (POOL_LABEL.to_string(), key.to_string()),
+        ]),
+    }
+}
+
 /// What one sandbox's pod is made of (backend-neutral values, already checked).
 #[derive(Debug, Clone)]
 pub struct PodInput<'a> {
@@ -141,6 +154,9 @@ pub struct PodInput<'a> {
     pub labels: &'a BTreeMap<String, String>,
     /// Lifetime.
     pub ttl: Option<Duration>,
+    /// The warm pool's key when this is an unclaimed warm pod (`id` is then the pod's
+    /// name, and a claim gives it a sandbox id).
+    pub pool: Option<&'a str>,
 }
 
 /// CPUs as a Kubernetes quantity in millicores (`1.5` is `1500m`).
@@ -307,7 +323,7 @@ pub fn pod(cfg: &KubeConfig, input: &PodInput<'_>) -> Result<Pod, KubeError> {
         metadata: ObjectMeta {
             name: Some(input.id.to_string()),
             namespace: Some(cfg.namespace.clone()),
-            labels: Some(labels(input.id)),
+            labels: Some(owner_labels(input.id, input.pool)),
             annotations: Some(annotations),
             ..Default::default()
         },
@@ -332,14 +348,15 @@ pub fn pod(cfg: &KubeConfig, input: &PodInput<'_>) -> Result<Pod, KubeError> {
     })
 }
 
-/// The Secret holding a sandbox's token. Made before the pod (the kubelet would
-/// otherwise hold the container in `CreateContainerConfigError`), then owned by it.
-pub fn secret(cfg: &KubeConfig, id: &str, token: &str) -> Secret {
+/// The Secret holding a pod's token. Made before the pod (the kubelet would otherwise
+/// hold the container in `CreateContainerConfigError`), then owned by it. A warm pod's
+/// (`pool`) is mutable: a claim writes the sandbox's own token into it.
+pub fn secret(cfg: &KubeConfig, pod: &str, token: &str, pool: Option<&str>) -> Secret {
     Secret {
         metadata: ObjectMeta {
-            name: Some(secret_name(id)),
+            name: Some(secret_name(pod)),
             namespace: Some(cfg.namespace.clone()),
-            labels: Some(labels(id)),
+            labels: Some(owner_labels(pod, pool)),
             ..Default::default()
         },
         data: Some(BTreeMap::from([(
@@ -347,7 +364,7 @@ pub fn secret(cfg: &KubeConfig, id: &str, token: &str) -> Secret {
             ByteString(token.as_bytes().to_vec()),
         )])),
         type_: Some("Opaque".into()),
-        immutable: Some(true),
+        immutable: Some(pool.is_none()),
         ..Default::default()
     }
 }
@@ -489,6 +506,7 @@ mod tests {
             env,
             labels,
             ttl: Some(Duration::from_secs(600)),
+            pool: None,
         }
     }
 
@@ -542,7 +560,7 @@ mod tests {
         assert_eq!(token["name"], "ORCHARD_AGENT_TOKEN");
         assert!(token.get("value").is_none());
         assert_eq!(token["valueFrom"]["secretKeyRef"]["name"], "sb-1-token");
-        let secret = secret(&cfg(), "sb-1", "s3cret-token");
+        let secret = secret(&cfg(), "sb-1", "s3cret-token", None);
         assert!(!text.contains("s3cret-token"));
         assert_eq!(secret.data.unwrap()["token"].0, b"s3cret-token");
     }

@@ -22,10 +22,23 @@ use super::error::KubeError;
 
 /// The pod cache and its change signal.
 pub struct PodWatch {
+    view: PodView,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// A reader of the cache (cheap to clone: the warm-pool keeper holds one).
+#[derive(Clone)]
+pub struct PodView {
     store: Store<Pod>,
     changed: gen::Receiver<u64>,
     namespace: String,
-    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::ops::Deref for PodWatch {
+    type Target = PodView;
+    fn deref(&self) -> &PodView {
+        &self.view
+    }
 }
 
 impl Drop for PodWatch {
@@ -51,13 +64,22 @@ impl PodWatch {
             }
         });
         PodWatch {
-            store,
-            changed: rx,
-            namespace: namespace.to_string(),
+            view: PodView {
+                store,
+                changed: rx,
+                namespace: namespace.to_string(),
+            },
             task,
         }
     }
 
+    /// A reader of the cache.
+    pub fn view(&self) -> PodView {
+        self.view.clone()
+    }
+}
+
+impl PodView {
     /// Waits until the first list has filled the cache, up to `limit`.
     pub async fn synced(&self, limit: Duration) -> Result<(), KubeError> {
         match tokio::time::timeout(limit, self.store.wait_until_ready()).await {
@@ -79,6 +101,24 @@ impl PodWatch {
     /// Every cached pod.
     pub fn all(&self) -> Vec<Arc<Pod>> {
         self.store.state()
+    }
+
+    /// The cached pod of sandbox `id` (its label; a claimed warm pod has another name).
+    pub fn sandbox(&self, id: &str) -> Option<Arc<Pod>> {
+        self.store.find(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(super::objects::SANDBOX_LABEL))
+                .is_some_and(|v| v == id)
+        })
+    }
+
+    /// Waits for the next change of the cache (or `limit`).
+    pub async fn changed(&self, limit: std::time::Duration) {
+        let mut changed = self.changed.clone();
+        changed.borrow_and_update();
+        let _ = tokio::time::timeout(limit, changed.changed()).await;
     }
 
     /// Calls `check` with the cached pod `name` (or `None`) now and after every change,
