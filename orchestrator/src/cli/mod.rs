@@ -106,6 +106,10 @@ pub enum SandboxCommand {
         /// Read all of standard input first and give it to the command.
         #[arg(short = 'i', long)]
         stdin: bool,
+        /// Call the sandbox's agent directly (its pod IP on Kubernetes, its socket on
+        /// this host), with the token the server gives; the server only looks it up.
+        #[arg(long)]
+        direct: bool,
         /// The program and its arguments (after `--` when they start with `-`).
         #[arg(
             required = true,
@@ -289,6 +293,7 @@ pub async fn sandbox(connect: &Connect, cmd: SandboxCommand) -> Result<i32, CliE
             timeout,
             sh,
             stdin,
+            direct,
             command,
         } => {
             let opts = sandbox::ExecOptions {
@@ -298,7 +303,11 @@ pub async fn sandbox(connect: &Connect, cmd: SandboxCommand) -> Result<i32, CliE
                 shell: sh,
                 stdin,
             };
-            sandbox::exec(&client, &id, command, opts).await
+            if direct {
+                sandbox::exec_direct(&client, &id, command, opts).await
+            } else {
+                sandbox::exec(&client, &id, command, opts).await
+            }
         }
         SandboxCommand::Rm { ids } => sandbox::remove(&client, &ids).await,
         SandboxCommand::Shell {

@@ -145,21 +145,106 @@ fn exec_request(command: Vec<String>, opts: ExecOptions, stdin: Option<Vec<u8>>)
 }
 
 /// `sandbox exec`: streams the command's output; answers its exit code.
+fn read_stdin(wanted: bool) -> Result<Option<Vec<u8>>, CliError> {
+    if !wanted {
+        return Ok(None);
+    }
+    let mut buf = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut buf)
+        .map_err(|e| CliError::io("reading standard input", e))?;
+    Ok(Some(buf))
+}
+
+/// Prints one frame of a command's output; its exit status once it ends.
+fn print_event(event: ExecEvent) -> Result<Option<i32>, CliError> {
+    match event {
+        ExecEvent::Start { .. } | ExecEvent::Keepalive => Ok(None),
+        ExecEvent::Stdout { data } => {
+            write_chunk(&mut std::io::stdout(), &data, "stdout").map(|_| None)
+        }
+        ExecEvent::Stderr { data } => {
+            write_chunk(&mut std::io::stderr(), &data, "stderr").map(|_| None)
+        }
+        ExecEvent::Exit { exit, .. } => {
+            if exit.timed_out {
+                eprintln!("orchard: the command ran out of time and was killed");
+            }
+            Ok(Some(exit_status(&exit)))
+        }
+        ExecEvent::Error { code, message } => Err(CliError::Remote {
+            what: "the command".into(),
+            message: format!("{message} ({})", code.as_str()),
+        }),
+    }
+}
+
+/// `sandbox exec --direct`: asks the server for the sandbox's agent endpoint and token,
+/// then streams the command from the agent itself (a pod IP on Kubernetes).
+pub async fn exec_direct(
+    client: &Client,
+    id: &str,
+    command: Vec<String>,
+    opts: ExecOptions,
+) -> Result<i32, CliError> {
+    let stdin = read_stdin(opts.stdin)?;
+    let path = format!("/v1/sandboxes/{}", segment(id));
+    let sb: orchard_protocol::sandbox::Sandbox = client
+        .json(client.request(Method::GET, &path), "the sandbox")
+        .await?;
+    let agent = sb.agent.ok_or_else(|| CliError::Remote {
+        what: format!("sandbox {id}"),
+        message: format!("it is not ready ({})", sb.status),
+    })?;
+    let endpoint = match (&agent.url, &agent.socket) {
+        (Some(url), _) => crate::backend::AgentEndpoint::parse_url(url)
+            .ok_or_else(|| CliError::protocol("the agent URL", url))?,
+        (None, Some(socket)) => crate::backend::AgentEndpoint::Unix(socket.into()),
+        (None, None) => {
+            return Err(CliError::protocol(
+                "the sandbox",
+                "it names no agent endpoint",
+            ))
+        }
+    };
+    let direct = orchard_client::AgentClient::new(endpoint.client(), agent.token);
+    let what = format!("the agent at {endpoint}");
+    let mut stream = direct
+        .exec_stream(&exec_request(command, opts, stdin))
+        .await
+        .map_err(|e| CliError::Remote {
+            what: what.clone(),
+            message: e.to_string(),
+        })?;
+    loop {
+        match stream.next().await {
+            Ok(Some(event)) => {
+                if let Some(code) = print_event(event)? {
+                    return Ok(code);
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                return Err(CliError::Remote {
+                    what,
+                    message: e.to_string(),
+                })
+            }
+        }
+    }
+    Err(CliError::protocol(
+        "the exec stream",
+        "it ended without an exit frame (the connection was cut?)",
+    ))
+}
+
 pub async fn exec(
     client: &Client,
     id: &str,
     command: Vec<String>,
     opts: ExecOptions,
 ) -> Result<i32, CliError> {
-    let stdin = if opts.stdin {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut buf)
-            .map_err(|e| CliError::io("reading standard input", e))?;
-        Some(buf)
-    } else {
-        None
-    };
+    let stdin = read_stdin(opts.stdin)?;
     let request = exec_request(command, opts, stdin);
     let path = format!("/v1/sandboxes/{}/exec/stream", segment(id));
     let response = client
@@ -170,22 +255,8 @@ pub async fn exec(
         let Some(event) = parse_event(&line)? else {
             continue;
         };
-        match event {
-            ExecEvent::Start { .. } | ExecEvent::Keepalive => {}
-            ExecEvent::Stdout { data } => write_chunk(&mut std::io::stdout(), &data, "stdout")?,
-            ExecEvent::Stderr { data } => write_chunk(&mut std::io::stderr(), &data, "stderr")?,
-            ExecEvent::Exit { exit, .. } => {
-                if exit.timed_out {
-                    eprintln!("orchard: the command ran out of time and was killed");
-                }
-                return Ok(exit_status(&exit));
-            }
-            ExecEvent::Error { code, message } => {
-                return Err(CliError::Remote {
-                    what: "the command".into(),
-                    message: format!("{message} ({})", code.as_str()),
-                })
-            }
+        if let Some(code) = print_event(event)? {
+            return Ok(code);
         }
     }
     Err(CliError::protocol(

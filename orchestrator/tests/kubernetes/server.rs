@@ -114,6 +114,29 @@ async fn the_compatible_api_runs_on_pods_and_a_restarted_server_adopts_them() {
         .await
         .unwrap();
     assert_eq!(r.stdout.text_lossy(), "before\n");
+    // The CLI's --direct does the same: the server only names the endpoint.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orchard"))
+        .args([
+            "sandbox",
+            "exec",
+            "--direct",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "cat /tmp/mark; exit 3",
+        ])
+        .env("SANDBOX_BASE_URL", &first.url)
+        .env("SANDBOX_API_KEY", KEY)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "before\n");
 
     // More than the largest node has is refused up front.
     let (s, refused) = call(
