@@ -197,6 +197,10 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
             kube.warm_cpus = crate::service::units::parse_cpu(&config.defaults.cpu).ok();
             kube.warm_memory_bytes =
                 crate::service::units::parse_memory(&config.defaults.memory).ok();
+            // --sandbox-disk bounds a sandbox's writes on either backend.
+            if kube.ephemeral_storage.is_none() {
+                kube.ephemeral_storage = config.sandbox_disk.map(|d| d.bytes.to_string());
+            }
             let backend = KubeBackend::connect(kube.clone())
                 .await
                 .map_err(|e| ServeError::Setup(format!("starting the Kubernetes backend: {e}")))?;

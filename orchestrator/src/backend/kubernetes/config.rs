@@ -111,7 +111,8 @@ pub struct KubeArgs {
     /// Seconds between SIGTERM and SIGKILL when a sandbox pod is deleted [default: 2].
     #[arg(long, env = "ORCHARD_KUBE_GRACE_PERIOD_S")]
     pub kube_grace_period_s: Option<i64>,
-    /// Ephemeral-storage limit of each sandbox pod, like "10Gi" [default: none].
+    /// Ephemeral-storage limit of each sandbox pod, like "10Gi" [default: --sandbox-disk,
+    /// else none].
     #[arg(long, env = "ORCHARD_KUBE_EPHEMERAL_STORAGE")]
     pub kube_ephemeral_storage: Option<String>,
     /// The injector image carries the harness bundle: publish it in sandboxes

@@ -627,6 +627,21 @@ mod tests {
     }
 
     #[test]
+    fn the_ephemeral_storage_limit_is_set_when_configured() {
+        let labels = BTreeMap::new();
+        let mut c = cfg();
+        let v = serde_json::to_value(pod(&c, &input(&labels, &[])).unwrap()).unwrap();
+        assert!(v["spec"]["containers"][0]["resources"]["limits"]
+            .get("ephemeral-storage")
+            .is_none());
+        c.ephemeral_storage = Some("10737418240".into());
+        let v = serde_json::to_value(pod(&c, &input(&labels, &[])).unwrap()).unwrap();
+        let r = &v["spec"]["containers"][0]["resources"];
+        assert_eq!(r["limits"]["ephemeral-storage"], "10737418240");
+        assert_eq!(r["requests"]["ephemeral-storage"], "10737418240");
+    }
+
+    #[test]
     fn cpu_quantities_round_up_to_a_millicore() {
         assert_eq!(cpu_quantity(2.0).unwrap().0, "2000m");
         assert_eq!(cpu_quantity(0.0001).unwrap().0, "1m");
