@@ -119,7 +119,8 @@ pub fn spec(id: &str, image: &str) -> CreateSpec {
     CreateSpec {
         id: id.into(),
         image: SandboxImage::Reference(image.into()),
-        cpus: Some(0.5),
+        // Small: the test node has 2 CPUs, shared by the tests running at once.
+        cpus: Some(0.1),
         memory_bytes: Some(128 << 20),
         egress: false,
         env: vec!["GREETING=hello from k8s".into()],

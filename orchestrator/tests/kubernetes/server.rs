@@ -69,7 +69,7 @@ async fn the_compatible_api_runs_on_pods_and_a_restarted_server_adopts_them() {
     let (s, created) = call(
         reqwest::Method::POST,
         format!("{}/sandboxes", first.url),
-        Some(json!({"image": "python:3.11-slim", "cpu": "500m", "memory": "256Mi"})),
+        Some(json!({"image": "python:3.11-slim", "cpu": "200m", "memory": "256Mi"})),
     )
     .await;
     assert_eq!(s, 200, "{created}");
