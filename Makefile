@@ -108,6 +108,7 @@ bench: agent images sdk-deps
 	  cargo test --release -p orchard --test integration bench_local_backend -- --ignored --nocapture
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/server.md cargo test --release -p orchard --test integration bench_server -- --ignored --nocapture
 	scripts/bench-sdk.sh
+	@tests/k8s/bench.sh
 
 ## run: start `orchard serve` in the background, create a python:3.11-slim sandbox, run
 ## a command in it, print the SANDBOX_BASE_URL / SANDBOX_API_KEY lines.

@@ -7,6 +7,7 @@
 //! parallel and a failed one leaves nothing in the next one's way.
 
 mod pool;
+mod bench;
 mod server;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,452 @@
+//! `bench_kubernetes`: what a sandbox on the Kubernetes backend costs next to floors
+//! measured in the same run, so noise and machine speed hit every series alike.
+//!
+//! Create: create-to-ready (the agent answers) of a cold busybox pod through
+//! [`KubeBackend`], sequentially, next to the local backend's floor (`runc run` of
+//! `true`, from `orchard::backend::local::bench`) and its own create of busybox.
+//!
+//! Exec `true`: straight to the agent on the pod IP, through `orchard serve --backend
+//! kubernetes` (a real process) by `/v1/sandboxes/{id}/exec` and by the compatible
+//! `POST /sandboxes/{id}/exec` with `wait=true`, next to the local backend's agent on its
+//! Unix socket and a plain fork/exec of `true` on the host; interleaved call by call.
+//!
+//! The warm-pool claim is not measured yet (the pools are being written): its row says
+//! so. Writes a Markdown table to `ORCHARD_BENCH_OUT` (default
+//! `bench/results/kubernetes.md`); nothing about times is asserted. Run by
+//! `tests/k8s/bench.sh` (in `make bench`); skipped without `ORCHARD_TEST_KUBECONFIG`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use orchard::backend::kubernetes::KubeBackend;
+use orchard::backend::local::bench as local_bench;
+use orchard::backend::{AgentEndpoint, Backend, CreateSpec, SandboxImage};
+use orchard_client::AgentClient;
+use orchard_protocol::{Command, ExecRequest};
+use serde_json::{json, Value};
+
+use super::{host_cidr, kube_config, require_cluster, TestNamespace};
+use crate::util::sandbox::{busybox_image, fresh_root, test_config, TestBackend};
+use crate::util::server::{send, ServerProcess, KEY};
+
+/// The image of every sandbox here.
+const BUSYBOX: &str = "docker.io/library/busybox:latest";
+/// Sequential creates of a cold pod (each one deleted before the next).
+const CREATE_ROUNDS: usize = 8;
+/// Samples of the local floors (`runc run`, local create).
+const FLOOR_ROUNDS: usize = 10;
+/// Rounds of the exec series: one call of each route per round, the order rotating.
+const EXEC_ROUNDS: usize = 300;
+/// Warm-up calls per exec route.
+const WARMUP: usize = 20;
+
+/// Median and 90th percentile of a series (p90 only from 10 samples on).
+#[derive(Clone, Copy, Default)]
+struct Pcts {
+    n: usize,
+    p50: f64,
+    p90: f64,
+}
+
+fn pcts(samples: &[f64]) -> Pcts {
+    if samples.is_empty() {
+        return Pcts::default();
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let at = |q: f64| s[((q * (s.len() - 1) as f64).round() as usize).min(s.len() - 1)];
+    Pcts {
+        n: s.len(),
+        p50: at(0.5),
+        p90: at(0.9),
+    }
+}
+
+impl Pcts {
+    /// `n | p50 | p90` cells, p90 as `–` under 10 samples.
+    fn cells(&self, decimals: usize) -> String {
+        let p90 = if self.n >= 10 {
+            format!("{:.decimals$}", self.p90)
+        } else {
+            "–".into()
+        };
+        format!("{} | {:.decimals$} | {p90}", self.n, self.p50)
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The small pod every bench sandbox is (the node has 2 CPUs).
+fn small_spec(id: &str) -> CreateSpec {
+    CreateSpec {
+        id: id.into(),
+        image: SandboxImage::Reference(BUSYBOX.into()),
+        cpus: Some(0.1),
+        memory_bytes: Some(64 << 20),
+        egress: false,
+        env: Vec::new(),
+        labels: Default::default(),
+        ttl: Some(Duration::from_secs(600)),
+    }
+}
+
+/// Create-to-ready and delete of cold busybox pods, one at a time, after one warm-up
+/// (the injector image and busybox already on the node, as after a first sandbox).
+async fn kube_creates(kc: &Path) -> (Pcts, Pcts) {
+    let ns = TestNamespace::new(kc, "bench-create");
+    let b = KubeBackend::connect(kube_config(kc, &ns)).await.unwrap();
+    let warm = Backend::create(&b, small_spec("warm")).await.unwrap();
+    Backend::delete(&b, &warm.id).await.unwrap();
+    let (mut creates, mut deletes) = (Vec::new(), Vec::new());
+    for i in 0..CREATE_ROUNDS {
+        let t = Instant::now();
+        let sb = Backend::create(&b, small_spec(&format!("cold-{i}")))
+            .await
+            .unwrap_or_else(|e| panic!("create {i}: {e}"));
+        creates.push(ms(t.elapsed()));
+        let t = Instant::now();
+        Backend::delete(&b, &sb.id).await.unwrap();
+        deletes.push(ms(t.elapsed()));
+    }
+    (pcts(&creates), pcts(&deletes))
+}
+
+/// The local floors, one sample per run of the local backend's own bench (its `runc
+/// run` floor is not public on its own; a run of one round gives one raw sample of
+/// each): `runc run` of `true`, and the local create of busybox.
+async fn local_floors(tb: &TestBackend) -> (Pcts, Pcts) {
+    let cfg = local_bench::BenchConfig {
+        rounds: 1,
+        burst: 0,
+        ..local_bench::BenchConfig::default()
+    };
+    let (mut runc, mut create) = (Vec::new(), Vec::new());
+    for _ in 0..FLOOR_ROUNDS {
+        let r = local_bench::run(&tb.backend, &busybox_image(), &cfg)
+            .await
+            .expect("the local backend's bench");
+        runc.push(r.runc_run_ms.p50);
+        create.push(r.create_ms.p50);
+    }
+    (pcts(&runc), pcts(&create))
+}
+
+/// One way to run `true`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Route {
+    /// `std::process::Command::new("true")` on the host: fork/exec/wait alone.
+    Host,
+    /// The local backend's agent on its Unix socket.
+    LocalDirect,
+    /// The pod's agent on the pod IP, over TCP.
+    PodDirect,
+    /// `POST /v1/sandboxes/{id}/exec` `["true"]` on `orchard serve`.
+    V1,
+    /// `POST /sandboxes/{id}/exec` `"true"`, `wait=true` (a job running `sh -c true`).
+    Compat,
+}
+
+const ROUTES: [Route; 5] = [
+    Route::Host,
+    Route::LocalDirect,
+    Route::PodDirect,
+    Route::V1,
+    Route::Compat,
+];
+
+impl Route {
+    fn label(self) -> &'static str {
+        match self {
+            Route::Host => "floor: fork/exec of `true` on the host",
+            Route::LocalDirect => "local backend: agent on its Unix socket (floor)",
+            Route::PodDirect => "kubernetes: agent on the pod IP (TCP)",
+            Route::V1 => "kubernetes via `orchard serve`: `POST /v1/sandboxes/{id}/exec`",
+            Route::Compat => {
+                "kubernetes via `orchard serve`: `POST /sandboxes/{id}/exec`, `wait=true`"
+            }
+        }
+    }
+}
+
+/// Clients of every route.
+struct Targets {
+    http: reqwest::Client,
+    local: AgentClient,
+    pod: AgentClient,
+    url_v1: String,
+    url_compat: String,
+}
+
+impl Targets {
+    async fn post(&self, url: &str, body: &'static [u8]) -> Value {
+        let resp = self
+            .http
+            .post(url)
+            .header("X-API-Key", KEY)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+        let status = resp.status();
+        let bytes = resp.bytes().await.unwrap();
+        assert!(status.is_success(), "POST {url}: {status}: {bytes:?}");
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// One call by `route`; panics unless `true` succeeded.
+    async fn call(&self, route: Route) {
+        let argv = ExecRequest {
+            command: Command::Argv(vec!["true".into()]),
+            ..Default::default()
+        };
+        let ok = match route {
+            Route::Host => std::process::Command::new("true")
+                .status()
+                .expect("running true")
+                .success(),
+            Route::LocalDirect => self.local.exec(&argv).await.unwrap().exit_code == Some(0),
+            Route::PodDirect => self.pod.exec(&argv).await.unwrap().exit_code == Some(0),
+            Route::V1 => {
+                let v = self.post(&self.url_v1, br#"{"command":["true"]}"#).await;
+                v["exit_code"] == 0
+            }
+            Route::Compat => {
+                let body = br#"{"command":"true","wait":true}"#;
+                self.post(&self.url_compat, body).await["status"] == "succeeded"
+            }
+        };
+        assert!(ok, "{route:?}: `true` did not succeed");
+    }
+}
+
+/// Exec `true` by every route: warm-up, then rounds of one call each, rotating.
+async fn exec_latency(t: &Targets) -> Vec<Pcts> {
+    for _ in 0..WARMUP {
+        for r in ROUTES {
+            t.call(r).await;
+        }
+    }
+    let mut samples = vec![Vec::new(); ROUTES.len()];
+    for round in 0..EXEC_ROUNDS {
+        for k in 0..ROUTES.len() {
+            let i = (k + round) % ROUTES.len();
+            let start = Instant::now();
+            t.call(ROUTES[i]).await;
+            samples[i].push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    samples.iter().map(|s| pcts(s)).collect()
+}
+
+/// `orchard serve --backend kubernetes` on this host, in `ns`, small default pods.
+fn serve(kc: &Path, ns: &TestNamespace, data: &Path) -> ServerProcess {
+    let cidr = host_cidr();
+    ServerProcess::start(
+        data,
+        &[
+            "--backend",
+            "kubernetes",
+            "--kubeconfig",
+            kc.to_str().unwrap(),
+            "--namespace",
+            &ns.name,
+            "--kube-ingress-cidr",
+            &cidr,
+            "--kube-grace-period-s",
+            "0",
+            "--default-cpu",
+            "100m",
+            "--default-memory",
+            "64Mi",
+        ],
+    )
+}
+
+/// A ready busybox sandbox made through the server's `/v1`: its id and a client of its
+/// agent on the pod IP (the URL and token `/v1` answers).
+async fn server_sandbox(url: &str) -> (String, AgentClient) {
+    let http = reqwest::Client::new();
+    let (s, sb) = send(
+        http.post(format!("{url}/v1/sandboxes"))
+            .header("X-API-Key", KEY)
+            .json(&json!({"image": "busybox:latest", "cpu": "100m", "memory": "64Mi"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_string();
+    let (s, v) = send(
+        http.get(format!("{url}/v1/sandboxes/{id}"))
+            .header("X-API-Key", KEY),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let endpoint = AgentEndpoint::parse_url(v["agent"]["url"].as_str().unwrap()).unwrap();
+    let token = v["agent"]["token"].as_str().unwrap();
+    (id, AgentClient::new(endpoint.client(), token))
+}
+
+/// The results.
+struct Report {
+    runc: Pcts,
+    local_create: Pcts,
+    kube_create: Pcts,
+    kube_delete: Pcts,
+    exec: Vec<Pcts>,
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}x", a / b)
+    } else {
+        "–".into()
+    }
+}
+
+impl Report {
+    fn create_table(&self, md: &mut String) {
+        let floor = self.runc.p50;
+        let _ = writeln!(
+            md,
+            "| measure | n | p50 ms | p90 ms | vs `runc run` (p50) |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|");
+        let rows = [
+            (
+                "floor: `runc run` of `true` (local backend's bench)",
+                self.runc,
+            ),
+            ("local backend: create to ready, busybox", self.local_create),
+            (
+                "kubernetes: create to ready, cold busybox pod",
+                self.kube_create,
+            ),
+            (
+                "kubernetes: delete (until the pod is gone)",
+                self.kube_delete,
+            ),
+        ];
+        for (label, p) in rows {
+            let _ = writeln!(md, "| {label} | {} | {} |", p.cells(1), ratio(p.p50, floor));
+        }
+        // TODO(warm pools): measure claiming a pod from a warm pool here (create with a
+        // pool configured, from the request to the claimed agent answering with the new
+        // token) once the warm pools land in orchestrator/src/backend/kubernetes/.
+        let _ = writeln!(md, "| warm-pool claim: not measured yet | – | – | – | – |");
+    }
+
+    fn exec_table(&self, md: &mut String) {
+        let at = |r: Route| self.exec[ROUTES.iter().position(|x| *x == r).unwrap()];
+        let (local, pod) = (at(Route::LocalDirect).p50, at(Route::PodDirect).p50);
+        let _ = writeln!(
+            md,
+            "| exec `true` | n | p50 µs | p90 µs | vs local direct (p50) | vs pod-IP direct (p50) |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|");
+        for r in ROUTES {
+            let p = at(r);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} |",
+                r.label(),
+                p.cells(0),
+                ratio(p.p50, local),
+                ratio(p.p50, pod),
+            );
+        }
+    }
+
+    fn to_markdown(&self) -> String {
+        let mut md = String::new();
+        let _ = writeln!(md, "# Kubernetes backend benchmark\n");
+        let _ = writeln!(
+            md,
+            "The test cluster of `tests/k8s/` (one node, 2 CPUs), pods of 100m CPU and \
+             64 MiB; every floor measured in the same run. Create: {CREATE_ROUNDS} \
+             sequential creates of a busybox pod (injector and busybox images on the \
+             node, one warm-up create first), each deleted before the next; the local \
+             floors are {FLOOR_ROUNDS} one-round runs of the local backend's bench.\n"
+        );
+        self.create_table(&mut md);
+        let _ = writeln!(
+            md,
+            "\nExec: {EXEC_ROUNDS} calls per route after {WARMUP} warm-up calls, \
+             interleaved call by call (the order rotates every round), keep-alive \
+             clients, one sandbox per backend; the server is `orchard serve --backend \
+             kubernetes` on this host (its request log to a file), the compatible route \
+             runs `sh -c true` as a job.\n"
+        );
+        self.exec_table(&mut md);
+        md
+    }
+}
+
+fn out_path() -> PathBuf {
+    std::env::var_os("ORCHARD_BENCH_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../bench/results/kubernetes.md"
+            ))
+        })
+}
+
+/// `make bench` runs it through `tests/k8s/bench.sh`; by hand, with the cluster up:
+/// `ORCHARD_TEST_KUBECONFIG=tests/k8s/.run/kubeconfig cargo test --release -p orchard
+/// --test integration bench_kubernetes -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run by make bench"]
+async fn bench_kubernetes() {
+    let kc = require_cluster!();
+    orchard_test_support::require_runc!();
+    let mut config = test_config(&fresh_root());
+    config.ready_timeout = Duration::from_secs(120);
+    let local = TestBackend::with_config(config);
+
+    let (runc, local_create) = local_floors(&local).await;
+    let (kube_create, kube_delete) = kube_creates(&kc).await;
+
+    let ns = TestNamespace::new(&kc, "bench-exec");
+    let data = tempfile::tempdir().unwrap();
+    let srv = serve(&kc, &ns, data.path());
+    let (id, pod) = server_sandbox(&srv.url).await;
+    let local_sb = local.busybox().await;
+    let targets = Targets {
+        http: reqwest::Client::new(),
+        local: local_sb.client(),
+        pod,
+        url_v1: format!("{}/v1/sandboxes/{id}/exec", srv.url),
+        url_compat: format!("{}/sandboxes/{id}/exec", srv.url),
+    };
+    let exec = exec_latency(&targets).await;
+    let (s, v) = send(
+        targets
+            .http
+            .delete(format!("{}/v1/sandboxes/{id}", srv.url))
+            .header("X-API-Key", KEY),
+    )
+    .await;
+    assert!(s < 300, "deleting {id}: {s} {v}");
+    drop(srv);
+    local.finish().await;
+
+    let report = Report {
+        runc,
+        local_create,
+        kube_create,
+        kube_delete,
+        exec,
+    };
+    let md = report.to_markdown();
+    println!("{md}");
+    let out = out_path();
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).expect("creating the results directory");
+    }
+    std::fs::write(&out, &md).expect("writing the benchmark table");
+    println!("wrote {}", out.display());
+}
