@@ -289,6 +289,31 @@ async fn server_sandbox(url: &str) -> (String, AgentClient) {
     (id, AgentClient::new(endpoint.client(), token))
 }
 
+/// The CFS counters of the pod's CPU cgroup (v1 or v2), as `nr_throttled of
+/// nr_periods periods throttled`.
+async fn cpu_throttling(pod: &AgentClient) -> String {
+    let r = pod
+        .exec(&ExecRequest {
+            command: Command::Shell(
+                "cat /sys/fs/cgroup/cpu/cpu.stat 2>/dev/null || cat /sys/fs/cgroup/cpu.stat".into(),
+            ),
+            ..Default::default()
+        })
+        .await
+        .expect("reading the pod's cpu.stat");
+    let text = r.stdout.text_lossy();
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    format!(
+        "{} of {} periods throttled",
+        field("nr_throttled "),
+        field("nr_periods ")
+    )
+}
+
 /// The results.
 struct Report {
     runc: Pcts,
@@ -296,6 +321,8 @@ struct Report {
     kube_create: Pcts,
     kube_delete: Pcts,
     exec: Vec<Pcts>,
+    /// The pod's CFS counters after the exec series (`nr_periods`, `nr_throttled`).
+    pod_throttling: String,
 }
 
 fn ratio(a: f64, b: f64) -> String {
@@ -380,6 +407,13 @@ impl Report {
              runs `sh -c true` as a job.\n"
         );
         self.exec_table(&mut md);
+        let _ = writeln!(
+            md,
+            "\nThe pod's CPU limit (100m: 10 ms of CPU per 100 ms period) after the exec \
+             series: {}. A call that lands in a throttled period waits for the next one: \
+             most likely the cause of the 75-80 ms p90 of the pod-IP and compatible routes.",
+            self.pod_throttling
+        );
         md
     }
 }
@@ -423,6 +457,7 @@ async fn bench_kubernetes() {
         url_compat: format!("{}/sandboxes/{id}/exec", srv.url),
     };
     let exec = exec_latency(&targets).await;
+    let pod_throttling = cpu_throttling(&targets.pod).await;
     let (s, v) = send(
         targets
             .http
@@ -440,6 +475,7 @@ async fn bench_kubernetes() {
         kube_create,
         kube_delete,
         exec,
+        pod_throttling,
     };
     let md = report.to_markdown();
     println!("{md}");
