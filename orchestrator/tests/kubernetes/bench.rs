@@ -359,9 +359,10 @@ impl Report {
         for (label, p) in rows {
             let _ = writeln!(md, "| {label} | {} | {} |", p.cells(1), ratio(p.p50, floor));
         }
-        // TODO(warm pools): measure claiming a pod from a warm pool here (create with a
-        // pool configured, from the request to the claimed agent answering with the new
-        // token) once the warm pools land in orchestrator/src/backend/kubernetes/.
+        // TODO(warm pools): measure the claim of a warm pod here, as a series next to
+        // `kube_create`: a backend with a pool of busybox (orchestrator/src/backend/
+        // kubernetes/pool.rs, `--kube-warm-pool IMAGE=N`), the time from `create` to the
+        // claimed agent answering with its new token, the pool refilled between claims.
         let _ = writeln!(md, "| warm-pool claim: not measured yet | – | – | – | – |");
     }
 

@@ -6,8 +6,8 @@
 //! Each test works in a namespace of its own (removed when it ends), so tests run in
 //! parallel and a failed one leaves nothing in the next one's way.
 
-mod pool;
 mod bench;
+mod pool;
 mod server;
 
 use std::collections::BTreeMap;
