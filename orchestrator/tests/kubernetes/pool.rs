@@ -12,8 +12,9 @@ use orchard_protocol::Command;
 
 const BUSYBOX: &str = "docker.io/library/busybox:latest";
 
-/// Names of the running, unclaimed warm pods.
-fn warm(ns: &TestNamespace) -> Vec<String> {
+/// Names of the running, unclaimed warm pods whose agent passed its readiness probe
+/// (the ones a create can claim).
+pub(super) fn warm(ns: &TestNamespace) -> Vec<String> {
     ns.kubectl(&[
         "get",
         "pods",
@@ -22,11 +23,11 @@ fn warm(ns: &TestNamespace) -> Vec<String> {
         "--field-selector",
         "status.phase=Running",
         "-o",
-        "jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[?(@.name==\"sandbox\")].ready} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
     ])
     .lines()
     // Pods being deleted are going, not warm.
-    .filter_map(|l| l.strip_suffix(' '))
+    .filter_map(|l| l.strip_suffix(" true "))
     .map(str::to_string)
     .collect()
 }

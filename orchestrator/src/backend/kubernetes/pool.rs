@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 use super::config::KubeConfig;
 use super::error::{is_conflict, is_not_found, KubeError};
 use super::objects::{self, PodInput, POOL_LABEL, SANDBOX_LABEL};
-use super::status::{pod_state, PodState};
+use super::status::{agent_ready, pod_state, PodState};
 use super::watch::PodView;
 use crate::backend::{AgentEndpoint, BackendSandbox, CreateSpec};
 
@@ -175,7 +175,7 @@ impl PoolApi {
             .await;
     }
 
-    /// Claims a running warm pod of `pool` for `spec`; `None` when there is none.
+    /// Claims a running warm pod of `pool` whose agent passed its probe for `spec`; `None` when there is none.
     pub async fn claim(
         &self,
         pool: &Pool,
@@ -186,7 +186,7 @@ impl PoolApi {
             .all()
             .into_iter()
             .filter(|p| label(p, POOL_LABEL) == Some(&pool.key))
-            .filter(|p| matches!(pod_state(p), PodState::Running(_)))
+            .filter(|p| matches!(pod_state(p), PodState::Running(_)) && agent_ready(p))
             .collect();
         // Oldest first: the likeliest to be ready.
         warm.sort_by(|a, b| {

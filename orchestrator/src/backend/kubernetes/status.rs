@@ -155,6 +155,18 @@ pub fn pod_state(pod: &Pod) -> PodState {
     }
 }
 
+/// Whether the agent's container passed its readiness probe: the agent answers on the
+/// pod IP. A warm pod is claimed only then, so the token rotation of a claim never
+/// races the agent's start.
+pub fn agent_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.name == SANDBOX_CONTAINER && c.ready)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,6 +274,22 @@ mod tests {
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ));
         assert!(matches!(pod_state(&deleting), PodState::Failed(_)));
+    }
+
+    #[test]
+    fn only_a_probed_agent_is_ready() {
+        let status = |ready: bool| {
+            serde_json::json!({
+                "phase": "Running", "podIP": "198.18.0.7",
+                "containerStatuses": [{
+                    "name": SANDBOX_CONTAINER, "image": "x", "imageID": "", "ready": ready,
+                    "restartCount": 0, "state": {"running": {}}
+                }]
+            })
+        };
+        assert!(!agent_ready(&pod(status(false))));
+        assert!(agent_ready(&pod(status(true))));
+        assert!(!agent_ready(&pod(serde_json::json!({"phase": "Pending"}))));
     }
 
     #[test]
