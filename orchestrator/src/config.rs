@@ -64,6 +64,16 @@ pub struct ServeArgs {
     /// sandbox; see the `--kube*` settings and the `[kubernetes]` table) [default: local].
     #[arg(long, env = "ORCHARD_BACKEND")]
     pub backend: Option<String>,
+    /// Where the shared state (sandbox records, jobs, quotas, leases) lives: `memory`
+    /// (this process; jobs journaled under the data directory) or a Redis URL
+    /// (`redis://HOST:PORT[/DB]`, `redis+unix:///PATH`), which several replicas share
+    /// [default: memory].
+    #[arg(long, env = "ORCHARD_STATE")]
+    pub state: Option<String>,
+    /// The prefix of this deployment's Redis keys (deployments sharing one Redis
+    /// database keep apart by it) [default: orchard].
+    #[arg(long, env = "ORCHARD_STATE_PREFIX")]
+    pub state_prefix: Option<String>,
     /// The Kubernetes backend's settings.
     #[command(flatten)]
     pub kube: crate::backend::kubernetes::KubeArgs,
@@ -86,6 +96,11 @@ pub struct ServeArgs {
     /// Seconds between reconciliations with the backend [default: 30].
     #[arg(long, env = "ORCHARD_RECONCILE_INTERVAL_S")]
     pub reconcile_interval_s: Option<u64>,
+    /// Seconds a sandbox's job worker holds its lease without renewing it: with many
+    /// replicas, how long after a replica dies another takes its sandboxes' jobs over
+    /// [default: 30].
+    #[arg(long, env = "ORCHARD_WORKER_LEASE_S")]
+    pub worker_lease_s: Option<u64>,
     /// Seconds finished jobs are kept [default: 3600].
     #[arg(long, env = "ORCHARD_JOB_RETENTION_S")]
     pub job_retention_s: Option<u64>,
@@ -138,7 +153,8 @@ pub struct ServeArgs {
     #[arg(long, env = "ORCHARD_CREATE_QUEUE")]
     pub create_queue: Option<usize>,
     /// Keep sandboxes running when the server stops (a restart adopts them)
-    /// [default: false: delete them].
+    /// [default: false: delete them; true with `--state redis://...`, where the
+    /// sandboxes belong to every replica and one replica's exit must not end them].
     #[arg(
         long,
         env = "ORCHARD_KEEP_SANDBOXES_ON_EXIT",
@@ -290,12 +306,15 @@ pub struct FileConfig {
     harness: Option<PathBuf>,
     ready_file: Option<PathBuf>,
     backend: Option<String>,
+    state: Option<String>,
+    state_prefix: Option<String>,
     kubernetes: Option<crate::backend::kubernetes::KubeFile>,
     ready_timeout_s: Option<u64>,
     ttl_s: Option<u64>,
     heartbeat_timeout_s: Option<u64>,
     policy_interval_ms: Option<u64>,
     reconcile_interval_s: Option<u64>,
+    worker_lease_s: Option<u64>,
     job_retention_s: Option<u64>,
     exec_timeout_s: Option<u64>,
     heartbeat_reaping: Option<bool>,
@@ -348,6 +367,48 @@ pub enum ConfigError {
     Credentials(#[from] CredentialsError),
 }
 
+/// Where the shared state lives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StateChoice {
+    /// This process's memory (and the job journal).
+    Memory,
+    /// A Redis shared by the replicas.
+    Redis {
+        /// Its URL.
+        url: String,
+        /// The prefix of the keys.
+        prefix: String,
+    },
+}
+
+impl StateChoice {
+    /// `memory` (or nothing) or a Redis URL; the prefix a non-empty word.
+    fn parse(state: Option<&str>, prefix: Option<String>) -> Result<StateChoice, ConfigError> {
+        let prefix = prefix.unwrap_or_else(|| "orchard".into());
+        if prefix.is_empty() || prefix.contains(char::is_whitespace) {
+            return Err(ConfigError::Invalid(format!(
+                "state_prefix {prefix:?}: must be a non-empty word"
+            )));
+        }
+        match state.map(str::trim) {
+            None | Some("") | Some("memory") => Ok(StateChoice::Memory),
+            Some(url)
+                if ["redis://", "rediss://", "redis+unix://", "unix://"]
+                    .iter()
+                    .any(|s| url.starts_with(s)) =>
+            {
+                Ok(StateChoice::Redis {
+                    url: url.to_string(),
+                    prefix,
+                })
+            }
+            Some(other) => Err(ConfigError::Invalid(format!(
+                "state {other:?}: use `memory` or a Redis URL such as redis://127.0.0.1:6379"
+            ))),
+        }
+    }
+}
+
 /// Which backend runs sandboxes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BackendChoice {
@@ -362,6 +423,8 @@ pub enum BackendChoice {
 pub struct Config {
     /// The backend.
     pub backend: BackendChoice,
+    /// Where the shared state lives.
+    pub state: StateChoice,
     /// Listen address.
     pub listen: String,
     /// Accepted keys (empty with `no_auth`, or before a key is generated).
@@ -515,6 +578,8 @@ impl Config {
                     .max(10),
             ),
             reconcile_interval: secs(args.reconcile_interval_s, file.reconcile_interval_s, 30),
+            worker_lease: secs(args.worker_lease_s, file.worker_lease_s, 30)
+                .max(Duration::from_secs(1)),
             job_retention: secs(args.job_retention_s, file.job_retention_s, 3600),
             exec_timeout: secs(args.exec_timeout_s, file.exec_timeout_s, 300),
             heartbeat_reaping: args
@@ -590,8 +655,14 @@ impl Config {
                     })
             })
             .collect::<Result<_, _>>()?;
+        let state = StateChoice::parse(
+            args.state.clone().or(file.state).as_deref(),
+            args.state_prefix.clone().or(file.state_prefix),
+        )?;
+        let shared_state = matches!(state, StateChoice::Redis { .. });
         Ok(Config {
             backend,
+            state,
             listen: args
                 .listen
                 .or(file.listen)
@@ -637,7 +708,7 @@ impl Config {
             keep_sandboxes_on_exit: args
                 .keep_sandboxes_on_exit
                 .or(file.keep_sandboxes_on_exit)
-                .unwrap_or(false),
+                .unwrap_or(shared_state),
             registry_mirrors,
             allow_user_namespaces: args
                 .allow_user_namespaces
@@ -675,6 +746,55 @@ mod tests {
             ["k1", "k2", "k3", "k4", "k5"]
         );
         assert!(split_keys(" , \n").is_empty());
+    }
+
+    #[test]
+    fn the_state_is_memory_or_a_redis_url_from_the_flag_or_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("orchard.toml");
+        std::fs::write(
+            &file,
+            "state = \"redis://10.0.0.5:6379/2\"\nstate_prefix = \"team-a\"\n",
+        )
+        .unwrap();
+        let c = Config::resolve(ServeArgs {
+            config: Some(file.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            c.state,
+            StateChoice::Redis {
+                url: "redis://10.0.0.5:6379/2".into(),
+                prefix: "team-a".into()
+            }
+        );
+        assert!(
+            c.keep_sandboxes_on_exit,
+            "a replica's exit keeps the shared sandboxes"
+        );
+        let c = Config::resolve(ServeArgs {
+            config: Some(file),
+            state: Some("memory".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.state, StateChoice::Memory, "the flag wins");
+        assert!(!c.keep_sandboxes_on_exit);
+        assert_eq!(
+            Config::resolve(ServeArgs::default()).unwrap().state,
+            StateChoice::Memory
+        );
+        for (state, prefix) in [("postgres://x", None), ("redis://x", Some(""))] {
+            let err = Config::resolve(ServeArgs {
+                state: Some(state.into()),
+                state_prefix: prefix.map(String::from),
+                ..Default::default()
+            })
+            .err()
+            .unwrap();
+            assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
+        }
     }
 
     #[test]

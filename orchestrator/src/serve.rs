@@ -10,12 +10,13 @@ use std::sync::Arc;
 use crate::backend::kubernetes::KubeBackend;
 use crate::backend::local::{LocalBackend, LocalConfig};
 use crate::backend::Backend;
-use crate::config::{BackendChoice, Config};
+use crate::config::{BackendChoice, Config, StateChoice};
 use crate::image::gc::{self, InUse};
 use crate::image::{ImageStore, StoreConfig};
 use crate::metrics::Metrics;
 use crate::server::{router, AppState};
 use crate::service::{Keys, Service, ServiceConfig};
+use crate::state::redis::RedisStore;
 
 /// Why the server could not start or stopped badly.
 #[derive(Debug, thiserror::Error)]
@@ -69,22 +70,28 @@ pub async fn app(
     config: &Config,
     keys: Keys,
 ) -> Result<(axum::Router, Service), ServeError> {
-    let service = Service::open(
-        backend,
-        images,
-        ServiceConfig {
-            data_dir: config.data_dir.clone(),
-            policy: config.policy.clone(),
-            quotas: config.quotas,
-            defaults: config.defaults.clone(),
-            max_concurrent_creates: config.max_concurrent_creates,
-            create_queue: config.create_queue,
-            job_output_cap: config.job_output_cap,
-            job_output_budget: config.job_output_budget,
-        },
-        Arc::new(Metrics::default()),
-    )
-    .await
+    let service_config = ServiceConfig {
+        data_dir: config.data_dir.clone(),
+        policy: config.policy.clone(),
+        quotas: config.quotas,
+        defaults: config.defaults.clone(),
+        max_concurrent_creates: config.max_concurrent_creates,
+        create_queue: config.create_queue,
+        job_output_cap: config.job_output_cap,
+        job_output_budget: config.job_output_budget,
+    };
+    let metrics = Arc::new(Metrics::default());
+    let service = match &config.state {
+        StateChoice::Memory => Service::open(backend, images, service_config, metrics).await,
+        StateChoice::Redis { url, prefix } => {
+            let store = RedisStore::connect(url, prefix)
+                .await
+                .map_err(|e| ServeError::Setup(format!("opening the state store: {e}")))?;
+            tracing::info!(prefix = %prefix, "state in redis");
+            Service::open_with_store(backend, Arc::new(store), images, service_config, metrics)
+                .await
+        }
+    }
     .map_err(|e| ServeError::Setup(format!("starting the service: {e}")))?;
     let state = AppState {
         service: service.clone(),
@@ -187,6 +194,9 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
             local.disk = config.sandbox_disk;
             local.allow_user_namespaces = config.allow_user_namespaces;
             local.ready_timeout = config.policy.max_ready_timeout;
+            // Replicas over one Redis serve the same sandboxes: each may run on this
+            // data directory beside the others (one exclusive backend per root otherwise).
+            local.shared = matches!(config.state, StateChoice::Redis { .. });
             let backend = LocalBackend::open(local)
                 .map_err(|e| ServeError::Setup(format!("opening the local backend: {e}")))?;
             Ok(Arc::new(backend))

@@ -1,5 +1,5 @@
-//! How a compatible job runs: one worker task per sandbox, holding the sandbox's lease,
-//! takes jobs from its queue in the store in submission order and runs each through the agent as `bash -c` (a login shell as
+//! How a compatible job runs (its worker, which takes it from the queue, is
+//! [`super::worker`]): through the agent as `bash -c` (a login shell as
 //! Orchard runs it when asked: [`orchard_protocol::login`]; `sh` when the image has no
 //! bash), in the sandbox's default working directory
 //! (`/workspace` unless the operator set another). A list command is quoted element by
@@ -8,16 +8,14 @@
 //! `error` `Command timed out after Ns`. Output is kept up to the configured cap per
 //! stream (64 MiB by default; the job says `output_truncated` past it).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use orchard_protocol::compat::CompatCommand;
 use orchard_protocol::exec::timeout_error;
 use orchard_protocol::login::{filter_login_noise, login_shell_argv};
 use orchard_protocol::{Command, ErrorCode, ExecRequest};
-use tracing::Instrument;
 
-use crate::state::{JobRecord, Lease, Phase, SandboxRecord, Topic};
+use crate::state::{JobRecord, Lease, SandboxRecord};
 
 use super::jobs::Outcome;
 use super::{Live, Service};
@@ -45,114 +43,14 @@ pub fn script(command: &CompatCommand) -> String {
     }
 }
 
-/// How long a worker's lease on its sandbox lasts without renewal.
-const LEASE_TTL: Duration = Duration::from_secs(30);
-
-/// Starts the job worker of `rec`: it takes the sandbox's lease, then runs its queued
-/// jobs one at a time in submission order, woken by the store when one is added or the
-/// sandbox changes. Jobs queued while the sandbox is pending wait for it; when it failed
-/// or is gone, they fail. It ends when the record is gone.
-pub(super) fn spawn_worker(service: &Service, rec: &SandboxRecord) {
-    let weak = Arc::downgrade(&service.inner);
-    let (id, uid) = (rec.id.clone(), rec.uid.clone());
-    // Every line the worker and its jobs write names the sandbox.
-    let span = tracing::warn_span!("worker", sandbox_id = %id);
-    let worker = async move {
-        let lease_name = format!("sandbox/{id}");
-        let lease = loop {
-            let Some(inner) = weak.upgrade() else { return };
-            let service = Service { inner };
-            let mut changes = service.store().subscribe(Topic::Sandbox(id.clone()));
-            match service
-                .store()
-                .acquire_lease(&lease_name, &service.inner.holder, LEASE_TTL)
-                .await
-            {
-                Ok(Some(lease)) => break lease,
-                // Another worker holds it: wait for the sandbox to change or the lease
-                // to expire.
-                _ => {
-                    drop(service);
-                    let _ = tokio::time::timeout(LEASE_TTL, changes.changed()).await;
-                }
-            }
-        };
-        loop {
-            let Some(inner) = weak.upgrade() else { return };
-            let service = Service { inner };
-            // Subscribed before the reads: a change after them wakes the wait below.
-            let mut queued = service.store().subscribe(Topic::Queue(id.clone()));
-            let mut changed = service.store().subscribe(Topic::Sandbox(id.clone()));
-            let rec = match service.store().sandbox(&id).await {
-                Ok(Some(r)) if r.value.uid == uid => r.value,
-                Ok(_) => {
-                    fail_queued(&service, &id, "the sandbox was deleted").await;
-                    let _ = service.store().release_lease(&lease).await;
-                    return;
-                }
-                Err(_) => {
-                    drop(service);
-                    let _ = tokio::time::timeout(LEASE_TTL, changed.changed()).await;
-                    continue;
-                }
-            };
-            let job = match &rec.phase {
-                Phase::Pending => None,
-                Phase::Failed { message } => {
-                    let why = format!("the sandbox failed to start: {message}");
-                    fail_queued(&service, &id, &why).await;
-                    None
-                }
-                Phase::Ready => service.store().take_job(&id, &lease).await.ok().flatten(),
-            };
-            let Some(job) = job else {
-                drop(service);
-                tokio::select! {
-                    _ = queued.changed() => {}
-                    _ = changed.changed() => {}
-                }
-                continue;
-            };
-            let live = match service.live_of(&rec) {
-                Ok(live) => live,
-                Err(e) => {
-                    fail(&service, job, e.public_message()).await;
-                    continue;
-                }
-            };
-            let job_span = tracing::warn_span!("job", job_id = %job.job.job_id);
-            let run = run(&service, &live, job, &rec, &lease).instrument(job_span);
-            tokio::pin!(run);
-            loop {
-                tokio::select! {
-                    _ = &mut run => break,
-                    _ = tokio::time::sleep(LEASE_TTL / 3) => {
-                        let _ = service.store().renew_lease(&lease, LEASE_TTL).await;
-                    }
-                }
-            }
-            let _ = service.store().renew_lease(&lease, LEASE_TTL).await;
-        }
-    };
-    tokio::spawn(worker.instrument(span));
-}
-
-/// Fails every queued job of sandbox `id` with `why`.
-async fn fail_queued(service: &Service, id: &str, why: &str) {
-    for job in service.store().drain_jobs(id).await.unwrap_or_default() {
-        fail(service, job, why.to_string()).await;
-    }
-}
-
-async fn fail(service: &Service, job: JobRecord, error: String) {
-    let outcome = Outcome {
-        error: Some(error),
-        ..Outcome::default()
-    };
-    service.finish_job(job, outcome, None).await;
-}
-
-async fn run(service: &Service, live: &Live, job: JobRecord, rec: &SandboxRecord, lease: &Lease) {
+/// Runs `job` in `rec`'s agent and finishes it (refused if `lease` was taken over).
+pub(super) async fn run(
+    service: &Service,
+    live: &Live,
+    job: JobRecord,
+    rec: &SandboxRecord,
+    lease: &Lease,
+) {
     let started = Instant::now();
     let opts = job.options.clone();
     let script = script(&job.job.command);

@@ -68,6 +68,7 @@ impl Service {
             job: job.clone(),
             options,
             finished_ms: None,
+            fence: None,
         };
         // Refused when a delete came since the read above: the queue's worker may already
         // have drained it, and a job queued now would wait forever.
@@ -75,6 +76,9 @@ impl Service {
             Err(StoreError::NotFound(_)) => return Err(Error::no_sandbox(id)),
             other => other?,
         }
+        // A worker here too (a no-op when one runs): if the replica whose worker holds
+        // the sandbox's lease dies, this one takes its jobs over.
+        super::worker::spawn_worker(self, &rec);
         Ok(job)
     }
 

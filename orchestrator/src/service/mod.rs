@@ -24,6 +24,7 @@ mod policy;
 pub mod runtime;
 pub mod sandboxes;
 pub mod units;
+mod worker;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -64,6 +65,9 @@ pub struct Policy {
     pub interval: Duration,
     /// How often records are reconciled with the backend's list.
     pub reconcile_interval: Duration,
+    /// How long a job worker's lease on its sandbox lasts unrenewed (how soon another
+    /// replica takes over the jobs of a replica that died).
+    pub worker_lease: Duration,
     /// How long finished jobs are kept.
     pub job_retention: Duration,
     /// Time limit of a compatible job that sets none (Orchard's 300 s).
@@ -81,6 +85,7 @@ impl Default for Policy {
             heartbeat_timeout: Duration::from_secs(300),
             interval: Duration::from_secs(1),
             reconcile_interval: Duration::from_secs(30),
+            worker_lease: Duration::from_secs(30),
             job_retention: Duration::from_secs(3600),
             exec_timeout: Duration::from_secs(300),
             heartbeat_reaping: true,

@@ -1,6 +1,6 @@
 //! The one background loop of lifecycle policies: every `interval` it deletes sandboxes
-//! whose TTL ended or whose heartbeats stopped (only those that sent one) and purges old
-//! jobs; every `reconcile_interval` it compares the records with the backend's list,
+//! whose TTL ended or whose heartbeats stopped (only those that sent one), fails
+//! pending sandboxes whose creating replica died, and purges old jobs; every `reconcile_interval` it compares the records with the backend's list,
 //! failing records whose sandbox is gone and removing backend sandboxes no record owns.
 //! Reconciliation is skipped when the backend cannot list: a backend that cannot answer
 //! must not make the server forget or delete anything.
@@ -37,6 +37,7 @@ pub(super) fn spawn(service: &Service) {
                 _ => continue,
             }
             expire(&service).await;
+            fail_orphaned_creates(&service).await;
             service.purge_jobs().await;
             if last_reconcile.elapsed() >= policy.reconcile_interval {
                 last_reconcile = Instant::now();
@@ -67,6 +68,45 @@ pub(super) async fn expire(service: &Service) {
             "its time to live ended"
         };
         let _ = service.remove(&r, why).await;
+    }
+}
+
+/// What a pending record whose creator is gone ends with.
+pub const ORPHANED_CREATE: &str =
+    "the orchestrator replica creating this sandbox stopped before it was ready";
+
+/// Fails the pending records whose create lease nobody holds: their creator (another
+/// replica, with a shared store) died mid-create, and nobody else would ever mark them.
+/// Whatever the dead create made at the backend is deleted.
+pub(super) async fn fail_orphaned_creates(service: &Service) {
+    let Ok(records) = service.all().await else {
+        return;
+    };
+    // Not the creates' holder name: in one process, a create of this very process
+    // must still count as held.
+    let prober = format!("{}/policy", service.inner.holder);
+    for r in records.iter().filter(|r| r.phase == Phase::Pending) {
+        let name = super::sandboxes::create_lease(&r.id);
+        let ttl = service.policy().worker_lease;
+        let Ok(Some(lease)) = service.store().acquire_lease(&name, &prober, ttl).await else {
+            continue;
+        };
+        let failed = service
+            .update(None, &r.id, Some(&r.uid), |rec| {
+                if rec.phase == Phase::Pending {
+                    rec.phase = Phase::Failed {
+                        message: ORPHANED_CREATE.into(),
+                    };
+                }
+            })
+            .await;
+        if failed.is_ok_and(
+            |rec| matches!(&rec.phase, Phase::Failed { message } if message == ORPHANED_CREATE),
+        ) {
+            tracing::warn!(sandbox_id = %r.id, "a create's replica stopped; the sandbox failed");
+            let _ = service.backend().delete(&r.id).await;
+        }
+        let _ = service.store().release_lease(&lease).await;
     }
 }
 

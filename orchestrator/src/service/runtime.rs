@@ -1,4 +1,5 @@
-//! What this process keeps per ready sandbox and never stores: a client of its agent.
+//! What this process keeps per ready sandbox and never stores: a client of its agent,
+//! and whether a job worker for it runs here.
 //! The store holds the agent's endpoint and token (data); [`Runtime::live`] turns them
 //! into a [`Live`] once and reuses it. An entry is keyed by the record's incarnation
 //! (`uid`) and endpoint: a new sandbox under an old id, or an agent that moved, gets a
@@ -8,7 +9,7 @@
 //! connection [`Pool`], so a sandbox's compatible jobs and proxied calls reuse the same
 //! keep-alive connections.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use orchard_client::{AgentClient, Pool};
@@ -50,6 +51,8 @@ pub struct Runtime {
     /// Held briefly to look up or insert a client; never across an await.
     agents: Mutex<HashMap<String, (String, Arc<Live>)>>,
     pool: Pool,
+    /// The sandboxes (id, incarnation) with a job worker in this process.
+    workers: Mutex<HashSet<(String, String)>>,
 }
 
 impl Runtime {
@@ -70,6 +73,22 @@ impl Runtime {
         let live = Arc::new(Live::new(agent, &self.pool));
         agents.insert(rec.id.clone(), (rec.uid.clone(), live.clone()));
         Some(live)
+    }
+
+    /// Registers a job worker for `id` incarnation `uid`; `false` when one runs already.
+    pub fn claim_worker(&self, id: &str, uid: &str) -> bool {
+        self.workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((id.to_string(), uid.to_string()))
+    }
+
+    /// The worker of `id` incarnation `uid` ended.
+    pub fn worker_done(&self, id: &str, uid: &str) {
+        self.workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(id.to_string(), uid.to_string()));
     }
 
     /// Forgets the client of `id` (the sandbox is gone).

@@ -20,9 +20,15 @@ use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version
 
 use super::runtime::Live;
 use super::{
-    exec, now_ms, units, validate_env_and_labels, BadLabel, CreateRequest, Error, OverCapacity,
+    now_ms, units, validate_env_and_labels, worker, BadLabel, CreateRequest, Error, OverCapacity,
     QuotaExceeded, Service, Tenant, MAX_TTL_S, META,
 };
+
+/// The lease a create holds on its sandbox id from before its record exists until it
+/// is marked ready or failed.
+pub(super) fn create_lease(id: &str) -> String {
+    format!("create/{id}")
+}
 
 /// The quota counter of a tenant's sandboxes.
 fn held_counter(tenant: &str) -> String {
@@ -313,11 +319,29 @@ impl Service {
         if self.store().sandbox(&id).await?.is_some() {
             return Err(Error::SandboxExists(id));
         }
-        self.take_quota(tenant).await?;
+        // The create lease, taken before the record exists and held until the record
+        // is marked: a pending record whose lease nobody holds lost its creator (a
+        // replica that died), and the policy loop fails it.
+        let Some(lease) = self
+            .store()
+            .acquire_lease(
+                &create_lease(&id),
+                &self.inner.holder,
+                self.policy().worker_lease,
+            )
+            .await?
+        else {
+            return Err(Error::SandboxExists(id));
+        };
+        if let Err(e) = self.take_quota(tenant).await {
+            let _ = self.store().release_lease(&lease).await;
+            return Err(e);
+        }
         let rec = self.new_record(id.clone(), tenant, &req, ready_timeout, ttl, now_ms())?;
         match self.store().insert_sandbox(rec.clone()).await {
             Ok(_) => {}
             Err(e) => {
+                let _ = self.store().release_lease(&lease).await;
                 self.store().release_slot(&held_counter(&tenant.0)).await?;
                 return Err(match e {
                     StoreError::Exists(_) => Error::SandboxExists(id),
@@ -325,14 +349,27 @@ impl Service {
                 });
             }
         }
-        exec::spawn_worker(self, &rec);
+        worker::spawn_worker(self, &rec);
         let spec = self.create_spec(&rec, &req, cpus, memory);
         self.inner.pending.fetch_add(1, Ordering::Relaxed);
         let service = self.clone();
         let task_rec = rec.clone();
         // The request's line names the sandbox it made (its path has no id).
         tracing::Span::current().record("sandbox_id", rec.id.as_str());
-        tokio::spawn(async move { service.run_create(task_rec, spec).await });
+        tokio::spawn(async move {
+            let ttl = service.policy().worker_lease;
+            let create = service.clone().run_create(task_rec, spec);
+            tokio::pin!(create);
+            loop {
+                tokio::select! {
+                    _ = &mut create => break,
+                    _ = tokio::time::sleep(ttl / 3) => {
+                        let _ = service.store().renew_lease(&lease, ttl).await;
+                    }
+                }
+            }
+            let _ = service.store().release_lease(&lease).await;
+        });
         Ok(rec)
     }
 
@@ -563,6 +600,13 @@ impl Service {
             .recover()
             .await
             .map_err(|e| Error::internal("cannot recover sandboxes", e))?;
+        if self.store().shared() {
+            // The records live in the shared store, not in this process. A sandbox
+            // without one is being deleted (the record goes first) or was lost with the
+            // store; rebuilding its record here raced a delete in flight and left a
+            // record for a sandbox about to vanish. Reconciliation removes the lost.
+            return Ok(());
+        }
         let list = match self.backend().list().await {
             Ok(l) => l,
             Err(e) => {
@@ -614,7 +658,7 @@ impl Service {
                 self.store().release_slot(&held_counter(&tenant.0)).await?;
                 continue;
             }
-            exec::spawn_worker(self, &rec);
+            worker::spawn_worker(self, &rec);
             tracing::info!(sandbox_id = %sb.id, "adopted sandbox");
         }
         Ok(())

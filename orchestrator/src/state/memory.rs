@@ -413,10 +413,22 @@ impl StateStore for MemoryStore {
             }
             job.job.status = JobStatus::Running;
             job.job.started_at = Some(crate::time::now_secs());
+            job.fence = Some(lease.fence);
             let job = job.clone();
             maps.publish(&Topic::Job(id));
             return ready(Ok(Some(job)));
         }
+    }
+
+    fn running_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>> {
+        let maps = self.lock();
+        let running = maps
+            .jobs
+            .values()
+            .filter(|j| j.job.sandbox_id == sandbox && j.job.status == JobStatus::Running)
+            .cloned()
+            .collect();
+        ready(Ok(running))
     }
 
     fn drain_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>> {
@@ -585,7 +597,7 @@ impl StateStore for MemoryStore {
 
 #[cfg(test)]
 mod tests {
-    use orchard_protocol::compat::{CompatCommand, Job};
+    use orchard_protocol::compat::CompatCommand;
 
     use super::*;
 
@@ -601,58 +613,19 @@ mod tests {
     }
 
     fn record() -> SandboxRecord {
-        SandboxRecord {
-            id: "sb-1".into(),
-            uid: "u1".into(),
-            tenant: "t1".into(),
-            image: "busybox".into(),
-            cpu: "1".into(),
-            memory: "1Gi".into(),
-            working_dir: "/workspace".into(),
-            block_network: true,
-            ready_timeout_ms: 1000,
-            ttl_ms: None,
-            labels: Default::default(),
-            created_ms: 1,
-            heartbeat_ms: None,
-            phase: super::super::Phase::Pending,
-            agent: None,
-        }
+        let mut r = super::super::conformance::record("sb-1", "u1");
+        r.labels.clear();
+        r
     }
 
     fn job(id: &str, command: &str) -> JobRecord {
-        JobRecord {
-            tenant: "t1".into(),
-            job: Job {
-                job_id: id.into(),
-                sandbox_id: "sb-1".into(),
-                command: CompatCommand::Shell(command.into()),
-                status: JobStatus::Queued,
-                stdout: String::new(),
-                stderr: String::new(),
-                exit_code: None,
-                created_at: 1.0,
-                started_at: None,
-                completed_at: None,
-                error: None,
-                output_truncated: false,
-            },
-            options: Default::default(),
-            finished_ms: None,
-        }
+        let mut j = super::super::conformance::job(id, "sb-1");
+        j.job.command = CompatCommand::Shell(command.into());
+        j
     }
 
-    fn finished(mut j: JobRecord, exit: i32, stdout: &str) -> JobRecord {
-        j.job.status = if exit == 0 {
-            JobStatus::Succeeded
-        } else {
-            JobStatus::Failed
-        };
-        j.job.exit_code = Some(exit);
-        j.job.stdout = stdout.into();
-        j.job.completed_at = Some(2.0);
-        j.finished_ms = Some(crate::time::now_ms());
-        j
+    fn finished(j: JobRecord, exit: i32, stdout: &str) -> JobRecord {
+        super::super::conformance::finished(j, exit, stdout, crate::time::now_ms())
     }
 
     fn lease(store: &MemoryStore, holder: &str) -> Option<Lease> {
@@ -668,6 +641,13 @@ mod tests {
     /// Runs a store future that the memory store resolves at once.
     fn now<T>(f: StoreFuture<'_, T>) -> T {
         futures_util::FutureExt::now_or_never(f).unwrap().unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_memory_store_passes_the_conformance_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MemoryStore::open(dir.path().into(), DEFAULT_OUTPUT_BUDGET).unwrap();
+        super::super::conformance::all(&store, "mem").await;
     }
 
     #[tokio::test]

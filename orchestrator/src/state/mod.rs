@@ -1,5 +1,7 @@
 //! Where the orchestrator's shared state lives: the [`StateStore`] trait, the records it
-//! holds, and [`memory::MemoryStore`], its one implementation today (the default).
+//! holds, and its implementations: [`memory::MemoryStore`] (one process, the default)
+//! and [`redis::RedisStore`] (many replicas over one Redis). [`conformance`] holds the
+//! checks both pass.
 //!
 //! Everything a second server replica would need to see is here, as data: sandbox
 //! records ([`SandboxRecord`], with the phase and the agent's endpoint and token), jobs
@@ -8,7 +10,7 @@
 //! pooled agent connections, the job worker tasks, the create tasks) is the service's
 //! runtime and is never stored.
 //!
-//! The meaning of each operation, which any implementation (a Redis one is next) must
+//! The meaning of each operation, which any implementation must
 //! keep across processes:
 //! - **Versions.** Every write of a sandbox record gives it a new [`Version`];
 //!   [`StateStore::update_sandbox`] is a compare-and-set on it, so two writers never
@@ -28,7 +30,10 @@
 //!   after every write to its topic made after the subscription: subscribe, read, then
 //!   wait, and no change is missed. Waits never poll.
 
+#[doc(hidden)]
+pub mod conformance;
 pub mod memory;
+pub mod redis;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -197,6 +202,10 @@ pub struct JobRecord {
     /// When it finished, ms since the epoch (retention counts from here).
     #[serde(default)]
     pub finished_ms: Option<u64>,
+    /// The fence of the worker's lease it was taken under: a worker that takes the
+    /// lease over finds the running jobs of an older fence orphaned.
+    #[serde(default)]
+    pub fence: Option<u64>,
 }
 
 /// A granted lease.
@@ -245,6 +254,12 @@ pub trait StateStore: Send + Sync + 'static {
     /// Short name (`memory`).
     fn name(&self) -> &'static str;
 
+    /// Whether other processes share it (replicas): its records outlive this process,
+    /// so a restart has nothing to rebuild from the backend.
+    fn shared(&self) -> bool {
+        false
+    }
+
     /// Stores a new sandbox record; `Exists` when the id is taken.
     fn insert_sandbox(&self, record: SandboxRecord) -> StoreFuture<'_, Version>;
     /// The record of `id`.
@@ -279,6 +294,9 @@ pub trait StateStore: Send + Sync + 'static {
         sandbox: &'a str,
         lease: &'a Lease,
     ) -> StoreFuture<'a, Option<JobRecord>>;
+    /// The jobs of `sandbox` taken by a worker and not finished (with the fence each
+    /// was taken under).
+    fn running_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>>;
     /// Takes every queued job of `sandbox` out of its queue (the sandbox is gone).
     fn drain_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>>;
     /// Writes a finished job, unless it finished already (answers whether it wrote);

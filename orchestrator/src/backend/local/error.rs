@@ -27,6 +27,10 @@ pub enum LocalError {
     /// Another backend uses this root.
     #[error("another backend is using {0} (its lock is held)")]
     Busy(PathBuf),
+    /// Another process of a shared root is creating or deleting this sandbox (its lock
+    /// stayed held for `lock_wait`).
+    #[error("sandbox {0} is being created or deleted by another process (its lock is held)")]
+    SandboxBusy(String),
     /// The agent (or harness) could not be injected.
     #[error("preparing the injected volume: {0}")]
     Inject(#[from] orchard_injector::InjectError),

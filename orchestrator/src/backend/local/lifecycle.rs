@@ -72,6 +72,21 @@ impl Inner {
             }
             table.insert(id.clone(), Entry::Creating);
         }
+        // Held until the create is done or undone (dropped on return): no other process
+        // of a shared root recovers, deletes or creates this id meanwhile. Taken after
+        // the table's reservation; the directory is checked again under it, since
+        // another process may have made it since.
+        let _lock = match self.try_lock_sandbox(&id) {
+            Ok(Some(lock)) if !paths.dir.exists() => lock,
+            Ok(_) => {
+                self.lock_table().remove(&id);
+                return Err(LocalError::AlreadyExists(id));
+            }
+            Err(e) => {
+                self.lock_table().remove(&id);
+                return Err(e);
+            }
+        };
         let mut state: Option<SandboxState> = None;
         match self
             .create_reserved(&id, &hostname, limits, &spec, &paths, &mut state)
@@ -389,18 +404,49 @@ impl Inner {
         }
     }
 
-    /// Deletes a ready sandbox of the table.
+    /// Deletes a ready sandbox of the table, or on a shared root a running sandbox
+    /// another process created, under the sandbox's lock.
     pub(super) async fn delete(&self, id: &str) -> Result<(), LocalError> {
-        let state = {
+        let not_found = || LocalError::NotFound(id.to_string());
+        let known = {
             let mut table = self.lock_table();
             match table.get(id) {
-                Some(Entry::Ready(_)) => {}
-                _ => return Err(LocalError::NotFound(id.to_string())),
+                Some(Entry::Ready(_)) => match table.insert(id.to_string(), Entry::Deleting) {
+                    Some(Entry::Ready(s)) => Some(*s),
+                    _ => return Err(not_found()),
+                },
+                // Perhaps another process's: its state file says (read under the lock).
+                // A valid id is a plain file name, never a path out of the root.
+                None if self.config.shared && valid_id(id) => {
+                    table.insert(id.to_string(), Entry::Deleting);
+                    None
+                }
+                _ => return Err(not_found()),
             }
-            match table.insert(id.to_string(), Entry::Deleting) {
-                Some(Entry::Ready(s)) => *s,
-                _ => return Err(LocalError::NotFound(id.to_string())),
+        };
+        let _lock = match self.lock_sandbox(id).await {
+            Ok(lock) => lock,
+            Err(e) => {
+                let mut table = self.lock_table();
+                match known {
+                    Some(s) => table.insert(id.to_string(), Entry::Ready(Box::new(s))),
+                    None => table.remove(id),
+                };
+                return Err(e);
             }
+        };
+        let paths = self.paths(id);
+        let state = match known {
+            // On a shared root the file is the truth: another process may have deleted
+            // (or deleted and made again) the sandbox since this one listed it.
+            Some(s) if !self.config.shared => s,
+            _ => match state::load(&paths.state) {
+                Ok(s) if s.phase == Phase::Running && s.id == id => s,
+                _ => {
+                    self.lock_table().remove(id);
+                    return Err(not_found());
+                }
+            },
         };
         let mut deleting = state.clone();
         deleting.phase = Phase::Deleting;
@@ -570,6 +616,24 @@ impl Inner {
             if self.lock_table().contains_key(&id) {
                 continue;
             }
+            // Held through the adoption or teardown. Held elsewhere: another process of a
+            // shared root is creating or deleting it, and it is that process's to finish
+            // or undo. An invalid id (a stray name) has no lock: no create accepts it.
+            let _lock = if valid_id(&id) {
+                match self.try_lock_sandbox(&id) {
+                    Ok(Some(lock)) => Some(lock),
+                    Ok(None) => {
+                        report.skipped.push(id);
+                        continue;
+                    }
+                    Err(e) => {
+                        problems.push(e.to_string());
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
             let paths = self.paths(&id);
             let state = state::load(&paths.state).ok();
             let adoptable = match &state {
@@ -612,6 +676,12 @@ impl Inner {
         match self.runc.state(&s.id).await {
             Ok(Some(c)) if c.status == "running" && c.pid == init.pid => {}
             _ => return false,
+        }
+        if self.config.shared {
+            // Another live replica's sandbox, whole and running: a slow answer (a busy
+            // machine) is no reason to tear it down under that replica. A broken agent
+            // is the service's to find (its calls fail, reconciliation fails the record).
+            return true;
         }
         let client = AgentClient::new(Endpoint::Unix(self.paths(&s.id).socket), s.token.clone());
         matches!(

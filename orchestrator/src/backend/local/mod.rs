@@ -2,7 +2,11 @@
 //!
 //! ```text
 //! <root>/backend.json          this root's tag (names our cgroups, marks our processes)
-//! <root>/lock                  flock: one backend per root at a time
+//! <root>/lock                  flock: one backend per root at a time, or several
+//!                              shared ones (`LocalConfig::shared`, held LOCK_SH)
+//! <root>/inject.lock          flock: one process (re)injects the agent at a time
+//! <root>/locks/<id>.lock       flock of sandbox <id>, held by the process creating or
+//!                              deleting it (see `lock`)
 //! <root>/runc/                 runc --root: runc's state of our containers only
 //! <root>/inject/               the injected volume, mounted read-only at /.orchard:
 //!                              bin/orchard-agent, harness/, manifest.json
@@ -23,6 +27,14 @@
 //! [`LocalBackend::audit`] lists anything left behind (processes, mounts, cgroups,
 //! network namespaces, directories) that no live sandbox accounts for.
 //!
+//! Shared roots: `orchard serve` replicas over one Redis share one data directory.
+//! Each holds the root's lock shared (an exclusive backend refuses to run beside them,
+//! and they beside it), `list` and `delete` also reach the running sandboxes the
+//! others created (found through their state files), `recover` leaves alone any
+//! sandbox whose lock another process holds (a create or delete in flight there), and
+//! the service's `shutdown` deletes nothing (the other replicas serve those sandboxes
+//! too). `destroy` still removes everything: it is for the root's last user.
+//!
 //! The backend's process becomes a child subreaper (see [`process`]): container inits
 //! are re-parented to it and reaped by it.
 //!
@@ -40,6 +52,7 @@
 //! - [`cgroup`], [`process`]: finding, killing, reaping and removing what a sandbox holds.
 //! - [`state`]: the per-sandbox state file recovery reads.
 //! - `lifecycle`: create, delete, recover, destroy; [`audit`]: the leak audit.
+//! - `lock`: the per-sandbox locks of a shared root.
 //! - [`mod@bench`]: the backend's benchmark.
 
 pub mod audit;
@@ -48,6 +61,7 @@ pub mod cgroup;
 pub mod disk;
 mod error;
 mod lifecycle;
+mod lock;
 pub mod network;
 pub mod process;
 mod request;
@@ -122,11 +136,13 @@ struct Inner {
     inject_dir: PathBuf,
     empty_layer: PathBuf,
     sandboxes_dir: PathBuf,
+    locks_dir: PathBuf,
     cgroup_parents: Vec<PathBuf>,
     nofile: u64,
     swap_accounting: bool,
     table: Mutex<HashMap<String, Entry>>,
-    /// Held for the backend's life: the flock on `<root>/lock`.
+    /// Held for the backend's life: the flock on `<root>/lock` (shared when
+    /// `config.shared`).
     _lock: fs::File,
 }
 
@@ -181,11 +197,15 @@ impl LocalBackend {
             .write(true)
             .open(&lock_path)
             .map_err(root_err(&lock_path))?;
+        // Shared backends coexist; an exclusive one conflicts with any of them.
+        let op = if config.shared {
+            rustix::fs::FlockOperation::NonBlockingLockShared
+        } else {
+            rustix::fs::FlockOperation::NonBlockingLockExclusive
+        };
         let deadline = std::time::Instant::now() + config.lock_wait;
         let mut said = false;
-        while rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-            .is_err()
-        {
+        while rustix::fs::flock(&lock, op).is_err() {
             if std::time::Instant::now() >= deadline {
                 return Err(LocalError::Busy(root));
             }
@@ -213,14 +233,32 @@ impl LocalBackend {
         let inject_dir = root.join("inject");
         let empty_layer = root.join("empty");
         let sandboxes_dir = root.join("sandboxes");
-        for d in [&runc_root, &empty_layer, &sandboxes_dir] {
+        let locks_dir = root.join("locks");
+        for d in [&runc_root, &empty_layer, &sandboxes_dir, &locks_dir] {
             fs::create_dir_all(d).map_err(root_err(d))?;
         }
+        // Backends sharing the root may start together: the injector removes the temporary
+        // files it finds (a dead injector's), which would be a live one's here. Held
+        // only while injecting, by a live process (the kernel drops a dead one's).
+        let inject_lock_path = root.join("inject.lock");
+        let inject_lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&inject_lock_path)
+            .map_err(root_err(&inject_lock_path))?;
+        rustix::fs::flock(&inject_lock, rustix::fs::FlockOperation::LockExclusive).map_err(
+            |e| LocalError::Root {
+                path: inject_lock_path.clone(),
+                source: e.into(),
+            },
+        )?;
         orchard_injector::inject(&orchard_injector::InjectRequest {
             agent: config.agent.clone(),
             harness: config.harness.clone(),
             target: inject_dir.clone(),
         })?;
+        drop(inject_lock);
         // The mount point of /.orchard/run inside the read-only /.orchard.
         let run_point = inject_dir.join("run");
         fs::create_dir_all(&run_point).map_err(root_err(&run_point))?;
@@ -243,6 +281,7 @@ impl LocalBackend {
                 inject_dir,
                 empty_layer,
                 sandboxes_dir,
+                locks_dir,
                 cgroup_parents,
                 nofile,
                 swap_accounting,
@@ -291,8 +330,10 @@ impl LocalBackend {
             .map_err(|e| LocalError::Task(e.to_string()))?
     }
 
-    /// The sandboxes of this backend, oldest first.
+    /// The sandboxes of this backend, oldest first; on a shared root also the running
+    /// ones other processes created.
     pub fn list(&self) -> Vec<SandboxInfo> {
+        self.inner.sync_shared();
         let table = self.inner.lock_table();
         let mut list: Vec<SandboxInfo> = table
             .values()
@@ -307,6 +348,7 @@ impl LocalBackend {
 
     /// One sandbox.
     pub fn get(&self, id: &str) -> Option<SandboxInfo> {
+        self.inner.sync_shared();
         match self.inner.lock_table().get(id) {
             Some(Entry::Ready(s)) => Some(self.inner.info(s)),
             _ => None,
@@ -344,6 +386,56 @@ impl LocalBackend {
 impl Inner {
     fn lock_table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// On a shared root, brings the table in line with the disk: running sandboxes other
+    /// processes created join it, ready ones whose directory is gone (another process
+    /// deleted them) leave it. Creates and deletes in progress here keep their entries.
+    fn sync_shared(&self) {
+        if !self.config.shared {
+            return;
+        }
+        let mut found = Vec::new();
+        if let Ok(entries) = fs::read_dir(&self.sandboxes_dir) {
+            for e in entries.flatten() {
+                let Some(id) = e.file_name().to_str().map(str::to_string) else {
+                    continue;
+                };
+                if !valid_id(&id) || self.lock_table().contains_key(&id) {
+                    continue;
+                }
+                // A create in flight elsewhere is not `running` yet; one that failed
+                // leaves no file.
+                if let Ok(s) = state::load(&self.paths(&id).state) {
+                    if s.phase == state::Phase::Running && s.id == id {
+                        found.push(s);
+                    }
+                }
+            }
+        }
+        let mut table = self.lock_table();
+        table.retain(|id, e| !matches!(e, Entry::Ready(_)) || self.paths(id).dir.exists());
+        for s in found {
+            // Checked again under the table's lock: a delete here may have finished
+            // since the scan.
+            if self.paths(&s.id).dir.exists() {
+                table
+                    .entry(s.id.clone())
+                    .or_insert_with(|| Entry::Ready(Box::new(s)));
+            }
+        }
+    }
+
+    /// Takes sandbox `id`'s lock if no other holder has it. `id` must be valid (a file
+    /// name).
+    fn try_lock_sandbox(&self, id: &str) -> Result<Option<lock::SandboxLock>, LocalError> {
+        lock::SandboxLock::try_take(&self.locks_dir.join(format!("{id}.lock")))
+    }
+
+    /// Takes sandbox `id`'s lock, waiting up to `lock_wait` for another holder.
+    async fn lock_sandbox(&self, id: &str) -> Result<lock::SandboxLock, LocalError> {
+        let path = self.locks_dir.join(format!("{id}.lock"));
+        lock::SandboxLock::take(&path, id, self.config.lock_wait).await
     }
 
     fn paths(&self, id: &str) -> Paths {
@@ -477,6 +569,11 @@ impl crate::backend::Backend for LocalBackend {
 
     fn shutdown(&self) -> crate::backend::BackendFuture<'_, ()> {
         Box::pin(async move {
+            // On a shared root every listed sandbox is also the other replicas': one
+            // replica's exit must not delete them (their records live on in Redis).
+            if self.inner.config.shared {
+                return Ok(());
+            }
             for s in LocalBackend::list(self) {
                 LocalBackend::delete(self, &s.id).await?;
             }

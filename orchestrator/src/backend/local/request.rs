@@ -114,8 +114,14 @@ pub struct LocalConfig {
     pub disk: Option<super::disk::DiskLimit>,
     /// How long `open` waits for the root's lock: a server killed with SIGKILL holds
     /// it until the kernel has torn the process down, which takes a while when it held
-    /// much memory.
+    /// much memory. A delete waits as long for a sandbox's own lock (held by a create
+    /// or delete of the same id in another process of a shared root).
     pub lock_wait: Duration,
+    /// Share the root with other processes (`orchard serve` replicas over one Redis):
+    /// the root's lock is taken shared instead of exclusive, each sandbox's create and
+    /// delete hold its own lock (`<root>/locks/<id>.lock`) that recovery respects, and
+    /// `list` and `delete` see the running sandboxes the other processes created.
+    pub shared: bool,
     /// Test hook.
     #[doc(hidden)]
     pub fail_point: Option<FailPoint>,
@@ -137,6 +143,7 @@ impl LocalConfig {
             allow_user_namespaces: false,
             disk: None,
             lock_wait: Duration::from_secs(30),
+            shared: false,
             fail_point: None,
         }
     }
@@ -255,6 +262,9 @@ pub struct RecoverReport {
     pub adopted: Vec<String>,
     /// Sandboxes removed (half-created, dead or unhealthy).
     pub removed: Vec<String>,
+    /// Sandboxes left alone: another process of a shared root holds their lock (it is
+    /// creating or deleting them).
+    pub skipped: Vec<String>,
     /// What could not be cleaned.
     pub problems: Vec<String>,
 }

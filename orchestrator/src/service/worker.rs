@@ -1,0 +1,225 @@
+//! The job worker of a sandbox: one task per sandbox per replica that has a reason to
+//! run its jobs (it created or adopted the sandbox, or accepted a job for it). Workers
+//! of one sandbox on different replicas compete for the sandbox's lease in the store;
+//! the holder takes the queued jobs in submission order and runs them
+//! ([`super::exec::run`]), the others wait for the lease.
+//!
+//! Invariants:
+//! - At most one worker per sandbox incarnation in a process ([`Runtime`]'s worker set),
+//!   and at most one holder of the lease across processes, so jobs run one at a time
+//!   in order whichever replica accepted them.
+//! - The holder renews its lease every third of its period, idle or busy; a worker
+//!   that finds its lease gone (a pause past its expiry, Redis away) stops taking jobs
+//!   and competes for it again: the store refuses its job writes meanwhile (fences).
+//! - A worker that gets the lease fails the running jobs taken under an older grant:
+//!   their worker's replica died or lost the lease mid-job, so nobody will deliver their
+//!   output; they end `failed` with [`ORPHANED_ERROR`] rather than `running` forever.
+//! - The worker ends when its sandbox's record is gone (deleted, or another
+//!   incarnation), after failing what is still queued.
+//!
+//! [`Runtime`]: super::runtime::Runtime
+
+use std::sync::{Arc, Weak};
+
+use tracing::Instrument;
+
+use crate::state::{JobRecord, Lease, Phase, SandboxRecord, StoreError, Topic};
+
+use super::jobs::Outcome;
+use super::{Inner, Service};
+
+/// Error of a running job whose worker stopped without finishing it.
+pub const ORPHANED_ERROR: &str = "the orchestrator replica running this job stopped or lost \
+    its lease before the job finished; the command may have run in part";
+
+/// How the worker's hold on its lease ended.
+enum Held {
+    /// The sandbox is gone (or the service): the worker ends.
+    Gone,
+    /// The lease expired or another worker took it: compete again.
+    Lost,
+}
+
+/// Removes a worker from its process's worker set when it ends.
+struct Registered {
+    weak: Weak<Inner>,
+    id: String,
+    uid: String,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if let Some(inner) = self.weak.upgrade() {
+            inner.runtime.worker_done(&self.id, &self.uid);
+        }
+    }
+}
+
+/// Starts the job worker of `rec` in this process, unless one runs already.
+pub(super) fn spawn_worker(service: &Service, rec: &SandboxRecord) {
+    if !service.inner.runtime.claim_worker(&rec.id, &rec.uid) {
+        return;
+    }
+    let registered = Registered {
+        weak: Arc::downgrade(&service.inner),
+        id: rec.id.clone(),
+        uid: rec.uid.clone(),
+    };
+    // Every line the worker and its jobs write names the sandbox.
+    let span = tracing::warn_span!("worker", sandbox_id = %rec.id);
+    let worker = async move {
+        let r = &registered;
+        loop {
+            let Some(lease) = acquire(&r.weak, &r.id).await else {
+                return;
+            };
+            if let Some(inner) = r.weak.upgrade() {
+                fail_orphans(&Service { inner }, &r.id, &lease).await;
+            }
+            match hold(&r.weak, &r.id, &r.uid, &lease).await {
+                Held::Gone => return,
+                Held::Lost => {
+                    tracing::warn!("the sandbox's job lease was lost; competing for it again");
+                }
+            }
+        }
+    };
+    tokio::spawn(worker.instrument(span));
+}
+
+/// Waits for the lease of sandbox `id`; `None` when the service went away.
+async fn acquire(weak: &Weak<Inner>, id: &str) -> Option<Lease> {
+    let name = format!("sandbox/{id}");
+    loop {
+        let service = Service {
+            inner: weak.upgrade()?,
+        };
+        let ttl = service.policy().worker_lease;
+        let mut changes = service.store().subscribe(Topic::Sandbox(id.to_string()));
+        if let Ok(Some(lease)) = service
+            .store()
+            .acquire_lease(&name, &service.inner.holder, ttl)
+            .await
+        {
+            return Some(lease);
+        }
+        // Another worker holds it (or the store is away): wait for the sandbox to
+        // change (a delete releases it) or the lease to expire.
+        drop(service);
+        let _ = tokio::time::timeout(ttl, changes.changed()).await;
+    }
+}
+
+/// Fails the running jobs of `id` taken under an older grant than `lease`.
+async fn fail_orphans(service: &Service, id: &str, lease: &Lease) {
+    let running = service.store().running_jobs(id).await.unwrap_or_default();
+    for job in running {
+        if job.fence.is_some_and(|f| f >= lease.fence) {
+            continue;
+        }
+        tracing::warn!(job_id = %job.job.job_id, "failing a job its worker left running");
+        let outcome = Outcome {
+            error: Some(ORPHANED_ERROR.into()),
+            ..Outcome::default()
+        };
+        service.finish_job(job, outcome, Some(lease)).await;
+    }
+}
+
+/// Takes and runs the jobs of `id` (incarnation `uid`) while `lease` holds.
+async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
+    loop {
+        let Some(inner) = weak.upgrade() else {
+            return Held::Gone;
+        };
+        let service = Service { inner };
+        let ttl = service.policy().worker_lease;
+        // Subscribed before the reads: a change after them wakes the wait below.
+        let mut queued = service.store().subscribe(Topic::Queue(id.to_string()));
+        let mut changed = service.store().subscribe(Topic::Sandbox(id.to_string()));
+        let rec = match service.store().sandbox(id).await {
+            Ok(Some(r)) if r.value.uid == uid => r.value,
+            Ok(_) => {
+                fail_queued(&service, id, "the sandbox was deleted").await;
+                let _ = service.store().release_lease(lease).await;
+                return Held::Gone;
+            }
+            Err(_) => {
+                drop(service);
+                let _ = tokio::time::timeout(ttl / 3, changed.changed()).await;
+                continue;
+            }
+        };
+        let job = match &rec.phase {
+            Phase::Pending => None,
+            Phase::Failed { message } => {
+                let why = format!("the sandbox failed to start: {message}");
+                fail_queued(&service, id, &why).await;
+                None
+            }
+            Phase::Ready => match service.store().take_job(id, lease).await {
+                Ok(job) => job,
+                Err(StoreError::Conflict(_)) => return Held::Lost,
+                Err(_) => None,
+            },
+        };
+        let Some(job) = job else {
+            drop(service);
+            tokio::select! {
+                _ = queued.changed() => {}
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep(ttl / 3) => {}
+            }
+            let Some(inner) = weak.upgrade() else {
+                return Held::Gone;
+            };
+            if !renew(&Service { inner }, lease).await {
+                return Held::Lost;
+            }
+            continue;
+        };
+        let live = match service.live_of(&rec) {
+            Ok(live) => live,
+            Err(e) => {
+                fail(&service, job, e.public_message()).await;
+                continue;
+            }
+        };
+        let job_span = tracing::warn_span!("job", job_id = %job.job.job_id);
+        let run = super::exec::run(&service, &live, job, &rec, lease).instrument(job_span);
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                _ = &mut run => break,
+                _ = tokio::time::sleep(ttl / 3) => {
+                    let _ = renew(&service, lease).await;
+                }
+            }
+        }
+        if !renew(&service, lease).await {
+            return Held::Lost;
+        }
+    }
+}
+
+/// Renews `lease`; `false` only when the store says another holder has it (a store
+/// that cannot answer is not a lost lease: the fences guard the writes).
+async fn renew(service: &Service, lease: &Lease) -> bool {
+    let ttl = service.policy().worker_lease;
+    !matches!(service.store().renew_lease(lease, ttl).await, Ok(false))
+}
+
+/// Fails every queued job of sandbox `id` with `why`.
+async fn fail_queued(service: &Service, id: &str, why: &str) {
+    for job in service.store().drain_jobs(id).await.unwrap_or_default() {
+        fail(service, job, why.to_string()).await;
+    }
+}
+
+async fn fail(service: &Service, job: JobRecord, error: String) {
+    let outcome = Outcome {
+        error: Some(error),
+        ..Outcome::default()
+    };
+    service.finish_job(job, outcome, None).await;
+}
