@@ -100,18 +100,27 @@ openapi:
 	UPDATE_OPENAPI=1 cargo test -p orchard --lib openapi
 
 ## bench: the agent (exec latency against the fork/exec floor, sessions, git diff,
-## streaming, RSS, size) and the local backend (create/delete against `runc run`, a burst).
+## streaming, RSS, size), the local backend (create/delete against `runc run`, a burst),
+## the server, replicas over Redis, the SDK and the Kubernetes backend.
 bench: agent images sdk-deps
 	cargo build --release -p orchard
 	cargo run --release -p orchard-bench -- --agent $(AGENT_BIN) --out bench/results
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/backend.md \
 	  cargo test --release -p orchard --test integration bench_local_backend -- --ignored --nocapture
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/server.md cargo test --release -p orchard --test integration bench_server -- --ignored --nocapture
+	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/replicas.md cargo test --release -p orchard --test integration bench_replicas -- --ignored --nocapture
 	scripts/bench-sdk.sh
 	@tests/k8s/bench.sh
 
+## chaos: three replicas on one data directory and Redis, one SIGKILLed every few dozen
+## operations during 1,000 (tests/redis/chaos.rs), then the audit.
+.PHONY: chaos
+chaos: agent images
+	cargo test -p orchard --test integration redis::chaos -- --ignored --nocapture
+
 ## run: start `orchard serve` in the background, create a python:3.11-slim sandbox, run
-## a command in it, print the SANDBOX_BASE_URL / SANDBOX_API_KEY lines.
+## a command in it, print the SANDBOX_BASE_URL / SANDBOX_API_KEY lines. `make run
+## REPLICAS=3`: Redis and three replicas sharing it and one data directory.
 run: agent images
 	cargo build --release -p orchard
 	@scripts/run.sh

@@ -31,6 +31,9 @@ command -v iptables-save >/dev/null || need+=(iptables)
 command -v openssl >/dev/null || need+=(openssl)
 # kube-router, the test cluster's NetworkPolicy enforcer, drives ipsets with this tool.
 command -v ipset >/dev/null || need+=(ipset)
+# The Redis state store's tests (many replicas over one Redis): a real redis-server,
+# started and stopped by the tests themselves (policy-rc.d keeps Debian's service off).
+command -v redis-server >/dev/null || need+=(redis-server)
 # Its build (tests/k8s/build.sh): gcc for the static pause binary, and Go (below).
 command -v gcc >/dev/null || need+=(gcc)
 if [ ${#need[@]} -gt 0 ]; then

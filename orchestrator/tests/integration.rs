@@ -9,5 +9,6 @@ mod end_to_end;
 mod image_store;
 mod kubernetes;
 mod local_backend;
+mod redis;
 mod server;
 mod util;

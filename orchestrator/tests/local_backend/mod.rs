@@ -17,6 +17,8 @@ use serde_json::Value;
 
 use crate::util::sandbox::*;
 
+mod shared;
+
 fn annotations(bundle: &Path) -> Value {
     let config: Value =
         serde_json::from_slice(&fs::read(bundle.join("config.json")).unwrap()).unwrap();

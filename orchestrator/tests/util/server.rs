@@ -34,6 +34,8 @@ pub struct SwitchableBackend {
     pub inner: LocalBackend,
     /// When set, `list` answers `Unavailable`.
     pub list_fails: AtomicBool,
+    /// Every id `delete` was called with, in order (the replica tests' audit).
+    pub deleted: std::sync::Mutex<Vec<String>>,
 }
 
 impl Backend for SwitchableBackend {
@@ -44,6 +46,10 @@ impl Backend for SwitchableBackend {
         Backend::create(&self.inner, spec)
     }
     fn delete<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {
+        self.deleted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id.to_string());
         Backend::delete(&self.inner, id)
     }
     fn list(&self) -> BackendFuture<'_, Vec<BackendSandbox>> {
@@ -146,6 +152,7 @@ impl TestServer {
         let backend = Arc::new(SwitchableBackend {
             inner: tb.backend.clone(),
             list_fails: AtomicBool::new(false),
+            deleted: Default::default(),
         });
         let mut config = Config::resolve(ServeArgs {
             data_dir: Some(data.path().to_path_buf()),
