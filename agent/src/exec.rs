@@ -76,6 +76,17 @@ pub fn prepare(state: &AppState, req: &ExecRequest, stdin_pipe: bool) -> ApiResu
     })
 }
 
+/// Refuses a `result_id` where it means nothing (a streamed exec, a background
+/// process: both already outlive or report to their caller in their own way).
+pub fn no_result_id(req: &ExecRequest, route: &str) -> ApiResult<()> {
+    match req.result_id {
+        Some(_) => Err(ApiError::invalid(format!(
+            "result_id is for POST /v1/exec only, not {route}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Takes an exec slot or answers `too_many_execs`.
 pub fn acquire_slot(state: &AppState) -> ApiResult<OwnedSemaphorePermit> {
     state.exec_slots.clone().try_acquire_owned().map_err(|_| {
@@ -110,14 +121,51 @@ impl Sink for CaptureSink {
     }
 }
 
-/// `POST /v1/exec`.
+/// `POST /v1/exec`. With a `result_id` the command runs in its own task, to its end
+/// whether or not the caller stays ([`crate::kept`]).
 pub async fn exec_sync(
     State(state): State<Arc<AppState>>,
     JsonBody(req): JsonBody<ExecRequest>,
-) -> ApiResult<Json<ExecResult>> {
+) -> ApiResult<Response> {
     let prepared = prepare(&state, &req, false)?;
-    let _slot = acquire_slot(&state)?;
-    let mut child = spawn(&state.reaper, &prepared.spec)?;
+    let Some(id) = &req.result_id else {
+        let slot = acquire_slot(&state)?;
+        let child = spawn(&state.reaper, &prepared.spec)?;
+        let result = run_captured(child, prepared, req.timeout_exit_124, slot).await;
+        return Ok(Json(result).into_response());
+    };
+    let (running, mut caller) = state.kept.begin(id)?;
+    let started =
+        acquire_slot(&state).and_then(|slot| Ok((slot, spawn(&state.reaper, &prepared.spec)?)));
+    let (slot, child) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            state.kept.abandon(running);
+            return Err(e);
+        }
+    };
+    let task_state = state.clone();
+    tokio::spawn(async move {
+        let result = run_captured(child, prepared, req.timeout_exit_124, slot).await;
+        task_state.kept.end(running, result);
+    });
+    match caller.result().await {
+        Some(result) => Ok(Json(&*result).into_response()),
+        None => Err(ApiError::new(
+            ErrorCode::Internal,
+            "the command's task ended without a result",
+        )),
+    }
+}
+
+/// Feeds, watches and captures a spawned command to its end; the exec slot is held
+/// until then.
+async fn run_captured(
+    mut child: Spawned,
+    prepared: Prepared,
+    timeout_exit_124: bool,
+    _slot: OwnedSemaphorePermit,
+) -> ExecResult {
     let pid = child.pid as u32;
     feed_stdin(&mut child, prepared.stdin);
     let capture = CaptureSink(Arc::new(Mutex::new([
@@ -137,11 +185,11 @@ pub async fn exec_sync(
         std::mem::replace(&mut *bufs, [HeadTail::new(0), HeadTail::new(0)])
     };
     let mut exit_code = exit.exit_code;
-    if exit.timed_out && req.timeout_exit_124 {
+    if exit.timed_out && timeout_exit_124 {
         stderr.push(timeout_stderr_line(prepared.timing.timeout).as_bytes());
         exit_code = Some(TIMEOUT_EXIT_CODE);
     }
-    Ok(Json(ExecResult {
+    ExecResult {
         exit_code,
         signal: exit.signal,
         timed_out: exit.timed_out,
@@ -149,7 +197,7 @@ pub async fn exec_sync(
         pid,
         stdout: stdout.into_output(),
         stderr: stderr.into_output(),
-    }))
+    }
 }
 
 /// One NDJSON line.
@@ -187,6 +235,7 @@ pub async fn exec_stream(
     State(state): State<Arc<AppState>>,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> ApiResult<Response> {
+    no_result_id(&req, "POST /v1/exec/stream")?;
     let prepared = prepare(&state, &req, false)?;
     let slot = acquire_slot(&state)?;
     let mut child = spawn(&state.reaper, &prepared.spec)?;

@@ -30,6 +30,7 @@ pub mod files;
 pub mod fsuser;
 pub mod git;
 pub mod health;
+pub mod kept;
 pub mod process;
 pub mod procfs;
 pub mod pty;

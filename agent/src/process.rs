@@ -162,6 +162,7 @@ async fn start(
     State(state): State<Arc<AppState>>,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> ApiResult<Json<ProcessInfo>> {
+    crate::exec::no_result_id(&req, "POST /v1/processes")?;
     let mut prepared = prepare(&state, &req, true)?;
     if req.timeout_ms.is_none() {
         prepared.timing.timeout = NO_TIMEOUT;

@@ -106,6 +106,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/token", axum::routing::put(crate::token::rotate))
         .route("/v1/exec", post(crate::exec::exec_sync))
         .route("/v1/exec/stream", post(crate::exec::exec_stream))
+        .route("/v1/exec/results/{id}", get(crate::kept::result))
         .merge(crate::process::routes())
         .merge(crate::session::routes())
         .merge(crate::pty::routes())

@@ -26,6 +26,8 @@ pub struct AppState {
     pub exec_slots: Arc<Semaphore>,
     /// Background processes.
     pub processes: ProcessTable,
+    /// Execs run with a `result_id`.
+    pub kept: crate::kept::KeptTable,
     /// Persistent shell sessions.
     pub sessions: SessionTable,
     /// Terminals.
@@ -42,6 +44,7 @@ impl AppState {
         let slots = config.limits.max_concurrent_execs as usize;
         Arc::new(Self {
             processes: ProcessTable::new(&config),
+            kept: Default::default(),
             sessions: SessionTable::default(),
             ptys: PtyTable::default(),
             token: crate::token::Token::new(&config.token),

@@ -22,7 +22,7 @@ use orchard_protocol::process::{
 };
 use orchard_protocol::pty::{PtyCreate, PtyInfo, PtyResize};
 use orchard_protocol::session::{SessionCreate, SessionInfo, SessionRun, SessionRunResult};
-use orchard_protocol::{ErrorBody, ExecEvent, ExecRequest, ExecResult, TOKEN_HEADER};
+use orchard_protocol::{ErrorBody, ExecEvent, ExecKept, ExecRequest, ExecResult, TOKEN_HEADER};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -306,6 +306,16 @@ impl AgentClient {
             body: resp.into_body(),
             buf: Vec::new(),
         })
+    }
+
+    /// `GET /v1/exec/results/{id}`: the command run with `result_id` `id`, waiting up to
+    /// `timeout_ms` while it runs.
+    pub async fn exec_result(&self, id: &str, timeout_ms: u64) -> Result<ExecKept> {
+        self.get(&format!(
+            "/v1/exec/results/{}?timeout_ms={timeout_ms}",
+            encode(id)
+        ))
+        .await
     }
 
     /// `POST /v1/processes`.

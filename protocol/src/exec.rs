@@ -63,6 +63,32 @@ pub struct ExecRequest {
     /// `signal` are set as always. Default false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub timeout_exit_124: bool,
+    /// `POST /v1/exec` only: run the command to its end whether or not the caller
+    /// stays, under this id (1 to 128 of `A-Z a-z 0-9 . _ -`). While it runs,
+    /// `GET /v1/exec/results/{id}` waits for it; if the caller went away before it
+    /// ended, its result is kept for that route (the newest
+    /// [`KEPT_RESULTS`] for [`KEPT_FOR_SECS`] seconds). A result its caller received
+    /// is not kept. An id in use (running or kept) is refused (`already_exists`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_id: Option<String>,
+}
+
+/// How many results of `POST /v1/exec` calls whose caller went away the agent keeps.
+pub const KEPT_RESULTS: usize = 4;
+
+/// How long the agent keeps such a result, in seconds.
+pub const KEPT_FOR_SECS: u64 = 600;
+
+/// Body of `GET /v1/exec/results/{id}`: a command run with a `result_id`, running or
+/// ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ExecKept {
+    /// The `result_id` it was run with.
+    pub id: String,
+    /// Running, or exited (then `result` is set).
+    pub state: crate::process::ProcessState,
+    /// Its result, once it ended: what `POST /v1/exec` answered or would have.
+    pub result: Option<ExecResult>,
 }
 
 /// Exit code of a command killed by its time limit, under the Orchard convention.

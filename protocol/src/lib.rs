@@ -36,7 +36,7 @@ pub mod session;
 pub mod signal;
 
 pub use error::{ErrorBody, ErrorCode, ServiceErrorCode};
-pub use exec::{Command, ExecEvent, ExecRequest, ExecResult};
+pub use exec::{Command, ExecEvent, ExecKept, ExecRequest, ExecResult};
 pub use output::{Encoding, Output};
 
 /// Header that carries the per-sandbox token on every agent request.

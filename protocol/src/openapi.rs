@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
 
 use crate::error::ErrorBody;
-use crate::exec::{ExecEvent, ExecRequest, ExecResult};
+use crate::exec::{ExecEvent, ExecKept, ExecRequest, ExecResult};
 use crate::files::{
     Done, ExtractResult, FileList, FileStat, MkdirRequest, MoveRequest, WriteResult,
 };
@@ -113,6 +113,20 @@ pub const AGENT_ROUTES: &[Route] = &[
         query: &[],
         request: Body::Json(schema::<ExecRequest>),
         response: Body::Ndjson(schema::<ExecEvent>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/exec/results/{id}",
+        summary: "A command run with a `result_id`: waits while it runs, then its result.",
+        auth: true,
+        query: &[(
+            "timeout_ms",
+            "integer",
+            false,
+            "How long to wait for a running command; default 0 (answer at once).",
+        )],
+        request: Body::Empty,
+        response: Body::Json(schema::<ExecKept>),
     },
     Route {
         method: "POST",

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use orchard_protocol::compat::CompatCommand;
 use orchard_protocol::exec::timeout_error;
 use orchard_protocol::login::{filter_login_noise, login_shell_argv};
-use orchard_protocol::{Command, ErrorCode, ExecRequest};
+use orchard_protocol::{Command, ErrorCode, ExecRequest, ExecResult};
 
-use crate::state::{JobRecord, Lease, SandboxRecord};
+use crate::state::{JobOptions, JobRecord, Lease, SandboxRecord};
 
 use super::jobs::Outcome;
 use super::{Live, Service};
@@ -52,16 +52,14 @@ pub(super) async fn run(
     lease: &Lease,
 ) {
     let started = Instant::now();
-    let opts = job.options.clone();
+    let mut opts = job.options.clone();
     let script = script(&job.job.command);
     let argv = if opts.login_shell {
         login_shell_argv(&live.shell, &script)
     } else {
         vec![live.shell.clone(), "-c".into(), script]
     };
-    let timeout = opts
-        .timeout_ms
-        .map_or(service.policy().exec_timeout, Duration::from_millis);
+    let timeout = job_timeout(service, &opts);
     let default_cwd = opts.cwd.is_none();
     let mut req = ExecRequest {
         command: Command::Argv(argv),
@@ -69,11 +67,14 @@ pub(super) async fn run(
             Some(c) => Service::resolve(live, c),
             None => Service::default_dir(live).to_string(),
         }),
-        env: opts.env,
+        env: std::mem::take(&mut opts.env),
         timeout_ms: Some(timeout.as_millis().max(1) as u64),
         max_output_bytes: Some(service.config().job_output_cap),
         // Orchard's convention: exit code 124 and a last stderr line.
         timeout_exit_124: true,
+        // The command outlives this replica: if it dies, the job's next worker
+        // collects the result from the agent under this id (`super::worker`).
+        result_id: Some(job.job.job_id.clone()),
         ..Default::default()
     };
     let mut result = bounded_exec(live, &req, timeout).await;
@@ -88,20 +89,7 @@ pub(super) async fn run(
         .observe(started.elapsed().as_secs_f64());
     match result {
         Ok(r) => {
-            let exit_code = r.exit_code.or(r.signal.map(|s| 128 + s));
-            let error = r.timed_out.then(|| timeout_error(timeout));
-            let truncated = r.stdout.truncated || r.stderr.truncated;
-            let mut stderr = job_text(&r.stderr);
-            if opts.login_shell {
-                stderr = filter_login_noise(&stderr);
-            }
-            let outcome = Outcome {
-                exit_code,
-                stdout: job_text(&r.stdout),
-                stderr,
-                error,
-                truncated,
-            };
+            let outcome = outcome(r, &opts, timeout);
             service.finish_job(job, outcome, Some(lease)).await;
         }
         Err(e) => {
@@ -125,6 +113,30 @@ pub(super) async fn run(
     }
 }
 
+/// The time limit of a job with `opts`.
+pub(super) fn job_timeout(service: &Service, opts: &JobOptions) -> Duration {
+    opts.timeout_ms
+        .map_or(service.policy().exec_timeout, Duration::from_millis)
+}
+
+/// The outcome of a job with `opts` and time limit `timeout` whose command ended with `r`.
+pub(super) fn outcome(r: ExecResult, opts: &JobOptions, timeout: Duration) -> Outcome {
+    let exit_code = r.exit_code.or(r.signal.map(|s| 128 + s));
+    let error = r.timed_out.then(|| timeout_error(timeout));
+    let truncated = r.stdout.truncated || r.stderr.truncated;
+    let mut stderr = job_text(&r.stderr);
+    if opts.login_shell {
+        stderr = filter_login_noise(&stderr);
+    }
+    Outcome {
+        exit_code,
+        stdout: job_text(&r.stdout),
+        stderr,
+        error,
+        truncated,
+    }
+}
+
 /// A stream as the job holds it: text with invalid UTF-8 replaced and, where the agent
 /// cut the middle of a stream over the cap, a line saying how much was left out.
 fn job_text(out: &orchard_protocol::Output) -> String {
@@ -145,7 +157,7 @@ fn job_text(out: &orchard_protocol::Output) -> String {
 
 /// How long past its own time limit an exec may go unanswered before the job fails:
 /// the agent kills at the limit, so only a wedged agent or connection gets here.
-const AGENT_GRACE: Duration = Duration::from_secs(30);
+pub(super) const AGENT_GRACE: Duration = Duration::from_secs(30);
 
 /// An exec that cannot hang a job forever.
 async fn bounded_exec(

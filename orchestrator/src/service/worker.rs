@@ -11,15 +11,22 @@
 //! - The holder renews its lease every third of its period, idle or busy; a worker
 //!   that finds its lease gone (a pause past its expiry, Redis away) stops taking jobs
 //!   and competes for it again: the store refuses its job writes meanwhile (fences).
-//! - A worker that gets the lease fails the running jobs taken under an older grant:
-//!   their worker's replica died or lost the lease mid-job, so nobody will deliver their
-//!   output; they end `failed` with [`ORPHANED_ERROR`] rather than `running` forever.
+//! - A worker that gets the lease first finishes the running jobs taken under an older
+//!   grant (their worker's replica died or lost the lease mid-job), before any queued
+//!   job, so order holds: each job's command ran on in the agent under the job's id
+//!   (`result_id`), and the worker collects its real output there. A job the agent does
+//!   not know (the replica died before the command reached it, the agent restarted, or
+//!   the result was handed to the old worker whose write the store then refused) ends
+//!   `failed` with [`ORPHANED_ERROR`], never `running` forever.
 //! - The worker ends when its sandbox's record is gone (deleted, or another
 //!   incarnation), after failing what is still queued.
 //!
 //! [`Runtime`]: super::runtime::Runtime
 
 use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use orchard_protocol::ErrorCode;
 
 use tracing::Instrument;
 
@@ -74,7 +81,7 @@ pub(super) fn spawn_worker(service: &Service, rec: &SandboxRecord) {
                 return;
             };
             if let Some(inner) = r.weak.upgrade() {
-                fail_orphans(&Service { inner }, &r.id, &lease).await;
+                take_over_orphans(&Service { inner }, &r.id, &lease).await;
             }
             match hold(&r.weak, &r.id, &r.uid, &lease).await {
                 Held::Gone => return,
@@ -110,19 +117,61 @@ async fn acquire(weak: &Weak<Inner>, id: &str) -> Option<Lease> {
     }
 }
 
-/// Fails the running jobs of `id` taken under an older grant than `lease`.
-async fn fail_orphans(service: &Service, id: &str, lease: &Lease) {
+/// Finishes the running jobs of `id` taken under an older grant than `lease`, with the
+/// output their commands left in the agent, or [`ORPHANED_ERROR`].
+async fn take_over_orphans(service: &Service, id: &str, lease: &Lease) {
     let running = service.store().running_jobs(id).await.unwrap_or_default();
     for job in running {
         if job.fence.is_some_and(|f| f >= lease.fence) {
             continue;
         }
-        tracing::warn!(job_id = %job.job.job_id, "failing a job its worker left running");
-        let outcome = Outcome {
-            error: Some(ORPHANED_ERROR.into()),
-            ..Outcome::default()
-        };
+        tracing::warn!(job_id = %job.job.job_id, "taking over a job its worker left running");
+        let outcome = collect(service, id, &job, lease).await;
         service.finish_job(job, outcome, Some(lease)).await;
+    }
+}
+
+/// The outcome of an orphaned `job` of sandbox `id`: its command's result, from the
+/// agent (waiting while it still runs, the lease renewed meanwhile, up to the job's time
+/// limit and the agent's grace), or why there is none.
+async fn collect(service: &Service, id: &str, job: &JobRecord, lease: &Lease) -> Outcome {
+    let orphaned = |why: Option<String>| Outcome {
+        error: Some(match why {
+            Some(why) => format!("{ORPHANED_ERROR} ({why})"),
+            None => ORPHANED_ERROR.to_string(),
+        }),
+        ..Outcome::default()
+    };
+    let live = match service.store().sandbox(id).await {
+        Ok(Some(rec)) => match service.live_of(&rec.value) {
+            Ok(live) => live,
+            Err(e) => return orphaned(Some(e.public_message())),
+        },
+        _ => return orphaned(None),
+    };
+    let timeout = super::exec::job_timeout(service, &job.options);
+    let deadline = Instant::now() + timeout + super::exec::AGENT_GRACE;
+    let poll = service.policy().worker_lease / 3;
+    loop {
+        let wait = poll.as_millis().max(1) as u64;
+        match live.agent.exec_result(&job.job.job_id, wait).await {
+            Ok(kept) => {
+                if let Some(r) = kept.result {
+                    return super::exec::outcome(r, &job.options, timeout);
+                }
+            }
+            Err(e) if e.code() == Some(ErrorCode::NotFound) => return orphaned(None),
+            Err(e) => {
+                let why = format!("its result could not be collected from the agent: {e}");
+                return orphaned(Some(why));
+            }
+        }
+        if Instant::now() >= deadline {
+            return orphaned(Some("its command ran past its time limit".into()));
+        }
+        if !renew(service, lease).await {
+            return orphaned(Some("this replica lost the lease too".into()));
+        }
     }
 }
 
