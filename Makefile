@@ -116,7 +116,7 @@ bench: agent images sdk-deps
 ## operations during 1,000 (tests/redis/chaos.rs), then the audit.
 .PHONY: chaos
 chaos: agent images
-	cargo test -p orchard --test integration redis::chaos -- --ignored --nocapture
+	cargo test -p orchard --test integration redis::chaos -- --nocapture
 
 ## run: start `orchard serve` in the background, create a python:3.11-slim sandbox, run
 ## a command in it, print the SANDBOX_BASE_URL / SANDBOX_API_KEY lines. `make run

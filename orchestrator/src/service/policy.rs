@@ -1,7 +1,9 @@
 //! The one background loop of lifecycle policies: every `interval` it deletes sandboxes
 //! whose TTL ended or whose heartbeats stopped (only those that sent one), fails
-//! pending sandboxes whose creating replica died, and purges old jobs; every `reconcile_interval` it compares the records with the backend's list,
-//! failing records whose sandbox is gone and removing backend sandboxes no record owns.
+//! pending sandboxes whose creating replica died, and purges old jobs; every
+//! `reconcile_interval` it compares the records with the backend's list, failing
+//! records whose sandbox is gone and removing backend sandboxes no record owns or whose
+//! record failed.
 //! Reconciliation is skipped when the backend cannot list: a backend that cannot answer
 //! must not make the server forget or delete anything.
 
@@ -10,6 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use super::{now_ms, Inner, Phase, Service};
+use crate::state::SandboxRecord;
 
 /// How long the policy lease lasts: one replica runs the loop at a time.
 const POLICY_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(15);
@@ -36,8 +39,14 @@ pub(super) fn spawn(service: &Service) {
                 Ok(Some(_)) => {}
                 _ => continue,
             }
-            expire(&service).await;
-            fail_orphaned_creates(&service).await;
+            // One read of the records for both passes (with Redis, a read of them all).
+            if let Ok(records) = service.all().await {
+                expire(&service, &records).await;
+                fail_orphaned_creates(&service, &records).await;
+                if service.store().shared() {
+                    attend_unattended(&service, &records).await;
+                }
+            }
             service.purge_jobs().await;
             if last_reconcile.elapsed() >= policy.reconcile_interval {
                 last_reconcile = Instant::now();
@@ -47,17 +56,13 @@ pub(super) fn spawn(service: &Service) {
     });
 }
 
-/// Deletes sandboxes past their TTL or heartbeat period.
-pub(super) async fn expire(service: &Service) {
+/// Deletes the sandboxes of `records` past their TTL or heartbeat period.
+pub(super) async fn expire(service: &Service, records: &[SandboxRecord]) {
     let now = now_ms();
     let policy = service.policy().clone();
-    let expired: Vec<_> = service
-        .all()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| service.expires_ms(r).is_some_and(|t| t <= now))
-        .collect();
+    let expired = records
+        .iter()
+        .filter(|r| service.expires_ms(r).is_some_and(|t| t <= now));
     for r in expired {
         let why = if policy.heartbeat_reaping
             && r.heartbeat_ms
@@ -67,7 +72,7 @@ pub(super) async fn expire(service: &Service) {
         } else {
             "its time to live ended"
         };
-        let _ = service.remove(&r, why).await;
+        let _ = service.remove(r, why).await;
     }
 }
 
@@ -78,10 +83,7 @@ pub const ORPHANED_CREATE: &str =
 /// Fails the pending records whose create lease nobody holds: their creator (another
 /// replica, with a shared store) died mid-create, and nobody else would ever mark them.
 /// Whatever the dead create made at the backend is deleted.
-pub(super) async fn fail_orphaned_creates(service: &Service) {
-    let Ok(records) = service.all().await else {
-        return;
-    };
+pub(super) async fn fail_orphaned_creates(service: &Service, records: &[SandboxRecord]) {
     // Not the creates' holder name: in one process, a create of this very process
     // must still count as held.
     let prober = format!("{}/policy", service.inner.holder);
@@ -110,6 +112,31 @@ pub(super) async fn fail_orphaned_creates(service: &Service) {
     }
 }
 
+/// Starts a worker here for every sandbox whose jobs no worker attends to: the replica
+/// whose worker held them died, and no other replica has a worker for the sandbox
+/// (workers start where a sandbox is created or a job is accepted). The worker takes
+/// the jobs over, or ends them with the reason when the sandbox is gone. Only with a
+/// shared store: in one process every job's worker lives as long as the process.
+pub(super) async fn attend_unattended(service: &Service, records: &[SandboxRecord]) {
+    let prefix = super::worker::LEASE_PREFIX;
+    let Ok(ids) = service.store().unattended_sandboxes(prefix).await else {
+        return;
+    };
+    for id in ids {
+        let uid = match records.iter().find(|r| r.id == id) {
+            Some(r) => r.uid.clone(),
+            // Created since the read, or gone: the record says which.
+            None => match service.store().sandbox(&id).await {
+                Ok(Some(r)) => r.value.uid,
+                Ok(None) => String::new(),
+                Err(_) => continue,
+            },
+        };
+        tracing::warn!(sandbox_id = %id, "starting a worker for jobs no replica attends to");
+        super::worker::spawn_worker_for(service, &id, &uid);
+    }
+}
+
 /// Compares records with the backend; answers whether it could.
 pub(super) async fn reconcile(service: &Service) -> bool {
     let list = match service.backend().list().await {
@@ -124,6 +151,15 @@ pub(super) async fn reconcile(service: &Service) -> bool {
         return false;
     };
     for r in &records {
+        if let Phase::Failed { .. } = r.phase {
+            // A failed sandbox holds nothing at the backend: what a failed delete (a
+            // replica killed mid-way) left goes now.
+            if in_backend.contains_key(r.id.as_str()) {
+                tracing::warn!(sandbox_id = %r.id, "removing what a failed sandbox left");
+                let _ = service.backend().delete(&r.id).await;
+            }
+            continue;
+        }
         if r.phase != Phase::Ready {
             continue;
         }
@@ -158,9 +194,11 @@ pub(super) async fn reconcile(service: &Service) -> bool {
 }
 
 impl Service {
-    /// Runs the expiry pass now (tests and the loop).
+    /// Runs the expiry pass now (tests).
     pub async fn expire_now(&self) {
-        expire(self).await
+        if let Ok(records) = self.all().await {
+            expire(self, &records).await
+        }
     }
 
     /// Runs reconciliation now; false when the backend could not list.

@@ -64,16 +64,31 @@ impl Drop for Registered {
 
 /// Starts the job worker of `rec` in this process, unless one runs already.
 pub(super) fn spawn_worker(service: &Service, rec: &SandboxRecord) {
-    if !service.inner.runtime.claim_worker(&rec.id, &rec.uid) {
+    spawn_worker_for(service, &rec.id, &rec.uid)
+}
+
+/// Name of the lease of sandbox `id`'s worker.
+pub(super) fn lease_name(id: &str) -> String {
+    format!("{LEASE_PREFIX}{id}")
+}
+
+/// Prefix of the workers' lease names.
+pub(super) const LEASE_PREFIX: &str = "sandbox/";
+
+/// Starts a worker for the jobs of sandbox `id`, incarnation `uid`, unless one runs
+/// already in this process. For a sandbox whose record is gone (any `uid`), the worker
+/// ends its jobs with the reason and stops.
+pub(super) fn spawn_worker_for(service: &Service, id: &str, uid: &str) {
+    if !service.inner.runtime.claim_worker(id, uid) {
         return;
     }
     let registered = Registered {
         weak: Arc::downgrade(&service.inner),
-        id: rec.id.clone(),
-        uid: rec.uid.clone(),
+        id: id.to_string(),
+        uid: uid.to_string(),
     };
     // Every line the worker and its jobs write names the sandbox.
-    let span = tracing::warn_span!("worker", sandbox_id = %rec.id);
+    let span = tracing::warn_span!("worker", sandbox_id = %id);
     let worker = async move {
         let r = &registered;
         loop {
@@ -96,7 +111,7 @@ pub(super) fn spawn_worker(service: &Service, rec: &SandboxRecord) {
 
 /// Waits for the lease of sandbox `id`; `None` when the service went away.
 async fn acquire(weak: &Weak<Inner>, id: &str) -> Option<Lease> {
-    let name = format!("sandbox/{id}");
+    let name = lease_name(id);
     loop {
         let service = Service {
             inner: weak.upgrade()?,

@@ -77,6 +77,7 @@ pub async fn all(store: &dyn StateStore, tag: &str) {
     jobs_in_order_once(store, tag).await;
     fencing(store, tag).await;
     no_job_behind_a_delete(store, tag).await;
+    unattended(store, tag).await;
     slots_and_rates(store, tag).await;
     purge(store, tag).await;
     listing(store, tag).await;
@@ -312,6 +313,41 @@ pub async fn no_job_behind_a_delete(store: &dyn StateStore, tag: &str) {
     ));
     assert!(store.job(&late).await.unwrap().is_none());
     assert!(store.drain_jobs(&sb).await.unwrap().is_empty());
+}
+
+/// A sandbox with queued or running jobs and no holder of its worker lease is
+/// unattended; an idle or leased one is not; a deleted one with a job left still is.
+pub async fn unattended(store: &dyn StateStore, tag: &str) {
+    let sb = format!("{tag}-lone");
+    let listed = || async {
+        store
+            .unattended_sandboxes("sandbox/")
+            .await
+            .unwrap()
+            .contains(&sb)
+    };
+    store.insert_sandbox(record(&sb, "u1")).await.unwrap();
+    assert!(!listed().await, "an idle sandbox needs no worker");
+    let j = format!("{tag}-job-lone");
+    store.insert_job(job(&j, &sb), "u1").await.unwrap();
+    assert!(listed().await, "a queued job and no worker");
+    let lease = store
+        .acquire_lease(&format!("sandbox/{sb}"), "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!listed().await, "its worker holds the lease");
+    let taken = store.take_job(&sb, &lease).await.unwrap().unwrap();
+    store.release_lease(&lease).await.unwrap();
+    assert!(listed().await, "a running job whose worker is gone");
+    store.remove_sandbox(&sb, "u1").await.unwrap();
+    assert!(listed().await, "deleted, with a job still to end");
+    let now = crate::time::now_ms();
+    assert!(store
+        .finish_job(finished(taken, 0, "x", now), None)
+        .await
+        .unwrap());
+    assert!(!listed().await, "nothing left to attend to");
 }
 
 /// Counters stop at their limit; rate windows at theirs.

@@ -20,7 +20,7 @@
 //! dropped once no subscriber is left; leases and rate windows use this process's
 //! monotonic clock.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -429,6 +429,33 @@ impl StateStore for MemoryStore {
             .cloned()
             .collect();
         ready(Ok(running))
+    }
+
+    fn unattended_sandboxes<'a>(&'a self, lease_prefix: &'a str) -> StoreFuture<'a, Vec<String>> {
+        let maps = self.lock();
+        let now = Instant::now();
+        let mut busy: BTreeSet<&str> = maps
+            .queues
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(id, _)| id.as_str())
+            .collect();
+        busy.extend(
+            maps.jobs
+                .values()
+                .filter(|j| j.job.status == JobStatus::Running)
+                .map(|j| j.job.sandbox_id.as_str()),
+        );
+        let unattended = busy
+            .into_iter()
+            .filter(|id| {
+                maps.leases
+                    .get(&format!("{lease_prefix}{id}"))
+                    .is_none_or(|(_, expires)| *expires <= now)
+            })
+            .map(str::to_string)
+            .collect();
+        ready(Ok(unattended))
     }
 
     fn drain_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>> {

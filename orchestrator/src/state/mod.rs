@@ -297,6 +297,10 @@ pub trait StateStore: Send + Sync + 'static {
     /// The jobs of `sandbox` taken by a worker and not finished (with the fence each
     /// was taken under).
     fn running_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>>;
+    /// Sandboxes (ids, whether or not their record still exists) with queued or running
+    /// jobs and no holder of the lease `{lease_prefix}{id}`: no worker attends to
+    /// them (the replica whose worker did died). The policy loop starts one.
+    fn unattended_sandboxes<'a>(&'a self, lease_prefix: &'a str) -> StoreFuture<'a, Vec<String>>;
     /// Takes every queued job of `sandbox` out of its queue (the sandbox is gone).
     fn drain_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>>;
     /// Writes a finished job, unless it finished already (answers whether it wrote);

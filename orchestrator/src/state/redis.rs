@@ -15,7 +15,8 @@
 //! - `P:job:<id>`: hash `r` (the job's JSON as queued, then as finished), `st` (`q`
 //!   queued, `r` running, `d` done), `started` and `fence` (of the worker's lease it
 //!   was taken under); `P:q:<sandbox>` the queue (a list of ids), `P:run:<sandbox>` the
-//!   running ones; `P:done` finished jobs by finish time (for the purge);
+//!   running ones; `P:done` finished jobs by finish time (for the purge); `P:busy` the
+//!   sandboxes that had jobs queued (pruned when their queue and running set are empty);
 //! - `P:ctr:<name>` counters, `P:rate:<key>` rate windows (sorted by Redis's time);
 //! - `P:lease:<name>` hash `holder`, `fence` that expires with the lease, `P:fence:<name>`
 //!   the newest grant's fence (it outlives the lease: a holder that paused past its
@@ -68,6 +69,7 @@ struct Scripts {
     insert_job: Script,
     take_job: Script,
     drain_jobs: Script,
+    unattended: Script,
     running_jobs: Script,
     finish_job: Script,
     purge_jobs: Script,
@@ -129,6 +131,7 @@ impl Scripts {
                 if redis.call('EXISTS', KEYS[2]) == 1 then return -2 end
                 redis.call('HSET', KEYS[2], 'r', ARGV[2], 'st', 'q')
                 redis.call('RPUSH', KEYS[3], ARGV[3])
+                redis.call('SADD', KEYS[4], ARGV[6])
                 redis.call('PUBLISH', ARGV[4], ARGV[5])
                 return 1",
             ),
@@ -146,6 +149,19 @@ impl Scripts {
                     return {1, redis.call('HGET', k, 'r')}
                   end
                 end",
+            ),
+            // `P:busy` holds every sandbox that had a job queued; members whose queue
+            // and running set are both gone (Redis drops empty keys) leave it here.
+            unattended: Script::new(
+                r"local out = {}
+                for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+                  if redis.call('EXISTS', ARGV[1] .. id) == 0 and redis.call('EXISTS', ARGV[2] .. id) == 0 then
+                    redis.call('SREM', KEYS[1], id)
+                  elseif redis.call('EXISTS', ARGV[3] .. id) == 0 then
+                    table.insert(out, id)
+                  end
+                end
+                return out",
             ),
             drain_jobs: Script::new(
                 r"local out = {}
@@ -615,11 +631,13 @@ impl StateStore for RedisStore {
             let mut inv = self.scripts.insert_job.key(self.key("sb", &sandbox));
             inv.key(self.key("job", &id))
                 .key(self.key("q", &sandbox))
+                .key(self.key("busy", "all"))
                 .arg(sandbox_uid)
                 .arg(json)
                 .arg(&id)
                 .arg(&self.events)
-                .arg(event(&topic));
+                .arg(event(&topic))
+                .arg(&sandbox);
             match self.run::<i64>(inv).await? {
                 -1 => Err(StoreError::NotFound(format!("sandbox {sandbox}"))),
                 -2 => Err(StoreError::Exists(format!("job {id}"))),
@@ -702,6 +720,16 @@ impl StateStore for RedisStore {
                     _ => None,
                 })
                 .collect()
+        })
+    }
+
+    fn unattended_sandboxes<'a>(&'a self, lease_prefix: &'a str) -> StoreFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            let mut inv = self.scripts.unattended.key(self.key("busy", "all"));
+            inv.arg(self.kind_prefix("q"))
+                .arg(self.kind_prefix("run"))
+                .arg(format!("{}{lease_prefix}", self.kind_prefix("lease")));
+            self.run(inv).await
         })
     }
 

@@ -145,3 +145,20 @@ async fn post(url: &str, path: &str, body: Value) -> (u16, Value) {
 async fn get(url: &str, path: &str) -> (u16, Value) {
     send(req(reqwest::Method::GET, url, path)).await
 }
+
+/// Imports the test busybox image through the replica at `url`.
+async fn import_busybox(url: &str) {
+    let layout = orchard_test_support::images::image_layout("busybox");
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.append_dir_all(".", &layout).unwrap();
+    let (s, body) = crate::util::server::send(
+        req(
+            reqwest::Method::POST,
+            url,
+            "/v1/images/import?name=busybox:latest",
+        )
+        .body(tar.into_inner().unwrap()),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+}

@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use super::{post, req, RedisServer};
+use super::{import_busybox, post, req, RedisServer};
 use crate::util::server::{reap_orphaned_agents, send, ServerProcess};
 
 async fn echo(url: &str, id: &str, word: &str) -> (u16, Option<String>) {
@@ -28,19 +28,7 @@ async fn two_server_processes_on_one_data_directory_serve_and_delete_each_others
     let mut a = ServerProcess::start(data.path(), &args);
     // Before shared roots, this one exited: the backend's root was locked by A.
     let mut b = ServerProcess::start(data.path(), &args);
-    let layout = orchard_test_support::images::image_layout("busybox");
-    let mut tar = tar::Builder::new(Vec::new());
-    tar.append_dir_all(".", &layout).unwrap();
-    let (s, body) = send(
-        req(
-            reqwest::Method::POST,
-            &a.url,
-            "/v1/images/import?name=busybox:latest",
-        )
-        .body(tar.into_inner().unwrap()),
-    )
-    .await;
-    assert_eq!(s, 200, "{body}");
+    import_busybox(&a.url).await;
     let mut ids = Vec::new();
     for _ in 0..2 {
         let (s, sb) = post(&a.url, "/v1/sandboxes", json!({"image": "busybox:latest"})).await;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{get, post, req, RedisServer};
-use crate::util::server::{reap_orphaned_agents, send, ServerProcess};
+use super::{get, import_busybox, post, RedisServer};
+use crate::util::server::{reap_orphaned_agents, ServerProcess};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_replicas_jobs_are_taken_over_and_its_running_job_delivers_its_real_output() {
@@ -29,19 +29,7 @@ async fn a_dead_replicas_jobs_are_taken_over_and_its_running_job_delivers_its_re
     let (data_a, data_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let mut a = ServerProcess::start(data_a.path(), &args);
     let mut b = ServerProcess::start(data_b.path(), &args);
-    let layout = orchard_test_support::images::image_layout("busybox");
-    let mut tar = tar::Builder::new(Vec::new());
-    tar.append_dir_all(".", &layout).unwrap();
-    let (s, body) = send(
-        req(
-            reqwest::Method::POST,
-            &a.url,
-            "/v1/images/import?name=busybox:latest",
-        )
-        .body(tar.into_inner().unwrap()),
-    )
-    .await;
-    assert_eq!(s, 200, "{body}");
+    import_busybox(&a.url).await;
     let (s, sb) = post(&a.url, "/v1/sandboxes", json!({"image": "busybox:latest"})).await;
     assert_eq!(s, 201, "{sb}");
     let id = sb["id"].as_str().unwrap().to_string();
