@@ -192,6 +192,8 @@ async fn collect(service: &Service, id: &str, job: &JobRecord, lease: &Lease) ->
 
 /// Takes and runs the jobs of `id` (incarnation `uid`) while `lease` holds.
 async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
+    // Set when a take's answer may have been lost.
+    let mut unsure = false;
     loop {
         let Some(inner) = weak.upgrade() else {
             return Held::Gone;
@@ -221,11 +223,26 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
                 fail_queued(&service, id, &why).await;
                 None
             }
-            Phase::Ready => match service.store().take_job(id, lease).await {
-                Ok(job) => job,
-                Err(StoreError::Conflict(_)) => return Held::Lost,
-                Err(_) => None,
-            },
+            Phase::Ready => {
+                let mut job = None;
+                if unsure {
+                    if let Ok(seen) = taken_unseen(&service, id, lease).await {
+                        unsure = seen.is_some();
+                        job = seen;
+                    }
+                }
+                if !unsure {
+                    match service.store().take_job(id, lease).await {
+                        Ok(taken) => job = taken,
+                        Err(StoreError::Conflict(_)) => return Held::Lost,
+                        // The take may have happened with its answer lost (Redis went
+                        // away mid-call): the job would be `running` under this lease
+                        // with nobody running it. Look before taking again.
+                        Err(_) => unsure = true,
+                    }
+                }
+                job
+            }
         };
         let Some(job) = job else {
             drop(service);
@@ -264,6 +281,18 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
             return Held::Lost;
         }
     }
+}
+
+/// A job taken under `lease` whose take this worker never saw answered (it runs one
+/// job at a time, so a running job under its own grant is one it is not running); the
+/// command never reached the agent, so it runs now.
+async fn taken_unseen(
+    service: &Service,
+    id: &str,
+    lease: &Lease,
+) -> Result<Option<JobRecord>, StoreError> {
+    let running = service.store().running_jobs(id).await?;
+    Ok(running.into_iter().find(|j| j.fence == Some(lease.fence)))
 }
 
 /// Renews `lease`; `false` only when the store says another holder has it (a store

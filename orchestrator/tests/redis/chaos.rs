@@ -1,7 +1,8 @@
 //! Chaos: three `orchard serve` replicas over one Redis and one data directory; while
 //! clients run 1,000 mixed operations (create, exec as a job, delete) through whichever
 //! replica is up, a random replica is killed with SIGKILL every 83 answered operations and
-//! started again. Then the audit: the store and the backend agree sandbox for
+//! started again, and halfway Redis crashes (SIGKILL) and restarts from its append-only
+//! file once the replicas answered 503 for a while. Then the audit: the store and the backend agree sandbox for
 //! sandbox, no sandbox was deleted twice, and every job either delivered its real
 //! output or ended `failed` with a reason.
 
@@ -55,6 +56,8 @@ struct Seen {
     jobs: BTreeMap<String, String>,
     /// Operations that got an answer (any status).
     answered: usize,
+    /// Answers 503 (Redis away).
+    unavailable: usize,
 }
 
 fn args(redis_url: &str) -> Vec<String> {
@@ -133,8 +136,10 @@ async fn client(seed: u64, ops: usize, urls: Arc<Mutex<Vec<String>>>, seen: Arc<
             }
             r
         };
-        if answer.is_some() {
-            seen.lock().unwrap().answered += 1;
+        if let Some((status, _)) = answer {
+            let mut seen = seen.lock().unwrap();
+            seen.answered += 1;
+            seen.unavailable += usize::from(status == 503);
         }
     }
 }
@@ -143,7 +148,8 @@ async fn client(seed: u64, ops: usize, urls: Arc<Mutex<Vec<String>>>, seen: Arc<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_replicas_during_a_thousand_operations_loses_and_doubles_nothing() {
     orchard_test_support::require_runc!();
-    let redis = RedisServer::start();
+    // With its append-only file: the crash in the middle of the run loses nothing.
+    let mut redis = RedisServer::start_with(true);
     let args = args(&redis.url());
     let data = tempfile::tempdir().unwrap();
     let mut servers: Vec<ServerProcess> =
@@ -168,6 +174,7 @@ async fn killing_replicas_during_a_thousand_operations_loses_and_doubles_nothing
     tokio::pin!(all_done);
     let mut dice = Dice(42);
     let mut kills = 0;
+    let mut redis_restarted = false;
     let mut next_kill = KILL_STEP / 2;
     loop {
         tokio::select! {
@@ -184,6 +191,20 @@ async fn killing_replicas_during_a_thousand_operations_loses_and_doubles_nothing
                     continue;
                 }
                 next_kill += KILL_STEP;
+                if kills == 2 && !redis_restarted {
+                    // Redis crashes halfway: the replicas answer 503 until it is back.
+                    redis_restarted = true;
+                    let before = seen.lock().unwrap().unavailable;
+                    redis.down();
+                    let deadline = Instant::now() + Duration::from_secs(20);
+                    while seen.lock().unwrap().unavailable < before + 10
+                        && Instant::now() < deadline
+                    {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    redis.up();
+                    continue;
+                }
                 let i = dice.below(REPLICAS);
                 servers[i].kill9();
                 kills += 1;
@@ -310,8 +331,9 @@ async fn killing_replicas_during_a_thousand_operations_loses_and_doubles_nothing
         }
     }
     eprintln!(
-        "chaos: {} answered, {kills} kills, {} created, {} deleted, {delivered} jobs delivered, {failed} failed with a reason, {} sandboxes left",
+        "chaos: {} answered ({} with 503 while Redis was away), {kills} kills, {} created, {} deleted, {delivered} jobs delivered, {failed} failed with a reason, {} sandboxes left",
         seen.answered,
+        seen.unavailable,
         seen.created.len(),
         seen.deleted.len(),
         running.len()
