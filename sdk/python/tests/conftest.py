@@ -117,15 +117,25 @@ def _wait_ready_file(proc: subprocess.Popen[bytes], ready: Path, log: Path) -> s
 
 
 @contextlib.contextmanager
-def running_server() -> Iterator[Server]:
-    """``orchard serve`` with a fresh data dir and key, busybox imported; stopped at exit."""
+def running_server(
+    extra_args: tuple[str, ...] = (),
+    data_dir: Path | None = None,
+    api_key: str | None = None,
+    import_busybox: bool = True,
+) -> Iterator[Server]:
+    """``orchard serve`` with a fresh data dir and key, busybox imported; stopped at exit.
+
+    ``extra_args``, a shared ``data_dir`` and ``api_key`` make it one of several
+    replicas (``test_replicas.py``); a replica after the first needs no import.
+    """
     if not os.access(ORCHARD_BIN, os.X_OK):
         pytest.fail(f"no orchard binary at {ORCHARD_BIN} (set ORCHARD_BIN or build it)")
     if not os.access(AGENT_BIN, os.X_OK):
         pytest.fail(f"no agent binary at {AGENT_BIN} (run `make agent`)")
     work = Path(tempfile.mkdtemp(prefix="orchard-sdk-test-"))
-    data_dir, ready, log_path = work / "data", work / "ready", work / "server.log"
-    api_key = "test-" + secrets.token_hex(8)
+    data_dir = data_dir or work / "data"
+    ready, log_path = work / "ready", work / "server.log"
+    api_key = api_key or "test-" + secrets.token_hex(8)
     log = open(log_path, "wb")
     proc = subprocess.Popen(
         [
@@ -145,6 +155,7 @@ def running_server() -> Iterator[Server]:
             "warn",
             # Another backend for the same tests (tests/k8s/backend.sh: Kubernetes).
             *shlex.split(os.environ.get("ORCHARD_TEST_SERVE_ARGS", "")),
+            *extra_args,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -152,7 +163,8 @@ def running_server() -> Iterator[Server]:
     srv = Server("", api_key, data_dir, proc, log_path)
     try:
         srv.base_url = _wait_ready_file(proc, ready, log_path)
-        import_image(srv, IMAGES / "busybox", BUSYBOX)
+        if import_busybox:
+            import_image(srv, IMAGES / "busybox", BUSYBOX)
         yield srv
     finally:
         proc.send_signal(signal.SIGTERM)
