@@ -11,30 +11,33 @@ use super::{host_cidr, require_cluster, TestNamespace};
 use crate::util::server::{send, ServerProcess, KEY};
 
 fn serve(kc: &Path, ns: &TestNamespace, data: &Path) -> ServerProcess {
+    serve_with(kc, ns, data, &[])
+}
+
+fn serve_with(kc: &Path, ns: &TestNamespace, data: &Path, extra: &[&str]) -> ServerProcess {
     let kc = kc.to_str().unwrap();
     let cidr = host_cidr();
-    ServerProcess::start(
-        data,
-        &[
-            "--backend",
-            "kubernetes",
-            "--kubeconfig",
-            kc,
-            "--namespace",
-            &ns.name,
-            "--kube-ingress-cidr",
-            &cidr,
-            "--kube-grace-period-s",
-            "0",
-            "--reconcile-interval-s",
-            "1",
-            // The test node has 2 CPUs, shared by the tests running at once.
-            "--default-cpu",
-            "250m",
-            "--default-memory",
-            "256Mi",
-        ],
-    )
+    let mut args = vec![
+        "--backend",
+        "kubernetes",
+        "--kubeconfig",
+        kc,
+        "--namespace",
+        &ns.name,
+        "--kube-ingress-cidr",
+        &cidr,
+        "--kube-grace-period-s",
+        "0",
+        "--reconcile-interval-s",
+        "1",
+        // The test node has 2 CPUs, shared by the tests running at once.
+        "--default-cpu",
+        "250m",
+        "--default-memory",
+        "256Mi",
+    ];
+    args.extend_from_slice(extra);
+    ServerProcess::start(data, &args)
 }
 
 async fn call(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
@@ -221,4 +224,126 @@ async fn a_pod_deleted_behind_the_servers_back_fails_its_sandbox() {
         // The reconciliation loop has no event to wait on from outside the server.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Two replicas over Redis share the cluster: a sandbox created through one runs jobs
+/// through the other, a wait on one ends with a job the other accepted, and when the
+/// replica running a job is killed the other delivers the job's real output from the
+/// pod's agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_over_redis_share_the_cluster_and_take_over_a_dead_ones_job() {
+    let kc = require_cluster!();
+    let ns = TestNamespace::new(&kc, "replicas");
+    let redis = crate::redis::RedisServer::start();
+    let url = redis.url();
+    let extra = ["--state", url.as_str(), "--worker-lease-s", "2"];
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = serve_with(&kc, &ns, da.path(), &extra);
+    let b = serve_with(&kc, &ns, db.path(), &extra);
+
+    let (s, sb) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/sandboxes", a.url),
+        Some(json!({"image": "busybox:latest", "cpu": "100m", "memory": "64Mi"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_string();
+    let job = exec(&b.url, &id, "mkfifo /tmp/go-on; echo via-b").await;
+    assert_eq!(job["stdout"], "via-b\n", "{job}");
+
+    // A job accepted by A, waiting on a fifo; A dies while it runs in the pod.
+    let (s, long) = call(
+        reqwest::Method::POST,
+        format!("{}/sandboxes/{id}/exec", a.url),
+        Some(json!({"command": "read l < /tmp/go-on; echo \"taken $l\""})),
+    )
+    .await;
+    assert_eq!(s, 200, "{long}");
+    let long = long["job_id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (s, k) = call(
+            reqwest::Method::GET,
+            format!("{}/v1/sandboxes/{id}/exec/results/{long}", b.url),
+            None,
+        )
+        .await;
+        if s == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ran: {s} {k}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.kill9();
+    let (s, go) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/sandboxes/{id}/exec", b.url),
+        Some(json!({"command": ["sh", "-c", "echo on > /tmp/go-on"]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{go}");
+    let (s, taken) = call(
+        reqwest::Method::GET,
+        format!("{}/jobs/{long}/wait?timeout=60", b.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{taken}");
+    assert_eq!(
+        (taken["status"].as_str(), taken["stdout"].as_str()),
+        (Some("succeeded"), Some("taken on\n")),
+        "{taken}"
+    );
+
+    let (s, _) = call(
+        reqwest::Method::DELETE,
+        format!("{}/sandboxes/{id}", b.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let left = ns.kubectl(&["get", "pods", "-l", "orchard.dev/sandbox", "-o", "name"]);
+    assert_eq!(left, "", "delete leaves nothing");
+}
+
+/// The README's two commands: after `make cluster`, `orchard serve --backend kubernetes
+/// --kubeconfig FILE` needs no other Kubernetes setting (its namespace, injector image
+/// and the agents' ingress match the test cluster): a pod is created and runs commands
+/// from this host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_command_needs_no_other_kubernetes_flag() {
+    let kc = require_cluster!();
+    let data = tempfile::tempdir().unwrap();
+    let mut srv = ServerProcess::start(
+        data.path(),
+        &[
+            "--backend",
+            "kubernetes",
+            "--kubeconfig",
+            kc.to_str().unwrap(),
+        ],
+    );
+    let (s, sb) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/sandboxes", srv.url),
+        Some(json!({"image": "busybox:latest", "cpu": "100m", "memory": "64Mi"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_string();
+    let job = exec(&srv.url, &id, "echo bare").await;
+    assert_eq!(
+        (job["status"].as_str(), job["stdout"].as_str()),
+        (Some("succeeded"), Some("bare\n")),
+        "{job}"
+    );
+    let (s, _) = call(
+        reqwest::Method::DELETE,
+        format!("{}/sandboxes/{id}", srv.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert!(srv.stop().success());
 }

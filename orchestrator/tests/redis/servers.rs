@@ -226,6 +226,40 @@ async fn while_redis_is_away_requests_answer_503_fast_and_the_server_recovers() 
     server.finish().await;
 }
 
+/// A job's output of tens of MiB goes into Redis whole and is read back whole through
+/// another replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_with_tens_of_mib_of_output_is_kept_whole_across_replicas() {
+    orchard_test_support::require_runc!();
+    const BYTES: usize = 24 << 20;
+    let redis = RedisServer::start();
+    let first = first_replica(&redis).await;
+    let (b, _b_service, b_task) = replica(&first, &redis).await;
+    let id = create(&first.url, json!({})).await;
+    let (s, done) = post(
+        &first.url,
+        &format!("/sandboxes/{id}/exec"),
+        json!({
+            "command": format!("head -c {BYTES} /dev/zero | tr '\\0' x; echo end >&2"),
+            "wait": true
+        }),
+    )
+    .await;
+    assert_eq!(s, 200, "{}", done["error"]);
+    let job_id = done["job_id"].as_str().unwrap();
+    let (s, job) = get(&b, &format!("/jobs/{job_id}")).await;
+    assert_eq!(s, 200);
+    let out = job["stdout"].as_str().unwrap_or_default();
+    assert_eq!(out.len(), BYTES, "{}", job["error"]);
+    assert!(out.bytes().all(|c| c == b'x'));
+    assert_eq!(
+        (job["stderr"].as_str(), job["output_truncated"].as_bool()),
+        (Some("end\n"), Some(false))
+    );
+    b_task.abort();
+    first.finish().await;
+}
+
 /// Creates a sandbox through `url`'s `/v1` with `extra` fields; answers its id.
 async fn create(url: &str, extra: Value) -> String {
     let mut body = json!({"image": "busybox:latest"});
