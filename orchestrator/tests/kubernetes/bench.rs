@@ -18,7 +18,7 @@
 //! `tests/k8s/bench.sh` (in `make bench`); skipped without `ORCHARD_TEST_KUBECONFIG`.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use orchard::backend::kubernetes::KubeBackend;
@@ -29,6 +29,7 @@ use orchard_protocol::{Command, ExecRequest};
 use serde_json::{json, Value};
 
 use super::{host_cidr, kube_config, require_cluster, TestNamespace};
+use crate::util::bench::{out_path, pcts, Pcts};
 use crate::util::sandbox::{busybox_image, fresh_root, test_config, TestBackend};
 use crate::util::server::{send, ServerProcess, KEY};
 
@@ -42,40 +43,6 @@ const FLOOR_ROUNDS: usize = 10;
 const EXEC_ROUNDS: usize = 300;
 /// Warm-up calls per exec route.
 const WARMUP: usize = 20;
-
-/// Median and 90th percentile of a series (p90 only from 10 samples on).
-#[derive(Clone, Copy, Default)]
-struct Pcts {
-    n: usize,
-    p50: f64,
-    p90: f64,
-}
-
-fn pcts(samples: &[f64]) -> Pcts {
-    if samples.is_empty() {
-        return Pcts::default();
-    }
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let at = |q: f64| s[((q * (s.len() - 1) as f64).round() as usize).min(s.len() - 1)];
-    Pcts {
-        n: s.len(),
-        p50: at(0.5),
-        p90: at(0.9),
-    }
-}
-
-impl Pcts {
-    /// `n | p50 | p90` cells, p90 as `–` under 10 samples.
-    fn cells(&self, decimals: usize) -> String {
-        let p90 = if self.n >= 10 {
-            format!("{:.decimals$}", self.p90)
-        } else {
-            "–".into()
-        };
-        format!("{} | {:.decimals$} | {p90}", self.n, self.p50)
-    }
-}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -468,17 +435,6 @@ impl Report {
     }
 }
 
-fn out_path() -> PathBuf {
-    std::env::var_os("ORCHARD_BENCH_OUT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../bench/results/kubernetes.md"
-            ))
-        })
-}
-
 /// `make bench` runs it through `tests/k8s/bench.sh`; by hand, with the cluster up:
 /// `ORCHARD_TEST_KUBECONFIG=tests/k8s/.run/kubeconfig cargo test --release -p orchard
 /// --test integration bench_kubernetes -- --ignored --nocapture`
@@ -531,7 +487,7 @@ async fn bench_kubernetes() {
     };
     let md = report.to_markdown();
     println!("{md}");
-    let out = out_path();
+    let out = out_path("kubernetes.md");
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).expect("creating the results directory");
     }

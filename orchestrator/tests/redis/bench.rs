@@ -13,7 +13,6 @@
 //! times is asserted.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use orchard::state::redis::RedisStore;
@@ -22,6 +21,7 @@ use serde_json::json;
 
 use super::servers::{first_replica, replica};
 use super::RedisServer;
+use crate::util::bench::{change, out_path, pcts, previous, Pcts};
 use crate::util::server::{send, TestServer, KEY};
 
 const EXEC_ROUNDS: usize = 300;
@@ -29,52 +29,8 @@ const WARMUP: usize = 20;
 const LEASE_ROUNDS: usize = 2000;
 const BURST: usize = 12;
 
-#[derive(Clone, Copy, Default)]
-struct Pcts {
-    p50: f64,
-    p90: f64,
-    n: usize,
-}
-
-fn pcts(samples: &[f64]) -> Pcts {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let at = |q: f64| s[((q * (s.len() - 1) as f64).round() as usize).min(s.len() - 1)];
-    Pcts {
-        p50: at(0.5),
-        p90: at(0.9),
-        n: s.len(),
-    }
-}
-
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-fn out_path() -> PathBuf {
-    std::env::var_os("ORCHARD_BENCH_OUT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../bench/results/replicas.md"
-            ))
-        })
-}
-
-/// The p50 (third column) of the row `label` in the previous results, if any.
-fn previous(prev: &str, label: &str) -> Option<f64> {
-    prev.lines()
-        .find(|l| l.starts_with(&format!("| {label} |")))
-        .and_then(|l| l.split('|').nth(3))
-        .and_then(|c| c.trim().parse().ok())
-}
-
-fn change(now: f64, prev: Option<f64>) -> String {
-    match prev {
-        Some(p) if p > 0.0 => format!("{:+.1}%", 100.0 * (now - p) / p),
-        _ => "–".into(),
-    }
 }
 
 async fn exec_once(http: &reqwest::Client, url: &str, id: &str) -> f64 {
@@ -205,7 +161,7 @@ async fn bench_replicas() {
     };
     let (rate1, rate3) = (median(&mut rates.0), median(&mut rates.1));
 
-    let path = out_path();
+    let path = out_path("replicas.md");
     let prev = std::fs::read_to_string(&path).unwrap_or_default();
     let mut md = String::new();
     let _ = writeln!(md, "# Replicas over Redis\n");
@@ -236,7 +192,7 @@ async fn bench_replicas() {
             p.p90,
             p.p50 / floor.p50,
             p.p50 / one.p50,
-            change(p.p50, previous(&prev, label)),
+            change(p.p50, previous(&prev, label, 3)),
         );
     }
     let _ = writeln!(
@@ -255,7 +211,7 @@ async fn bench_replicas() {
             p.p50,
             p.p90,
             p.p50 / ping.p50,
-            change(p.p50, previous(&prev, label)),
+            change(p.p50, previous(&prev, label, 3)),
         );
     }
     let _ = writeln!(
@@ -271,7 +227,7 @@ async fn bench_replicas() {
             md,
             "| {label} | {r:.1} | {:.2}x | {} |",
             r / rate1,
-            change(r, previous_rate(&prev, label)),
+            change(r, previous(&prev, label, 2)),
         );
     }
     let _ = writeln!(
@@ -287,12 +243,4 @@ async fn bench_replicas() {
     c_task.abort();
     memory.finish().await;
     first.finish().await;
-}
-
-/// The creates/s (second column) of the row `label` in the previous results.
-fn previous_rate(prev: &str, label: &str) -> Option<f64> {
-    prev.lines()
-        .find(|l| l.starts_with(&format!("| {label} |")))
-        .and_then(|l| l.split('|').nth(2))
-        .and_then(|c| c.trim().parse().ok())
 }

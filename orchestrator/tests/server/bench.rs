@@ -25,6 +25,7 @@ use orchard_client::{AgentClient, Endpoint};
 use orchard_protocol::{Command, ExecRequest};
 use serde_json::{json, Value};
 
+use crate::util::bench::{change, out_path, pcts, Pcts};
 use crate::util::server::{Options, TestServer, KEY};
 
 /// Rounds of the latency series: one call of each route per round, in an order that
@@ -179,28 +180,6 @@ impl Target {
     }
 }
 
-/// Percentiles of microsecond samples.
-#[derive(Clone, Copy, Default)]
-struct Pcts {
-    p50: f64,
-    p90: f64,
-    p99: f64,
-}
-
-fn pcts(samples: &[f64]) -> Pcts {
-    if samples.is_empty() {
-        return Pcts::default();
-    }
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let at = |q: f64| s[((q * (s.len() - 1) as f64).round() as usize).min(s.len() - 1)];
-    Pcts {
-        p50: at(0.5),
-        p90: at(0.9),
-        p99: at(0.99),
-    }
-}
-
 /// One throughput measurement: calls done and errors over the wall time.
 #[derive(Default, Clone)]
 struct Throughput {
@@ -297,24 +276,6 @@ impl Drop for StderrToFile {
                 eprintln!("{l}");
             }
         }
-    }
-}
-
-fn out_path() -> PathBuf {
-    std::env::var_os("ORCHARD_BENCH_OUT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../bench/results/server.md"
-            ))
-        })
-}
-
-fn change(now: f64, prev: Option<f64>) -> String {
-    match prev {
-        Some(p) if p > 0.0 => format!("{:+.1}%", 100.0 * (now - p) / p),
-        _ => "–".into(),
     }
 }
 
@@ -424,7 +385,7 @@ async fn bench_server() {
     drop(quiet);
 
     // The numbers, and the previous run's.
-    let out = out_path();
+    let out = out_path("server.md");
     let json_path = out.with_extension("json");
     let prev: Value = std::fs::read_to_string(&json_path)
         .ok()
