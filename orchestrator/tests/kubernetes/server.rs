@@ -62,6 +62,29 @@ async fn exec(url: &str, id: &str, command: &str) -> Value {
     job
 }
 
+/// Creates a busybox sandbox of 0.1 CPU and 64 MiB through `/v1`; answers its id.
+async fn create_small(url: &str) -> String {
+    let (s, sb) = call(
+        reqwest::Method::POST,
+        format!("{url}/v1/sandboxes"),
+        Some(json!({"image": "busybox:latest", "cpu": "100m", "memory": "64Mi"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{sb}");
+    sb["id"].as_str().unwrap().to_string()
+}
+
+/// Deletes sandbox `id` through the compatible route.
+async fn delete(url: &str, id: &str) {
+    let (s, body) = call(
+        reqwest::Method::DELETE,
+        format!("{url}/sandboxes/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_compatible_api_runs_on_pods_and_a_restarted_server_adopts_them() {
     let kc = require_cluster!();
@@ -169,13 +192,7 @@ async fn the_compatible_api_runs_on_pods_and_a_restarted_server_adopts_them() {
         "the adopted pod kept its state: {job}"
     );
 
-    let (s, _) = call(
-        reqwest::Method::DELETE,
-        format!("{}/sandboxes/{id}", second.url),
-        None,
-    )
-    .await;
-    assert_eq!(s, 200);
+    delete(&second.url, &id).await;
     let left = ns.kubectl(&[
         "get",
         "pods,secrets",
@@ -193,14 +210,7 @@ async fn a_pod_deleted_behind_the_servers_back_fails_its_sandbox() {
     let ns = TestNamespace::new(&kc, "gone");
     let data = tempfile::tempdir().unwrap();
     let srv = serve(&kc, &ns, data.path());
-    let (s, sb) = call(
-        reqwest::Method::POST,
-        format!("{}/v1/sandboxes", srv.url),
-        Some(json!({"image": "busybox:latest", "cpu": "100m", "memory": "64Mi"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{sb}");
-    let id = sb["id"].as_str().unwrap().to_string();
+    let id = create_small(&srv.url).await;
     ns.kubectl(&["delete", "pod", &id, "--grace-period=0", "--wait=true"]);
     // Reconciliation runs every second: the record turns failed with the reason.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -241,14 +251,7 @@ async fn two_replicas_over_redis_share_the_cluster_and_take_over_a_dead_ones_job
     let mut a = serve_with(&kc, &ns, da.path(), &extra);
     let b = serve_with(&kc, &ns, db.path(), &extra);
 
-    let (s, sb) = call(
-        reqwest::Method::POST,
-        format!("{}/v1/sandboxes", a.url),
-        Some(json!({"image": "busybox:latest", "cpu": "100m", "memory": "64Mi"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{sb}");
-    let id = sb["id"].as_str().unwrap().to_string();
+    let id = create_small(&a.url).await;
     let job = exec(&b.url, &id, "mkfifo /tmp/go-on; echo via-b").await;
     assert_eq!(job["stdout"], "via-b\n", "{job}");
 
@@ -296,13 +299,7 @@ async fn two_replicas_over_redis_share_the_cluster_and_take_over_a_dead_ones_job
         "{taken}"
     );
 
-    let (s, _) = call(
-        reqwest::Method::DELETE,
-        format!("{}/sandboxes/{id}", b.url),
-        None,
-    )
-    .await;
-    assert_eq!(s, 200);
+    delete(&b.url, &id).await;
     let left = ns.kubectl(&["get", "pods", "-l", "orchard.dev/sandbox", "-o", "name"]);
     assert_eq!(left, "", "delete leaves nothing");
 }
@@ -324,26 +321,13 @@ async fn the_readmes_command_needs_no_other_kubernetes_flag() {
             kc.to_str().unwrap(),
         ],
     );
-    let (s, sb) = call(
-        reqwest::Method::POST,
-        format!("{}/v1/sandboxes", srv.url),
-        Some(json!({"image": "busybox:latest", "cpu": "100m", "memory": "64Mi"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{sb}");
-    let id = sb["id"].as_str().unwrap().to_string();
+    let id = create_small(&srv.url).await;
     let job = exec(&srv.url, &id, "echo bare").await;
     assert_eq!(
         (job["status"].as_str(), job["stdout"].as_str()),
         (Some("succeeded"), Some("bare\n")),
         "{job}"
     );
-    let (s, _) = call(
-        reqwest::Method::DELETE,
-        format!("{}/sandboxes/{id}", srv.url),
-        None,
-    )
-    .await;
-    assert_eq!(s, 200);
+    delete(&srv.url, &id).await;
     assert!(srv.stop().success());
 }
