@@ -10,6 +10,7 @@
 
 use std::time::{Duration, Instant};
 
+use orchard_client::ClientError;
 use orchard_protocol::compat::CompatCommand;
 use orchard_protocol::exec::timeout_error;
 use orchard_protocol::login::{filter_login_noise, login_shell_argv};
@@ -78,6 +79,12 @@ pub(super) async fn run(
         ..Default::default()
     };
     let mut result = bounded_exec(live, &req, timeout).await;
+    if matches!(&result, Err(e) if refuses_result_id(e)) {
+        // An agent older than `result_id` (a sandbox made before an upgrade): run the
+        // job as before; only its takeover by another replica is lost.
+        req.result_id = None;
+        result = bounded_exec(live, &req, timeout).await;
+    }
     if default_cwd && matches!(&result, Err(e) if e.code() == Some(ErrorCode::CwdNotFound)) {
         // The command before removed the default directory: run in / rather than fail.
         req.cwd = Some("/".into());
@@ -94,11 +101,19 @@ pub(super) async fn run(
         }
         Err(e) => {
             let deleted = !service.is_current(rec).await;
+            if !deleted && req.result_id.is_some() && !matches!(e, ClientError::Api { .. }) {
+                // The connection failed, not the command: it runs on in the agent
+                // under the job's id. Its real result, once it ends, rather than a
+                // failure while it still runs (and the next job beside it).
+                let outcome = super::worker::collect(service, &rec.id, &job, lease).await;
+                service.finish_job(job, outcome, Some(lease)).await;
+                return;
+            }
             let message = if deleted {
                 "the sandbox was deleted while the job ran".to_string()
             } else {
                 match &e {
-                    orchard_client::ClientError::Api { body, .. } => {
+                    ClientError::Api { body, .. } => {
                         format!("the command could not be run: {}", body.message)
                     }
                     e => format!("the sandbox's agent could not be reached: {e}"),
@@ -111,6 +126,13 @@ pub(super) async fn run(
             service.finish_job(job, outcome, Some(lease)).await;
         }
     }
+}
+
+/// Whether `e` is an agent refusing the `result_id` field it does not know.
+fn refuses_result_id(e: &ClientError) -> bool {
+    matches!(e, ClientError::Api { body, .. }
+        if matches!(body.code, ErrorCode::InvalidJson | ErrorCode::InvalidArgument)
+            && body.message.contains("result_id"))
 }
 
 /// The time limit of a job with `opts`.
@@ -187,6 +209,25 @@ mod tests {
         );
         let whole = orchard_protocol::Output::from_bytes(b"all".to_vec(), 3, None);
         assert_eq!(job_text(&whole), "all");
+    }
+
+    #[test]
+    fn an_agent_older_than_result_id_is_recognised_by_its_refusal() {
+        // What an older agent answers: serde's unknown-field error.
+        let err = |code, message: &str| ClientError::Api {
+            status: hyper::StatusCode::BAD_REQUEST,
+            body: orchard_protocol::ErrorBody::new(code, message.to_string()),
+        };
+        let old = err(
+            ErrorCode::InvalidJson,
+            "invalid request body: unknown field `result_id`, expected one of `command`",
+        );
+        assert!(refuses_result_id(&old));
+        assert!(!refuses_result_id(&err(
+            ErrorCode::CwdNotFound,
+            "no /workspace"
+        )));
+        assert!(!refuses_result_id(&ClientError::Transport("reset".into())));
     }
 
     #[test]

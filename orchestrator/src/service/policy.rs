@@ -154,7 +154,9 @@ pub(super) async fn reconcile(service: &Service) -> bool {
         if let Phase::Failed { .. } = r.phase {
             // A failed sandbox holds nothing at the backend: what a failed delete (a
             // replica killed mid-way) left goes now.
-            if in_backend.contains_key(r.id.as_str()) {
+            // Still this incarnation: one made again under the id since the reads above
+            // must not lose its sandbox.
+            if in_backend.contains_key(r.id.as_str()) && service.is_current(r).await {
                 tracing::warn!(sandbox_id = %r.id, "removing what a failed sandbox left");
                 let _ = service.backend().delete(&r.id).await;
             }

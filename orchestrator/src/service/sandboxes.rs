@@ -322,13 +322,12 @@ impl Service {
         // The create lease, taken before the record exists and held until the record
         // is marked: a pending record whose lease nobody holds lost its creator (a
         // replica that died), and the policy loop fails it.
+        // A holder of its own per create: two racing creates of one id in one replica
+        // must not share (and the loser release) the winner's lease.
+        let holder = format!("{}/create/{}", self.inner.holder, crate::random::hex(4)?);
         let Some(lease) = self
             .store()
-            .acquire_lease(
-                &create_lease(&id),
-                &self.inner.holder,
-                self.policy().worker_lease,
-            )
+            .acquire_lease(&create_lease(&id), &holder, self.policy().worker_lease)
             .await?
         else {
             return Err(Error::SandboxExists(id));
@@ -493,13 +492,17 @@ impl Service {
                 self.metrics()
                     .create_seconds
                     .observe(started.elapsed().as_secs_f64());
+                // Only a record still pending turns ready: one the policy loop failed
+                // meanwhile (its create lease lapsed) had what was made deleted.
                 let marked = self
                     .update(None, &rec.id, Some(&rec.uid), |r| {
-                        r.phase = Phase::Ready;
-                        r.agent = Some(agent.clone());
+                        if r.phase == Phase::Pending {
+                            r.phase = Phase::Ready;
+                            r.agent = Some(agent.clone());
+                        }
                     })
                     .await;
-                if marked.is_ok() {
+                if marked.is_ok_and(|r| r.phase == Phase::Ready) {
                     tracing::info!("sandbox ready");
                 } else {
                     // Deleted while it was being made: what was made goes too.

@@ -35,6 +35,35 @@ use crate::state::{JobRecord, Lease, Phase, SandboxRecord, StoreError, Topic};
 use super::jobs::Outcome;
 use super::{Inner, Service};
 
+/// How much longer than its own wait a collecting call may take.
+const COLLECT_SLACK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// First and longest pause between two tries of a store read while the store is away.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `call`'s answer, tried again while the store is unavailable; `None` on another error.
+async fn until_answered<T, F, Fut>(call: F) -> Option<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut pause = RETRY_FIRST;
+    loop {
+        match call().await {
+            Ok(v) => return Some(v),
+            Err(StoreError::Unavailable(_)) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a store read failed");
+                return None;
+            }
+        }
+    }
+}
+
 /// Error of a running job whose worker stopped without finishing it.
 pub const ORPHANED_ERROR: &str = "the orchestrator replica running this job stopped or lost \
     its lease before the job finished; the command may have run in part";
@@ -135,7 +164,11 @@ async fn acquire(weak: &Weak<Inner>, id: &str) -> Option<Lease> {
 /// Finishes the running jobs of `id` taken under an older grant than `lease`, with the
 /// output their commands left in the agent, or [`ORPHANED_ERROR`].
 async fn take_over_orphans(service: &Service, id: &str, lease: &Lease) {
-    let running = service.store().running_jobs(id).await.unwrap_or_default();
+    // A read that fails while the store is away is tried again: skipped, the orphans
+    // would stay `running` under a lease this worker then holds for good.
+    let Some(running) = until_answered(|| service.store().running_jobs(id)).await else {
+        return;
+    };
     for job in running {
         if job.fence.is_some_and(|f| f >= lease.fence) {
             continue;
@@ -149,7 +182,12 @@ async fn take_over_orphans(service: &Service, id: &str, lease: &Lease) {
 /// The outcome of an orphaned `job` of sandbox `id`: its command's result, from the
 /// agent (waiting while it still runs, the lease renewed meanwhile, up to the job's time
 /// limit and the agent's grace), or why there is none.
-async fn collect(service: &Service, id: &str, job: &JobRecord, lease: &Lease) -> Outcome {
+pub(super) async fn collect(
+    service: &Service,
+    id: &str,
+    job: &JobRecord,
+    lease: &Lease,
+) -> Outcome {
     let orphaned = |why: Option<String>| Outcome {
         error: Some(match why {
             Some(why) => format!("{ORPHANED_ERROR} ({why})"),
@@ -157,8 +195,8 @@ async fn collect(service: &Service, id: &str, job: &JobRecord, lease: &Lease) ->
         }),
         ..Outcome::default()
     };
-    let live = match service.store().sandbox(id).await {
-        Ok(Some(rec)) => match service.live_of(&rec.value) {
+    let live = match until_answered(|| service.store().sandbox(id)).await {
+        Some(Some(rec)) => match service.live_of(&rec.value) {
             Ok(live) => live,
             Err(e) => return orphaned(Some(e.public_message())),
         },
@@ -169,7 +207,15 @@ async fn collect(service: &Service, id: &str, job: &JobRecord, lease: &Lease) ->
     let poll = service.policy().worker_lease / 3;
     loop {
         let wait = poll.as_millis().max(1) as u64;
-        match live.agent.exec_result(&job.job.job_id, wait).await {
+        // Bounded: a half-open connection must not hold the worker forever.
+        let asked = live.agent.exec_result(&job.job.job_id, wait);
+        let answer = match tokio::time::timeout(poll + COLLECT_SLACK, asked).await {
+            Ok(a) => a,
+            Err(_) => Err(orchard_client::ClientError::Transport(
+                "the agent did not answer in time".into(),
+            )),
+        };
+        match answer {
             Ok(kept) => {
                 if let Some(r) = kept.result {
                     return super::exec::outcome(r, &job.options, timeout);
@@ -221,6 +267,14 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
             Phase::Failed { message } => {
                 let why = format!("the sandbox failed to start: {message}");
                 fail_queued(&service, id, &why).await;
+                if unsure {
+                    if let Ok(seen) = taken_unseen(&service, id, lease).await {
+                        unsure = false;
+                        if let Some(job) = seen {
+                            fail(&service, job, why).await;
+                        }
+                    }
+                }
                 None
             }
             Phase::Ready => {
@@ -229,6 +283,14 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
                     if let Ok(seen) = taken_unseen(&service, id, lease).await {
                         unsure = seen.is_some();
                         job = seen;
+                    }
+                    // Run it only while surely still the holder: a successor may have
+                    // failed it as orphaned already.
+                    if job.is_some() {
+                        let ttl = service.policy().worker_lease;
+                        if !matches!(service.store().renew_lease(lease, ttl).await, Ok(true)) {
+                            return Held::Lost;
+                        }
                     }
                 }
                 if !unsure {
