@@ -15,11 +15,6 @@ pub use crate::state::memory::{DEFAULT_OUTPUT_BUDGET, DROPPED_NOTE, RESTART_ERRO
 
 use super::{now_ms, now_secs, Error, Service, Tenant};
 
-/// First and longest pause between two tries to store a finished job while the store
-/// is away.
-const FINISH_RETRY_FIRST: Duration = Duration::from_millis(100);
-const FINISH_RETRY_MAX: Duration = Duration::from_secs(2);
-
 /// How a job ended: `exit_code` and output when it ran, `error` when it could not run
 /// or timed out, `truncated` when the output passed the cap.
 #[derive(Debug, Default)]
@@ -157,21 +152,7 @@ impl Service {
         job.finished_ms = Some(now_ms());
         // While the store is away the outcome waits here (the worker's next job waits
         // with it): dropped, the job would stay `running` and its output be lost.
-        let mut pause = FINISH_RETRY_FIRST;
-        loop {
-            match self.store().finish_job(job.clone(), lease).await {
-                Err(StoreError::Unavailable(e)) => {
-                    tracing::warn!(error = %e, "cannot store a finished job yet; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(FINISH_RETRY_MAX);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot store a finished job");
-                    return;
-                }
-                Ok(_) => return,
-            }
-        }
+        crate::state::until_answered(|| self.store().finish_job(job.clone(), lease)).await;
     }
 
     /// Removes finished jobs older than the retention period; answers how many.

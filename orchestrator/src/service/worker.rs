@@ -38,32 +38,6 @@ use super::{Inner, Service};
 /// How much longer than its own wait a collecting call may take.
 const COLLECT_SLACK: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// First and longest pause between two tries of a store read while the store is away.
-const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
-const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// `call`'s answer, tried again while the store is unavailable; `None` on another error.
-async fn until_answered<T, F, Fut>(call: F) -> Option<T>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<T, StoreError>>,
-{
-    let mut pause = RETRY_FIRST;
-    loop {
-        match call().await {
-            Ok(v) => return Some(v),
-            Err(StoreError::Unavailable(_)) => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "a store read failed");
-                return None;
-            }
-        }
-    }
-}
-
 /// Error of a running job whose worker stopped without finishing it.
 pub const ORPHANED_ERROR: &str = "the orchestrator replica running this job stopped or lost \
     its lease before the job finished; the command may have run in part";
@@ -166,7 +140,8 @@ async fn acquire(weak: &Weak<Inner>, id: &str) -> Option<Lease> {
 async fn take_over_orphans(service: &Service, id: &str, lease: &Lease) {
     // A read that fails while the store is away is tried again: skipped, the orphans
     // would stay `running` under a lease this worker then holds for good.
-    let Some(running) = until_answered(|| service.store().running_jobs(id)).await else {
+    let Some(running) = crate::state::until_answered(|| service.store().running_jobs(id)).await
+    else {
         return;
     };
     for job in running {
@@ -195,7 +170,7 @@ pub(super) async fn collect(
         }),
         ..Outcome::default()
     };
-    let live = match until_answered(|| service.store().sandbox(id)).await {
+    let live = match crate::state::until_answered(|| service.store().sandbox(id)).await {
         Some(Some(rec)) => match service.live_of(&rec.value) {
             Ok(live) => live,
             Err(e) => return orphaned(Some(e.public_message())),
@@ -286,11 +261,10 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
                     }
                     // Run it only while surely still the holder: a successor may have
                     // failed it as orphaned already.
-                    if job.is_some() {
-                        let ttl = service.policy().worker_lease;
-                        if !matches!(service.store().renew_lease(lease, ttl).await, Ok(true)) {
-                            return Held::Lost;
-                        }
+                    if job.is_some()
+                        && !matches!(service.store().renew_lease(lease, ttl).await, Ok(true))
+                    {
+                        return Held::Lost;
                     }
                 }
                 if !unsure {

@@ -333,3 +333,32 @@ pub trait StateStore: Send + Sync + 'static {
     /// Wakes on every write to `topic` after this call.
     fn subscribe(&self, topic: Topic) -> Subscription;
 }
+
+/// First and longest pause between two tries of a store call while the store is away.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// `call`'s answer, tried again with a growing pause while the store is unavailable
+/// (Redis away: nothing is lost by waiting, much by giving up); `None`, logged, on
+/// another error.
+pub async fn until_answered<T, F, Fut>(call: F) -> Option<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut pause = RETRY_FIRST;
+    loop {
+        match call().await {
+            Ok(v) => return Some(v),
+            Err(StoreError::Unavailable(e)) => {
+                tracing::warn!(error = %e, "the store is away; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a store call failed");
+                return None;
+            }
+        }
+    }
+}
