@@ -19,6 +19,24 @@ use crate::util::sandbox::*;
 
 mod shared;
 
+/// Waits (up to 60 s) until a create stopped at its fail point in sandbox directory
+/// `dir`; answers the pid of the container's init that `runc create` wrote.
+async fn init_pid_at_fail_point(dir: &Path) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.join("failpoint").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the create never reached its fail point"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    fs::read_to_string(dir.join("init.pid"))
+        .expect("runc create wrote the init's pid")
+        .trim()
+        .parse()
+        .expect("a pid")
+}
+
 fn annotations(bundle: &Path) -> Value {
     let config: Value =
         serde_json::from_slice(&fs::read(bundle.join("config.json")).unwrap()).unwrap();
@@ -829,19 +847,7 @@ async fn regression_a_create_in_flight_when_the_backend_is_destroyed_leaves_no_p
     let backend = tb.backend.clone();
     let task = tokio::spawn(async move { backend.create(spec).await });
     let dir = tb.root.join("sandboxes").join(&id);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !dir.join("failpoint").exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the create never reached its fail point"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let pid: i32 = fs::read_to_string(dir.join("init.pid"))
-        .expect("runc create wrote the init's pid")
-        .trim()
-        .parse()
-        .expect("a pid");
+    let pid = init_pid_at_fail_point(&dir).await;
     task.abort();
     assert!(task.await.is_err(), "the hung create was aborted");
     tb.finish().await;

@@ -4,11 +4,12 @@
 //! opens of one lock file conflict as they would across processes.
 
 use std::fs;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orchard::backend::local::{FailPoint, LocalBackend, LocalConfig, LocalError, SandboxSpec};
 use orchard::backend::Backend;
 
+use super::init_pid_at_fail_point;
 use crate::util::sandbox::*;
 
 fn shared_config(root: &std::path::Path) -> LocalConfig {
@@ -118,19 +119,7 @@ async fn recovery_on_a_shared_root_leaves_alone_a_sandbox_another_backend_is_cre
     a_runtime.spawn(async move { creating.create(spec).await });
     let dir = a.root.join("sandboxes").join(&id);
     let lock = a.root.join("locks").join(format!("{id}.lock"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !dir.join("failpoint").exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the create never reached its fail point"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let pid: i32 = fs::read_to_string(dir.join("init.pid"))
-        .expect("runc create wrote the init's pid")
-        .trim()
-        .parse()
-        .expect("a pid");
+    let pid = init_pid_at_fail_point(&dir).await;
     assert!(lock.exists());
 
     let report = within(Duration::from_secs(60), b.recover())
