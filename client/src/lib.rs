@@ -382,6 +382,18 @@ impl AgentClient {
         self.json(Method::POST, "/v1/sessions", req).await
     }
 
+    /// `GET /v1/sessions`.
+    pub async fn list_sessions(&self) -> Result<orchard_protocol::session::SessionList> {
+        self.get("/v1/sessions").await
+    }
+
+    /// `GET /v1/sessions/{id}/state`: the session's directory, exported variables and
+    /// functions, between two of its commands.
+    pub async fn session_state(&self, id: &str) -> Result<orchard_protocol::session::SessionState> {
+        self.get(&format!("/v1/sessions/{}/state", encode(id)))
+            .await
+    }
+
     /// `POST /v1/sessions/{id}/run`.
     pub async fn session_run(&self, id: &str, req: &SessionRun) -> Result<SessionRunResult> {
         self.json(Method::POST, &format!("/v1/sessions/{id}/run"), req)

@@ -135,6 +135,10 @@ pub struct ServeArgs {
     /// Creates per minute one key may make, 0 for no limit [default: 0].
     #[arg(long, env = "ORCHARD_CREATES_PER_MINUTE_PER_KEY")]
     pub creates_per_minute_per_key: Option<usize>,
+    /// Bytes one key's snapshots may hold (their own layers), a quantity like "20Gi",
+    /// 0 for no limit [default: 0].
+    #[arg(long, env = "ORCHARD_SNAPSHOT_BYTES_PER_KEY")]
+    pub snapshot_bytes_per_key: Option<String>,
     /// Size of each sandbox's writable layer, a quantity like "10Gi": its own sparse
     /// filesystem image, full is ENOSPC inside it and nothing outside [default: none,
     /// writes go to the data directory's filesystem unbounded; each create costs about
@@ -325,6 +329,7 @@ pub struct FileConfig {
     job_output_budget_bytes: Option<u64>,
     max_sandboxes_per_key: Option<usize>,
     creates_per_minute_per_key: Option<usize>,
+    snapshot_bytes_per_key: Option<String>,
     max_concurrent_creates: Option<usize>,
     create_queue: Option<usize>,
     sandbox_disk: Option<String>,
@@ -593,6 +598,16 @@ impl Config {
                 "exec_timeout_s must be at least 1".into(),
             ));
         }
+        let snapshot_bytes = match args
+            .snapshot_bytes_per_key
+            .clone()
+            .or(file.snapshot_bytes_per_key)
+        {
+            None => 0,
+            Some(q) if q.trim() == "0" => 0,
+            Some(q) => crate::service::units::parse_memory(&q)
+                .map_err(|e| ConfigError::Invalid(format!("snapshot_bytes_per_key: {e}")))?,
+        };
         let sandbox_disk = match args.sandbox_disk.clone().or(file.sandbox_disk) {
             None => None,
             Some(q) => {
@@ -687,6 +702,7 @@ impl Config {
                     .creates_per_minute_per_key
                     .or(file.creates_per_minute_per_key)
                     .unwrap_or(0),
+                snapshot_bytes,
             },
             defaults,
             max_concurrent_creates: args

@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
-use orchard::cli::{self, Connect, ImageCommand, SandboxCommand};
+use orchard::cli::{self, Connect, ImageCommand, SandboxCommand, SnapshotCommand};
 use orchard::config::{Config, ServeArgs};
 
 /// Orchard Env: sandboxes from any container image, driven turn by turn.
@@ -18,12 +18,19 @@ struct Cli {
 enum Command {
     /// Serve the REST API (Orchard-compatible routes and /v1).
     Serve(Box<ServeArgs>),
-    /// Sandboxes on a server: create, ls, exec, rm, shell.
+    /// Sandboxes on a server: create, ls, exec, rm, shell, pause, resume, snapshot.
     Sandbox {
         #[command(flatten)]
         connect: Connect,
         #[command(subcommand)]
         command: SandboxCommand,
+    },
+    /// Snapshots on a server: ls, get, rm, fork.
+    Snapshot {
+        #[command(flatten)]
+        connect: Connect,
+        #[command(subcommand)]
+        command: SnapshotCommand,
     },
     /// Images on a server: pull, import, ls, rm.
     Image {
@@ -48,6 +55,7 @@ fn main() -> anyhow::Result<()> {
             }
             Command::Sandbox { connect, command } => Ok(cli::sandbox(&connect, command).await?),
             Command::Image { connect, command } => Ok(cli::image(&connect, command).await?),
+            Command::Snapshot { connect, command } => Ok(cli::snapshot(&connect, command).await?),
         }
     });
     // Sandboxes' streams and terminals may hold tasks open; the answer is final.

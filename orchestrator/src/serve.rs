@@ -151,14 +151,23 @@ pub fn start_image_gc(config: &Config, service: &Service) {
     let root = store.root().to_path_buf();
     let users = service.clone();
     // Called on a blocking thread of the runtime (the pass runs in `spawn_blocking`).
-    let in_use = move || InUse {
-        references: tokio::runtime::Handle::current()
+    // Snapshots keep their image's layers: forks mount them long after the sandbox
+    // that ran the image is gone.
+    let in_use = move || {
+        let handle = tokio::runtime::Handle::current();
+        let snapshots = handle
+            .block_on(users.backend().snapshots())
+            .unwrap_or_default();
+        let mut references: Vec<String> = handle
             .block_on(users.all())
             .unwrap_or_default()
             .iter()
             .map(|r| r.image.clone())
-            .collect(),
-        layers: gc::mounted_layers(&root),
+            .collect();
+        references.extend(snapshots.iter().map(|s| s.image.clone()));
+        let mut layers = gc::mounted_layers(&root);
+        layers.extend(snapshots.into_iter().flat_map(|s| s.image_layers));
+        InUse { references, layers }
     };
     let metrics = service.metrics().clone();
     let report = move |outcome: &gc::BudgetReport| {

@@ -173,11 +173,14 @@ pub enum ServiceErrorCode {
     SandboxFailed,
     /// HTTP 503: overloaded, safe to retry; the answer carries `Retry-After`.
     Unavailable,
+    /// HTTP 501: this server's backend cannot do this (snapshots on Kubernetes, process
+    /// checkpoints).
+    NotImplemented,
 }
 
 impl ServiceErrorCode {
     /// Every code, in the order of the enum.
-    pub const ALL: [ServiceErrorCode; 12] = [
+    pub const ALL: [ServiceErrorCode; 13] = [
         ServiceErrorCode::BadRequest,
         ServiceErrorCode::Unauthorized,
         ServiceErrorCode::PermissionDenied,
@@ -190,6 +193,7 @@ impl ServiceErrorCode {
         ServiceErrorCode::Internal,
         ServiceErrorCode::SandboxFailed,
         ServiceErrorCode::Unavailable,
+        ServiceErrorCode::NotImplemented,
     ];
 
     /// The HTTP status code this error is answered with.
@@ -208,6 +212,7 @@ impl ServiceErrorCode {
             Internal => 500,
             SandboxFailed => 502,
             Unavailable => 503,
+            NotImplemented => 501,
         }
     }
 
@@ -227,6 +232,7 @@ impl ServiceErrorCode {
             Internal => "internal",
             SandboxFailed => "sandbox_failed",
             Unavailable => "unavailable",
+            NotImplemented => "not_implemented",
         }
     }
 

@@ -34,6 +34,7 @@ pub mod pty;
 pub mod sandbox;
 pub mod session;
 pub mod signal;
+pub mod snapshot;
 
 pub use error::{ErrorBody, ErrorCode, ServiceErrorCode};
 pub use exec::{Command, ExecEvent, ExecKept, ExecRequest, ExecResult};

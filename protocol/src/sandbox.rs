@@ -66,7 +66,7 @@ pub struct Sandbox {
     pub id: String,
     /// The image as asked for.
     pub image: String,
-    /// `pending`, `running` or `failed`.
+    /// `pending`, `running`, `paused` or `failed`.
     pub status: String,
     /// True once commands can run.
     pub ready: bool,
@@ -88,6 +88,10 @@ pub struct Sandbox {
     pub labels: BTreeMap<String, String>,
     /// The agent's own endpoint and token; null until ready.
     pub agent: Option<AgentEndpoint>,
+    /// Frozen (`POST /v1/sandboxes/{id}/pause`): its agent routes answer 409 until it
+    /// is resumed.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// Answer of `GET /v1/sandboxes`.

@@ -25,6 +25,28 @@ pub struct SessionCreate {
     /// Variables added to the agent's environment.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Brings back a captured session (`GET /v1/sessions/{id}/state`, as a snapshot keeps
+    /// it): the same id, shell, directory and exact environment, then its functions
+    /// defined. `shell`, `cwd` and `env` must be absent with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<SessionState>,
+}
+
+/// A session's state between commands: what `GET /v1/sessions/{id}/state` answers and
+/// what [`SessionCreate::restore`] takes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionState {
+    /// The session's id.
+    pub id: String,
+    /// Its shell program.
+    pub shell: String,
+    /// Its shell's working directory.
+    pub cwd: String,
+    /// Its exported variables, exactly (variables that are not valid UTF-8 are left out).
+    pub env: BTreeMap<String, String>,
+    /// Its shell functions as shell text that defines them again (`declare -f` in bash;
+    /// empty for shells that cannot list them, such as busybox sh).
+    pub functions: String,
 }
 
 /// A session, as created and listed.

@@ -36,6 +36,12 @@ pub enum BackendError {
     /// The backend cannot answer this call now (e.g. it cannot list).
     #[error("{0}")]
     Unavailable(String),
+    /// The sandbox or snapshot is not in a state for this call (a snapshot in use).
+    #[error("{0}")]
+    Conflict(String),
+    /// This backend cannot do this (snapshots on Kubernetes, process checkpoints).
+    #[error("{0}")]
+    Unsupported(String),
     /// Anything else.
     #[error("{0}")]
     Failed(String),
@@ -63,6 +69,62 @@ pub struct CreateSpec {
     /// (Kubernetes' `activeDeadlineSeconds`) uses it as a backstop for a server that is
     /// gone; the server's policy loop deletes it on time otherwise.
     pub ttl: Option<Duration>,
+    /// The snapshot to start from (a fork): its filesystem and image instead of `image`'s
+    /// own, which names the same image.
+    pub snapshot: Option<String>,
+}
+
+/// What to capture in a snapshot: backend-neutral.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotSpec {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// The snapshot's labels (the server's own metadata included).
+    pub labels: BTreeMap<String, String>,
+    /// What forks are created with (the server's settings of the sandbox); part of the
+    /// snapshot's digest.
+    pub config: BTreeMap<String, String>,
+    /// Its shell sessions, as the agent captured them.
+    pub sessions: Vec<orchard_protocol::session::SessionState>,
+}
+
+/// A snapshot as a backend reports it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BackendSnapshot {
+    /// `snap-` and 20 hex digits of the digest.
+    pub id: String,
+    /// `sha256:` of everything captured.
+    pub digest: String,
+    /// The sandbox it was taken of.
+    pub sandbox_id: String,
+    /// The snapshot that sandbox was forked from.
+    pub parent: Option<String>,
+    /// The image reference.
+    pub image: String,
+    /// Creation time, ms since the epoch.
+    pub created_ms: u64,
+    /// Bytes of its own layer.
+    pub size_bytes: u64,
+    /// Bytes of all its layers.
+    pub total_bytes: u64,
+    /// Its layers' digests, bottom first (`sha256:`).
+    pub layers: Vec<String>,
+    /// Labels as given.
+    pub labels: BTreeMap<String, String>,
+    /// The forks' settings as given.
+    pub config: BTreeMap<String, String>,
+    /// Shell sessions.
+    pub sessions: Vec<orchard_protocol::session::SessionState>,
+    /// The create's environment of the sandbox (`KEY=value`), which forks get.
+    pub env: Vec<String>,
+    /// How long the sandbox was frozen, ms.
+    pub frozen_ms: f64,
+    /// Sandboxes forked from it that still exist.
+    #[serde(default)]
+    pub forks: Vec<String>,
+    /// Image layer directories it keeps in use (the image store must keep them).
+    #[serde(default)]
+    pub image_layers: Vec<PathBuf>,
 }
 
 /// The image of a sandbox, in the form its backend needs.
@@ -217,4 +279,35 @@ pub trait Backend: Send + Sync + 'static {
     fn capacity(&self) -> Option<Capacity> {
         Capacity::of_host()
     }
+    /// Freezes every process of a sandbox (its memory kept, no CPU used).
+    fn pause<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {
+        let _ = id;
+        Box::pin(async move { Err(unsupported(self.name(), "pause")) })
+    }
+    /// Thaws a paused sandbox.
+    fn resume<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {
+        let _ = id;
+        Box::pin(async move { Err(unsupported(self.name(), "resume")) })
+    }
+    /// Captures a sandbox's filesystem changes (frozen meanwhile) as a snapshot.
+    fn snapshot(&self, spec: SnapshotSpec) -> BackendFuture<'_, BackendSnapshot> {
+        let _ = spec;
+        Box::pin(async move { Err(unsupported(self.name(), "snapshots")) })
+    }
+    /// Every snapshot.
+    fn snapshots(&self) -> BackendFuture<'_, Vec<BackendSnapshot>> {
+        Box::pin(async move { Ok(Vec::new()) })
+    }
+    /// Deletes a snapshot no sandbox was forked from (`Conflict` otherwise) and the
+    /// layers nothing else uses; answers the bytes freed.
+    fn delete_snapshot<'a>(&'a self, id: &'a str) -> BackendFuture<'a, u64> {
+        Box::pin(async move { Err(BackendError::NotFound(id.to_string())) })
+    }
+}
+
+/// The error of a call a backend does not have.
+fn unsupported(backend: &str, what: &str) -> BackendError {
+    BackendError::Unsupported(format!(
+        "this server's backend ({backend}) does not support {what} yet (see docs/snapshots-kubernetes.md)"
+    ))
 }

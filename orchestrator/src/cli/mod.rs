@@ -12,6 +12,8 @@
 //! - `sandbox`: create, ls, exec (streamed), rm; `shell`: an interactive terminal over
 //!   WebSocket with the local terminal in raw mode (`term`).
 //! - `image`: pull and import with a progress bar (`progress`), ls, rm.
+//! - `snapshot`: pause, resume, snapshot a sandbox; list, inspect, delete and fork
+//!   snapshots.
 //! - `args`: parsing of `KEY=VALUE` and durations.
 
 mod args;
@@ -20,6 +22,7 @@ mod image;
 mod progress;
 mod sandbox;
 mod shell;
+mod snapshot;
 mod term;
 
 use std::path::PathBuf;
@@ -125,6 +128,29 @@ pub enum SandboxCommand {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Freeze a sandbox: its processes keep their memory and use no CPU; its commands
+    /// and files answer 409 until it is resumed.
+    Pause {
+        /// The sandbox.
+        id: String,
+    },
+    /// Thaw a paused sandbox.
+    Resume {
+        /// The sandbox.
+        id: String,
+    },
+    /// Snapshot a sandbox's filesystem changes and shell sessions (running processes
+    /// are not captured); prints the snapshot id.
+    Snapshot {
+        /// The sandbox.
+        id: String,
+        /// A label, `KEY=VALUE`; repeatable.
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        labels: Vec<(String, String)>,
+        /// Print the whole snapshot as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// An interactive terminal in a sandbox (a shell, or COMMAND); exits with the
     /// program's exit code.
     Shell {
@@ -139,6 +165,45 @@ pub enum SandboxCommand {
         /// The program and its arguments, after `--`; default the image's shell.
         #[arg(last = true, value_name = "COMMAND")]
         command: Vec<String>,
+    },
+}
+
+/// `orchard snapshot ...`.
+#[derive(clap::Subcommand, Debug)]
+pub enum SnapshotCommand {
+    /// List your snapshots.
+    Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a snapshot as JSON.
+    Get {
+        /// The snapshot.
+        id: String,
+    },
+    /// Delete snapshots (refused while sandboxes forked from one exist).
+    Rm {
+        /// The snapshots.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Start COUNT sandboxes from a snapshot; prints their ids once all are ready.
+    Fork {
+        /// The snapshot.
+        id: String,
+        /// How many (1-64).
+        #[arg(long, short = 'k', default_value_t = 1)]
+        count: u32,
+        /// A label of every fork, `KEY=VALUE`; repeatable.
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        labels: Vec<(String, String)>,
+        /// How long each fork lives (`3600`, `15m`, `2h`); default the server's.
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<Duration>,
+        /// Print the forks as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -310,6 +375,11 @@ pub async fn sandbox(connect: &Connect, cmd: SandboxCommand) -> Result<i32, CliE
             }
         }
         SandboxCommand::Rm { ids } => sandbox::remove(&client, &ids).await,
+        SandboxCommand::Pause { id } => snapshot::pause_or_resume(&client, &id, true).await,
+        SandboxCommand::Resume { id } => snapshot::pause_or_resume(&client, &id, false).await,
+        SandboxCommand::Snapshot { id, labels, json } => {
+            snapshot::take(&client, &id, labels.into_iter().collect(), json).await
+        }
         SandboxCommand::Shell {
             id,
             cwd,
@@ -322,6 +392,34 @@ pub async fn sandbox(connect: &Connect, cmd: SandboxCommand) -> Result<i32, CliE
                 command,
             };
             shell::run(&client, &id, opts).await
+        }
+    }
+}
+
+/// Runs an `orchard snapshot` subcommand; answers the process exit code.
+pub async fn snapshot(connect: &Connect, cmd: SnapshotCommand) -> Result<i32, CliError> {
+    let client = client::Client::new(connect)?;
+    match cmd {
+        SnapshotCommand::Ls { json } => snapshot::list(&client, json).await,
+        SnapshotCommand::Get { id } => snapshot::get(&client, &id).await,
+        SnapshotCommand::Rm { ids } => snapshot::remove(&client, &ids).await,
+        SnapshotCommand::Fork {
+            id,
+            count,
+            labels,
+            ttl,
+            json,
+        } => {
+            let ttl_s = ttl.map(args::whole_seconds);
+            snapshot::fork(
+                &client,
+                &id,
+                count,
+                labels.into_iter().collect(),
+                ttl_s,
+                json,
+            )
+            .await
         }
     }
 }

@@ -35,9 +35,14 @@ impl From<&Error> for ServiceErrorCode {
             | Error::OverCapacity(_) => C::BadRequest,
             Error::Unauthorized(_) => C::Unauthorized,
             Error::Forbidden(_) => C::PermissionDenied,
-            Error::NotFound(_) | Error::NoSandbox(_) | Error::NoJob(_) => C::NotFound,
+            Error::NotFound(_) | Error::NoSandbox(_) | Error::NoJob(_) | Error::NoSnapshot(_) => {
+                C::NotFound
+            }
             Error::Timeout(_) | Error::ReadyTimeout { .. } => C::Timeout,
-            Error::Conflict(_) | Error::SandboxExists(_) | Error::NotReady(_) => C::Conflict,
+            Error::Conflict(_)
+            | Error::SandboxExists(_)
+            | Error::NotReady(_)
+            | Error::Paused(_) => C::Conflict,
             Error::TooLarge(_) => C::BodyTooLarge,
             Error::Unprocessable(_) => C::Unprocessable,
             Error::Quota(_) | Error::QuotaExceeded(_) => C::QuotaExceeded,
@@ -49,7 +54,8 @@ impl From<&Error> for ServiceErrorCode {
             Error::Backend(b) => match b {
                 BackendError::NotFound(_) => C::NotFound,
                 BackendError::Invalid(_) => C::BadRequest,
-                BackendError::Exists(_) => C::Conflict,
+                BackendError::Exists(_) | BackendError::Conflict(_) => C::Conflict,
+                BackendError::Unsupported(_) => C::NotImplemented,
                 BackendError::Unavailable(_) => C::Unavailable,
                 BackendError::Failed(_) => C::SandboxFailed,
             },

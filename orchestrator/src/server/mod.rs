@@ -13,6 +13,7 @@ pub mod images;
 pub mod observe;
 pub mod openapi;
 pub mod proxy;
+pub mod snapshots;
 pub mod upload;
 pub mod v1;
 
@@ -234,6 +235,7 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi_doc))
         .merge(compat::routes())
         .merge(v1::routes())
+        .merge(snapshots::routes())
         .merge(images::routes())
         .merge(proxy::routes())
         .fallback(no_route)

@@ -15,6 +15,9 @@ use orchard_protocol::sandbox::{
     ImageList, ImageRemoved, PullEvent, PullRequest, Sandbox, SandboxCreate, SandboxDone,
     SandboxList,
 };
+use orchard_protocol::snapshot::{
+    ForkRequest, ForkResult, Snapshot, SnapshotCreate, SnapshotDeleted, SnapshotList,
+};
 use schemars::gen::SchemaGenerator;
 use schemars::schema::Schema;
 use schemars::JsonSchema;
@@ -69,6 +72,13 @@ pub const ROUTES: &[Route] = &[
     Route { method: "DELETE", path: "/v1/sandboxes/{id}", summary: "Delete a sandbox.", auth: true, query: &[], request: Body::Empty, response: Body::Json(schema::<SandboxDone>) },
     Route { method: "GET", path: "/v1/sandboxes/{id}/wait", summary: "Wait until ready (408 on time-out).", auth: true, query: &[TIMEOUT], request: Body::Empty, response: Body::Json(schema::<Sandbox>) },
     Route { method: "POST", path: "/v1/sandboxes/{id}/heartbeat", summary: "Heartbeat.", auth: true, query: &[], request: Body::Empty, response: Body::Json(schema::<SandboxDone>) },
+    Route { method: "POST", path: "/v1/sandboxes/{id}/pause", summary: "Freeze the sandbox: processes and memory kept, no CPU; its agent routes answer 409 until resumed.", auth: true, query: &[], request: Body::Empty, response: Body::Json(schema::<Sandbox>) },
+    Route { method: "POST", path: "/v1/sandboxes/{id}/resume", summary: "Thaw a paused sandbox.", auth: true, query: &[], request: Body::Empty, response: Body::Json(schema::<Sandbox>) },
+    Route { method: "POST", path: "/v1/sandboxes/{id}/snapshots", summary: "Snapshot the sandbox's filesystem changes and shell sessions (frozen meanwhile; running processes are not captured).", auth: true, query: &[], request: Body::Json(schema::<SnapshotCreate>), response: Body::Json(schema::<Snapshot>) },
+    Route { method: "GET", path: "/v1/snapshots", summary: "The caller's snapshots.", auth: true, query: &[], request: Body::Empty, response: Body::Json(schema::<SnapshotList>) },
+    Route { method: "GET", path: "/v1/snapshots/{snapshot_id}", summary: "A snapshot.", auth: true, query: &[], request: Body::Empty, response: Body::Json(schema::<Snapshot>) },
+    Route { method: "DELETE", path: "/v1/snapshots/{snapshot_id}", summary: "Delete a snapshot (409 while sandboxes forked from it exist).", auth: true, query: &[], request: Body::Empty, response: Body::Json(schema::<SnapshotDeleted>) },
+    Route { method: "POST", path: "/v1/snapshots/{snapshot_id}/fork", summary: "Start count sandboxes from a snapshot; by default answers once all are ready.", auth: true, query: &[], request: Body::Json(schema::<ForkRequest>), response: Body::Json(schema::<ForkResult>) },
     Route { method: "GET", path: "/v1/images", summary: "Images in the store.", auth: true, query: &[], request: Body::Empty, response: Body::Json(schema::<ImageList>) },
     Route { method: "DELETE", path: "/v1/images", summary: "Remove an image.", auth: true, query: &[("reference", "string", true, "The image.")], request: Body::Empty, response: Body::Json(schema::<ImageRemoved>) },
     Route { method: "POST", path: "/v1/images/pull", summary: "Pull an image; progress as NDJSON.", auth: true, query: &[], request: Body::Json(schema::<PullRequest>), response: Body::Ndjson(schema::<PullEvent>) },
@@ -137,7 +147,11 @@ pub fn document_value() -> Value {
         }
     }
     // Routes whose success is not 200.
-    for (method, path, status) in [("post", "/v1/sandboxes", "201")] {
+    for (method, path, status) in [
+        ("post", "/v1/sandboxes", "201"),
+        ("post", "/v1/sandboxes/{id}/snapshots", "201"),
+        ("post", "/v1/snapshots/{snapshot_id}/fork", "201"),
+    ] {
         if let Some(responses) = doc["paths"][path][method]["responses"].as_object_mut() {
             if let Some(ok) = responses.remove("200") {
                 responses.insert(status.to_string(), ok);

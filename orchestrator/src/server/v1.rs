@@ -34,7 +34,11 @@ pub fn sandbox(service: &Service, r: &SandboxRecord) -> Sandbox {
     Sandbox {
         id: r.id.clone(),
         image: r.image.clone(),
-        status: phase.name().to_string(),
+        status: if r.paused {
+            "paused".to_string()
+        } else {
+            phase.name().to_string()
+        },
         ready: *phase == Phase::Ready,
         status_message: match phase {
             Phase::Failed { message } => Some(message.clone()),
@@ -48,6 +52,7 @@ pub fn sandbox(service: &Service, r: &SandboxRecord) -> Sandbox {
         memory: Some(r.memory.clone()),
         labels: r.labels.clone(),
         agent,
+        paused: r.paused,
     }
 }
 
@@ -70,6 +75,7 @@ async fn create(
                 ttl_s: req.ttl_s,
                 env: req.env,
                 labels: req.labels,
+                ..Default::default()
             },
         )
         .await?;

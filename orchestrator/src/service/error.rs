@@ -71,6 +71,12 @@ pub enum Error {
         "invalid sandbox id {0:?}: use 1-63 characters of a-z, 0-9, '-', '_', '.', starting with a letter or digit"
     )]
     BadSandboxId(String),
+    /// The sandbox is paused: its agent cannot be used until it is resumed.
+    #[error("sandbox {0} is paused; resume it first (POST /v1/sandboxes/{0}/resume)")]
+    Paused(String),
+    /// No snapshot with this id, or not the caller's.
+    #[error("snapshot {0} not found")]
+    NoSnapshot(String),
     /// The sandbox is still starting: its agent cannot be used yet.
     #[error("sandbox {0} is not ready yet")]
     NotReady(String),
@@ -166,6 +172,14 @@ pub enum QuotaExceeded {
         held: usize,
         /// Sandboxes it may hold.
         limit: usize,
+    },
+    /// The key's snapshots hold `used` bytes; a new one would pass `limit`.
+    #[error("this API key's snapshots hold {used} bytes, its limit is {limit}; delete one first")]
+    SnapshotBytes {
+        /// Bytes its snapshots hold (with the new one, when it was taken).
+        used: u64,
+        /// Bytes they may hold.
+        limit: u64,
     },
     /// The key made `limit` creates in the last minute.
     #[error("this API key may create {limit} sandboxes per minute; try again in a minute")]

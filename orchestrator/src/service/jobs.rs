@@ -44,6 +44,9 @@ impl Service {
         if let Phase::Failed { message } = &rec.phase {
             return Err(Error::sandbox_failed(id, message));
         }
+        if rec.paused {
+            return Err(Error::Paused(id.to_string()));
+        }
         if let CompatCommand::Argv(v) = &command {
             if v.is_empty() {
                 return Err(Error::BadRequest("command must not be empty".into()));

@@ -23,6 +23,7 @@ pub mod jobs;
 mod policy;
 pub mod runtime;
 pub mod sandboxes;
+pub mod snapshots;
 pub mod units;
 mod worker;
 
@@ -100,6 +101,8 @@ pub struct Quotas {
     pub max_sandboxes: usize,
     /// Creates one key may make per minute.
     pub creates_per_minute: usize,
+    /// Bytes one key's snapshots may hold (their own layers).
+    pub snapshot_bytes: u64,
 }
 
 /// What a sandbox gets when its create does not say (an operator's settings).
@@ -187,6 +190,10 @@ pub struct CreateRequest {
     pub env: BTreeMap<String, String>,
     /// Labels.
     pub labels: BTreeMap<String, String>,
+    /// The snapshot to fork (its filesystem instead of the image's alone).
+    pub snapshot: Option<String>,
+    /// Shell sessions to bring back once the sandbox is ready (a fork's).
+    pub sessions: Vec<orchard_protocol::session::SessionState>,
 }
 
 struct Inner {

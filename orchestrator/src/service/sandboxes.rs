@@ -90,8 +90,18 @@ impl Service {
         self.live_of(&rec)
     }
 
-    /// The live agent of `rec`, or why there is none.
+    /// The live agent of `rec`, or why there is none (409 while paused: a frozen agent
+    /// would hold the call until the sandbox is resumed).
     pub fn live_of(&self, rec: &SandboxRecord) -> Result<Arc<Live>, Error> {
+        if rec.paused {
+            return Err(Error::Paused(rec.id.clone()));
+        }
+        self.agent_of(rec)
+    }
+
+    /// The live agent of `rec`, paused or not: for the jobs accepted before a pause,
+    /// which wait for the resume instead of failing.
+    pub(super) fn agent_of(&self, rec: &SandboxRecord) -> Result<Arc<Live>, Error> {
         let id = &rec.id;
         match &rec.phase {
             Phase::Ready => self
@@ -403,6 +413,7 @@ impl Service {
             heartbeat_ms: None,
             phase: Phase::Pending,
             agent: None,
+            paused: false,
         })
     }
 
@@ -428,6 +439,9 @@ impl Service {
         if let Some(t) = rec.ttl_ms {
             labels.insert(format!("{META}ttl_s"), (t / 1000).to_string());
         }
+        if let Some(sid) = &req.snapshot {
+            labels.insert(format!("{META}snapshot"), sid.clone());
+        }
         let env = req.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         (
             rec.image.clone(),
@@ -436,6 +450,8 @@ impl Service {
                 memory_bytes,
                 env,
                 labels,
+                snapshot: req.snapshot.clone(),
+                sessions: req.sessions.clone(),
             },
         )
     }
@@ -533,7 +549,7 @@ impl Service {
         image: String,
         parts: CreateSpecParts,
     ) -> Result<AgentRecord, String> {
-        let image = if self.backend().pulls_images() {
+        let image = if self.backend().pulls_images() || parts.snapshot.is_some() {
             let reference = crate::image::Reference::parse(&image)
                 .map_err(|e| format!("image {image}: {e}"))?;
             SandboxImage::Reference(reference.to_string())
@@ -557,13 +573,16 @@ impl Service {
             egress: !rec.block_network,
             env: parts.env,
             labels: parts.labels,
+            snapshot: parts.snapshot,
         };
         let sb = self
             .backend()
             .create(spec)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(self.probe(&sb).await)
+        let agent = self.probe(&sb).await;
+        self.restore_sessions(&sb, &parts.sessions).await?;
+        Ok(agent)
     }
 
     /// What the compatible exec needs to know about a ready sandbox's image (bash or sh,
@@ -690,4 +709,6 @@ struct CreateSpecParts {
     memory_bytes: Option<u64>,
     env: Vec<String>,
     labels: BTreeMap<String, String>,
+    snapshot: Option<String>,
+    sessions: Vec<orchard_protocol::session::SessionState>,
 }

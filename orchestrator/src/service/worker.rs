@@ -171,7 +171,7 @@ pub(super) async fn collect(
         ..Outcome::default()
     };
     let live = match crate::state::until_answered(|| service.store().sandbox(id)).await {
-        Some(Some(rec)) => match service.live_of(&rec.value) {
+        Some(Some(rec)) => match service.agent_of(&rec.value) {
             Ok(live) => live,
             Err(e) => return orphaned(Some(e.public_message())),
         },
@@ -295,7 +295,7 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
             }
             continue;
         };
-        let live = match service.live_of(&rec) {
+        let live = match service.agent_of(&rec) {
             Ok(live) => live,
             Err(e) => {
                 fail(&service, job, e.public_message()).await;

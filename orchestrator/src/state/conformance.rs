@@ -30,6 +30,7 @@ pub fn record(id: &str, uid: &str) -> SandboxRecord {
         heartbeat_ms: None,
         phase: Phase::Pending,
         agent: None,
+        paused: false,
     }
 }
 

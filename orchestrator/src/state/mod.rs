@@ -145,6 +145,9 @@ pub struct SandboxRecord {
     pub phase: Phase,
     /// Its agent, once ready.
     pub agent: Option<AgentRecord>,
+    /// Frozen by `POST /v1/sandboxes/{id}/pause`: its agent is not to be called.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 impl SandboxRecord {

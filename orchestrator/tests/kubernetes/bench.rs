@@ -59,6 +59,7 @@ fn small_spec(id: &str) -> CreateSpec {
         env: Vec::new(),
         labels: Default::default(),
         ttl: Some(Duration::from_secs(600)),
+        snapshot: None,
     }
 }
 

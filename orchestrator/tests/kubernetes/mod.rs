@@ -127,6 +127,7 @@ pub fn spec(id: &str, image: &str) -> CreateSpec {
         env: vec!["GREETING=hello from k8s".into()],
         labels: BTreeMap::from([("orchard.tenant".to_string(), "test".to_string())]),
         ttl: Some(Duration::from_secs(600)),
+        snapshot: None,
     }
 }
 

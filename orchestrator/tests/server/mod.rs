@@ -8,6 +8,7 @@ mod defaults;
 mod lifecycle;
 mod login_shell;
 mod registry_gc;
+mod snapshots;
 mod token;
 mod v1_routes;
 

@@ -66,6 +66,24 @@ impl Backend for SwitchableBackend {
     fn shutdown(&self) -> BackendFuture<'_, ()> {
         Backend::shutdown(&self.inner)
     }
+    fn pause<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {
+        Backend::pause(&self.inner, id)
+    }
+    fn resume<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {
+        Backend::resume(&self.inner, id)
+    }
+    fn snapshot(
+        &self,
+        spec: orchard::backend::SnapshotSpec,
+    ) -> BackendFuture<'_, orchard::backend::BackendSnapshot> {
+        Backend::snapshot(&self.inner, spec)
+    }
+    fn snapshots(&self) -> BackendFuture<'_, Vec<orchard::backend::BackendSnapshot>> {
+        Backend::snapshots(&self.inner)
+    }
+    fn delete_snapshot<'a>(&'a self, id: &'a str) -> BackendFuture<'a, u64> {
+        Backend::delete_snapshot(&self.inner, id)
+    }
 }
 
 /// A change to a test server's resolved configuration.

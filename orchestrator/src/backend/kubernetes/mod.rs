@@ -550,7 +550,15 @@ impl Backend for KubeBackend {
     }
 
     fn create(&self, spec: CreateSpec) -> BackendFuture<'_, BackendSandbox> {
-        Box::pin(async move { Ok(self.create_sandbox(spec).await?) })
+        Box::pin(async move {
+            if spec.snapshot.is_some() {
+                return Err(BackendError::Unsupported(
+                    "the kubernetes backend does not support forks yet (see docs/snapshots-kubernetes.md)"
+                        .into(),
+                ));
+            }
+            Ok(self.create_sandbox(spec).await?)
+        })
     }
 
     fn delete<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {

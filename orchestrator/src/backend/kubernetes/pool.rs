@@ -386,6 +386,7 @@ mod tests {
             env: vec![],
             labels: BTreeMap::new(),
             ttl: None,
+            snapshot: None,
         }
     }
 

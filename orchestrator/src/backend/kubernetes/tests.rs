@@ -173,6 +173,7 @@ fn spec(id: &str) -> CreateSpec {
         env: vec![],
         labels: BTreeMap::new(),
         ttl: None,
+        snapshot: None,
     }
 }
 

@@ -134,6 +134,27 @@ pub fn procs(dir: &Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// Thaws a frozen cgroup (v1 `freezer.state`, v2 `cgroup.freeze`), so that processes
+/// sent SIGKILL while frozen die; a cgroup without a freezer is left alone.
+pub fn thaw(dir: &Path) {
+    let v1 = dir.join("freezer.state");
+    if v1.exists() {
+        let _ = fs::write(v1, "THAWED");
+    }
+    let v2 = dir.join("cgroup.freeze");
+    if v2.exists() {
+        let _ = fs::write(v2, "0");
+    }
+}
+
+/// Whether the cgroup is frozen or freezing.
+pub fn frozen(dir: &Path) -> bool {
+    match fs::read_to_string(dir.join("freezer.state")) {
+        Ok(s) => s.trim() != "THAWED",
+        Err(_) => fs::read_to_string(dir.join("cgroup.freeze")).is_ok_and(|s| s.trim() == "1"),
+    }
+}
+
 /// Kills whatever still runs in `dir` (and its children cgroups) and removes it. A
 /// missing directory is fine.
 pub async fn remove(dir: &Path, limit: Duration) -> Result<(), CgroupError> {

@@ -43,6 +43,17 @@ pub enum LocalError {
     /// No such sandbox.
     #[error("no sandbox {0}")]
     NotFound(String),
+    /// No such snapshot.
+    #[error("no snapshot {0}")]
+    SnapshotNotFound(String),
+    /// Sandboxes forked from the snapshot still exist.
+    #[error("snapshot {id} is in use by the sandboxes forked from it: {}; delete them first", forks.join(", "))]
+    SnapshotInUse {
+        /// The snapshot.
+        id: String,
+        /// Its forks.
+        forks: Vec<String>,
+    },
     /// A bad request (env, labels, limits, hostname).
     #[error("invalid sandbox request: {0}")]
     Invalid(String),

@@ -165,6 +165,11 @@ impl Inner {
             cgroup_name: cgroup_name.clone(),
             init: None,
             slirp: None,
+            env: spec.env.clone(),
+            image_layers: spec.image.layers.clone(),
+            image_config: spec.image.config.clone(),
+            snapshot: spec.snapshot.clone(),
+            snapshot_layers: Vec::new(),
         });
         let save = |s: &Option<SandboxState>| -> Result<(), LocalError> {
             match s {
@@ -174,11 +179,21 @@ impl Inner {
         };
         save(state_slot)?;
 
-        let layers = if spec.image.layers.is_empty() {
+        let mut layers = if spec.image.layers.is_empty() {
             vec![self.empty_layer.clone()]
         } else {
             spec.image.layers.clone()
         };
+        if let Some(sid) = &spec.snapshot {
+            // Checked after the state file names the snapshot: a delete of the snapshot
+            // either saw this fork (and refused) or removed it before this check.
+            let fork_layers = self.fork_layers(sid).await?;
+            layers.extend(fork_layers.iter().map(|hex| self.layers_dir().join(hex)));
+            if let Some(s) = state_slot.as_mut() {
+                s.snapshot_layers = fork_layers;
+            }
+            save(state_slot)?;
+        }
         rootfs::mount_overlay(
             self.mounter.as_ref(),
             &layers,
@@ -496,6 +511,10 @@ impl Inner {
         // 100 ms polls it makes when it has to kill a running one.
         if let Some(init) = init {
             init.signal(rustix::process::Signal::KILL);
+            // A paused sandbox's processes die only once thawed.
+            for d in state.map(|s| s.cgroup_dirs.as_slice()).unwrap_or_default() {
+                cgroup::thaw(d);
+            }
             if let Err(e) = init.wait_exit(KILL_WAIT, "the container's init").await {
                 problems.push(e.to_string());
             }

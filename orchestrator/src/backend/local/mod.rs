@@ -60,6 +60,7 @@ pub mod bench;
 pub mod cgroup;
 pub mod disk;
 mod error;
+pub mod layer;
 mod lifecycle;
 mod lock;
 pub mod network;
@@ -68,6 +69,7 @@ mod request;
 pub mod rootfs;
 pub mod runc;
 pub mod seccomp;
+mod snapshot;
 pub mod spec;
 pub mod state;
 pub mod sys;
@@ -87,6 +89,7 @@ pub use request::{
     valid_id, FailPoint, Limits, LocalConfig, RecoverReport, SandboxInfo, SandboxSpec,
     DEFAULT_PATH, HARNESS_BIN,
 };
+pub use snapshot::valid_snapshot_id;
 
 use runc::Runc;
 use state::SandboxState;
@@ -365,6 +368,38 @@ impl LocalBackend {
             .map_err(|e| LocalError::Task(e.to_string()))?
     }
 
+    /// Freezes a sandbox's processes (`runc pause`).
+    pub async fn pause(&self, id: &str) -> Result<(), LocalError> {
+        self.inner.pause(id).await
+    }
+
+    /// Thaws a paused sandbox.
+    pub async fn resume(&self, id: &str) -> Result<(), LocalError> {
+        self.inner.resume(id).await
+    }
+
+    /// Captures a sandbox's filesystem changes as a snapshot (frozen meanwhile). Runs to
+    /// completion even if the returned future is dropped.
+    pub async fn snapshot(
+        &self,
+        spec: crate::backend::SnapshotSpec,
+    ) -> Result<crate::backend::BackendSnapshot, LocalError> {
+        let inner = self.inner.clone();
+        tokio::spawn(async move { inner.snapshot(spec).await })
+            .await
+            .map_err(|e| LocalError::Task(e.to_string()))?
+    }
+
+    /// Every snapshot, oldest first.
+    pub fn snapshots(&self) -> Result<Vec<crate::backend::BackendSnapshot>, LocalError> {
+        self.inner.snapshots()
+    }
+
+    /// Deletes a snapshot no sandbox was forked from; answers the bytes freed.
+    pub async fn delete_snapshot(&self, id: &str) -> Result<u64, LocalError> {
+        self.inner.delete_snapshot(id).await
+    }
+
     /// Lists what is on the host for this backend but belongs to no live sandbox.
     pub async fn audit(&self) -> Result<AuditReport, LocalError> {
         let inner = self.inner.clone();
@@ -496,6 +531,8 @@ impl From<LocalError> for crate::backend::BackendError {
         match e {
             LocalError::NotFound(id) => B::NotFound(id),
             LocalError::AlreadyExists(id) => B::Exists(id),
+            LocalError::SnapshotNotFound(id) => B::NotFound(id),
+            e @ LocalError::SnapshotInUse { .. } => B::Conflict(e.to_string()),
             e @ (LocalError::InvalidId(_) | LocalError::Invalid(_)) => B::Invalid(e.to_string()),
             e => B::Failed(e.to_string()),
         }
@@ -525,6 +562,11 @@ impl crate::backend::Backend for LocalBackend {
     ) -> crate::backend::BackendFuture<'_, crate::backend::BackendSandbox> {
         Box::pin(async move {
             let image = match spec.image {
+                // A fork runs its snapshot's image, whatever the store holds now.
+                _ if spec.snapshot.is_some() => {
+                    let sid = spec.snapshot.as_deref().unwrap_or_default();
+                    self.inner.snapshot_image(sid)?
+                }
                 crate::backend::SandboxImage::Local(image) => image,
                 crate::backend::SandboxImage::Reference(r) => {
                     return Err(crate::backend::BackendError::Invalid(format!(
@@ -546,6 +588,7 @@ impl crate::backend::Backend for LocalBackend {
             };
             s.env = spec.env;
             s.labels = spec.labels;
+            s.snapshot = spec.snapshot;
             Ok(backend_sandbox(LocalBackend::create(self, s).await?))
         })
     }
@@ -561,6 +604,29 @@ impl crate::backend::Backend for LocalBackend {
                 .map(backend_sandbox)
                 .collect())
         })
+    }
+
+    fn pause<'a>(&'a self, id: &'a str) -> crate::backend::BackendFuture<'a, ()> {
+        Box::pin(async move { Ok(LocalBackend::pause(self, id).await?) })
+    }
+
+    fn resume<'a>(&'a self, id: &'a str) -> crate::backend::BackendFuture<'a, ()> {
+        Box::pin(async move { Ok(LocalBackend::resume(self, id).await?) })
+    }
+
+    fn snapshot(
+        &self,
+        spec: crate::backend::SnapshotSpec,
+    ) -> crate::backend::BackendFuture<'_, crate::backend::BackendSnapshot> {
+        Box::pin(async move { Ok(LocalBackend::snapshot(self, spec).await?) })
+    }
+
+    fn snapshots(&self) -> crate::backend::BackendFuture<'_, Vec<crate::backend::BackendSnapshot>> {
+        Box::pin(async move { Ok(LocalBackend::snapshots(self)?) })
+    }
+
+    fn delete_snapshot<'a>(&'a self, id: &'a str) -> crate::backend::BackendFuture<'a, u64> {
+        Box::pin(async move { Ok(LocalBackend::delete_snapshot(self, id).await?) })
     }
 
     fn recover(&self) -> crate::backend::BackendFuture<'_, Vec<String>> {

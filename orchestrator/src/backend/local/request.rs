@@ -166,6 +166,9 @@ pub struct SandboxSpec {
     pub env: Vec<String>,
     /// Labels, recorded as `org.orchard.label.<key>` annotations and in the state file.
     pub labels: BTreeMap<String, String>,
+    /// The snapshot to fork: its layers go above the image's (`image` is the
+    /// snapshot's).
+    pub snapshot: Option<String>,
 }
 
 impl SandboxSpec {
@@ -179,6 +182,7 @@ impl SandboxSpec {
             hostname: None,
             env: Vec::new(),
             labels: BTreeMap::new(),
+            snapshot: None,
         }
     }
 }

@@ -249,6 +249,20 @@ impl Runc {
         self.run("start", id, cmd).await.map(drop)
     }
 
+    /// `runc pause`: freezes every process of the container (the freezer cgroup).
+    pub async fn pause(&self, id: &str) -> Result<(), RuncError> {
+        let mut cmd = self.command();
+        cmd.arg("pause").arg(id);
+        self.run("pause", id, cmd).await.map(drop)
+    }
+
+    /// `runc resume`: thaws a paused container.
+    pub async fn resume(&self, id: &str) -> Result<(), RuncError> {
+        let mut cmd = self.command();
+        cmd.arg("resume").arg(id);
+        self.run("resume", id, cmd).await.map(drop)
+    }
+
     /// `runc kill ID SIGNAL` (`KILL`, `TERM`, ...); a missing container is fine.
     pub async fn kill(&self, id: &str, signal: &str) -> Result<(), RuncError> {
         let mut cmd = self.command();

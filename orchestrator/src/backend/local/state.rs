@@ -89,6 +89,21 @@ pub struct SandboxState {
     pub init: Option<ProcRef>,
     /// slirp4netns, when the sandbox has egress.
     pub slirp: Option<ProcRef>,
+    /// What a snapshot of it needs to start forks: the create's environment, ...
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// ... the image's unpacked layers (bottom first) ...
+    #[serde(default)]
+    pub image_layers: Vec<PathBuf>,
+    /// ... and its run config.
+    #[serde(default)]
+    pub image_config: crate::image::ImageConfig,
+    /// The snapshot it was forked from (which cannot be deleted while it runs).
+    #[serde(default)]
+    pub snapshot: Option<String>,
+    /// That snapshot's layers (hex digests, bottom first), mounted above the image's.
+    #[serde(default)]
+    pub snapshot_layers: Vec<String>,
 }
 
 /// Writes `state` to `path` atomically, mode 0600.
@@ -156,6 +171,11 @@ mod tests {
                 start_time: 9,
             }),
             slirp: None,
+            env: vec!["A=1".into()],
+            image_layers: vec![],
+            image_config: Default::default(),
+            snapshot: Some("snap-1".into()),
+            snapshot_layers: vec!["ab".into()],
         };
         save(&path, &state).unwrap();
         assert_eq!(load(&path).unwrap(), state);

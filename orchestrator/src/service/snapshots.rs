@@ -1,0 +1,277 @@
+//! Stateful sandboxes: pause and resume, snapshots, forks.
+//!
+//! - Pause freezes the sandbox in the backend, then marks its record `paused`: from then
+//!   on calls that need its agent answer 409 ([`Error::Paused`]) instead of hanging on
+//!   a frozen agent; heartbeats and the TTL go on as for any sandbox. Jobs accepted
+//!   before the pause wait for the resume. Resume thaws it and clears the mark.
+//! - A snapshot asks the agent for each shell session's state (directory, exported
+//!   variables, functions), then has the backend capture the filesystem with the
+//!   sandbox frozen. Snapshots belong to the key that made them (`orchard.tenant`
+//!   label), count against its `snapshot_bytes` quota, and carry what forks need to be
+//!   created like their sandbox (image, CPU, memory, network, environment).
+//! - A fork is a create from the snapshot: same settings, the snapshot's filesystem,
+//!   and once ready its sessions restored through the agent.
+//!
+//! Running processes are not captured (no CRIU here); `processes: true` answers 501.
+
+use std::collections::BTreeMap;
+
+use orchard_protocol::session::SessionState;
+use orchard_protocol::snapshot::{ForkRequest, SnapshotCreate};
+
+use crate::backend::{BackendError, BackendSandbox, BackendSnapshot, SnapshotSpec};
+use crate::state::SandboxRecord;
+
+use super::{
+    validate_env_and_labels, BadLabel, CreateRequest, Error, QuotaExceeded, Service, Tenant, META,
+};
+
+/// Most forks one call may ask for.
+pub const MAX_FORKS: u32 = 64;
+
+/// Why process checkpoints are refused.
+const NO_PROCESSES: &str = "process checkpoints are not available on this server: CRIU does not \
+     work on its kernel. Snapshots capture the filesystem and the shell sessions; forks start \
+     with no running process but their sessions";
+
+impl Service {
+    /// Freezes a ready sandbox; pausing a paused one is fine.
+    pub async fn pause(&self, tenant: &Tenant, id: &str) -> Result<SandboxRecord, Error> {
+        let rec = self.get(tenant, id).await?;
+        if rec.paused {
+            return Ok(rec);
+        }
+        self.agent_of(&rec)?;
+        self.backend().pause(id).await.map_err(Error::Backend)?;
+        self.update(Some(tenant), id, Some(&rec.uid), |r| r.paused = true)
+            .await
+    }
+
+    /// Thaws a paused sandbox; resuming a running one is fine.
+    pub async fn resume(&self, tenant: &Tenant, id: &str) -> Result<SandboxRecord, Error> {
+        let rec = self.get(tenant, id).await?;
+        self.agent_of(&rec)?;
+        self.backend().resume(id).await.map_err(Error::Backend)?;
+        self.update(Some(tenant), id, Some(&rec.uid), |r| r.paused = false)
+            .await
+    }
+
+    /// The caller's snapshots, oldest first.
+    pub async fn snapshots(&self, tenant: &Tenant) -> Result<Vec<BackendSnapshot>, Error> {
+        Ok(self
+            .backend()
+            .snapshots()
+            .await
+            .map_err(Error::Backend)?
+            .into_iter()
+            .filter(|s| owned_by(s, tenant))
+            .collect())
+    }
+
+    /// One of the caller's snapshots.
+    pub async fn snapshot_of(&self, tenant: &Tenant, sid: &str) -> Result<BackendSnapshot, Error> {
+        self.snapshots(tenant)
+            .await?
+            .into_iter()
+            .find(|s| s.id == sid)
+            .ok_or_else(|| Error::NoSnapshot(sid.to_string()))
+    }
+
+    /// Deletes one of the caller's snapshots (409 while forks of it exist); answers the
+    /// bytes freed.
+    pub async fn delete_snapshot(&self, tenant: &Tenant, sid: &str) -> Result<u64, Error> {
+        self.snapshot_of(tenant, sid).await?;
+        self.backend()
+            .delete_snapshot(sid)
+            .await
+            .map_err(|e| match e {
+                BackendError::NotFound(_) => Error::NoSnapshot(sid.to_string()),
+                e => Error::Backend(e),
+            })
+    }
+
+    /// Takes a snapshot of a ready, running sandbox.
+    pub async fn snapshot(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        req: SnapshotCreate,
+    ) -> Result<BackendSnapshot, Error> {
+        if req.processes {
+            return Err(Error::Backend(BackendError::Unsupported(
+                NO_PROCESSES.into(),
+            )));
+        }
+        validate_env_and_labels(&BTreeMap::new(), &req.labels)?;
+        reject_reserved(&req.labels)?;
+        let rec = self.get(tenant, id).await?;
+        let live = self.live_of(&rec)?;
+        let limit = self.inner.config.quotas.snapshot_bytes;
+        let used = if limit > 0 {
+            let used: u64 = self
+                .snapshots(tenant)
+                .await?
+                .iter()
+                .map(|s| s.size_bytes)
+                .sum();
+            if used >= limit {
+                return Err(QuotaExceeded::SnapshotBytes { used, limit }.into());
+            }
+            used
+        } else {
+            0
+        };
+        let sessions = self.session_states(&live.agent).await?;
+        let mut labels = req.labels;
+        labels.insert(format!("{META}tenant"), tenant.0.clone());
+        let spec = SnapshotSpec {
+            sandbox_id: id.to_string(),
+            labels,
+            config: fork_config(&rec),
+            sessions,
+        };
+        let snap = self
+            .backend()
+            .snapshot(spec)
+            .await
+            .map_err(Error::Backend)?;
+        if limit > 0 && used + snap.size_bytes > limit && snap.forks.is_empty() {
+            // Taken, but over the quota: it goes again (unless it is an older equal one
+            // that forks use).
+            let _ = self.backend().delete_snapshot(&snap.id).await;
+            return Err(QuotaExceeded::SnapshotBytes {
+                used: used + snap.size_bytes,
+                limit,
+            }
+            .into());
+        }
+        tracing::info!(sandbox_id = %id, snapshot_id = %snap.id, bytes = %snap.size_bytes, frozen_ms = %snap.frozen_ms, "snapshot taken");
+        Ok(snap)
+    }
+
+    /// The state of every live shell session of a sandbox, asked of its agent.
+    async fn session_states(
+        &self,
+        agent: &orchard_client::AgentClient,
+    ) -> Result<Vec<SessionState>, Error> {
+        let list = agent.list_sessions().await?;
+        let mut out = Vec::new();
+        for s in list.sessions.into_iter().filter(|s| s.alive) {
+            match agent.session_state(&s.id).await {
+                Ok(state) => out.push(state),
+                // Ended between the list and the capture: nothing to bring back.
+                Err(orchard_client::ClientError::Api { status, .. })
+                    if status.as_u16() == 404 || status.as_u16() == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Brings back a fork's sessions once its agent answers.
+    pub(super) async fn restore_sessions(
+        &self,
+        sb: &BackendSandbox,
+        sessions: &[SessionState],
+    ) -> Result<(), String> {
+        if sessions.is_empty() {
+            return Ok(());
+        }
+        let agent = orchard_client::AgentClient::with_pool(
+            self.inner.runtime.pool().clone(),
+            sb.agent.client(),
+            sb.token.clone(),
+        );
+        for state in sessions {
+            let req = orchard_protocol::session::SessionCreate {
+                restore: Some(state.clone()),
+                ..Default::default()
+            };
+            agent
+                .create_session(&req)
+                .await
+                .map_err(|e| format!("restoring session {}: {e}", state.id))?;
+        }
+        Ok(())
+    }
+
+    /// Starts `req.count` sandboxes from one of the caller's snapshots; answers their
+    /// records (pending; the caller waits for them).
+    pub async fn fork(
+        &self,
+        tenant: &Tenant,
+        sid: &str,
+        req: &ForkRequest,
+    ) -> Result<Vec<SandboxRecord>, Error> {
+        if req.count == 0 || req.count > MAX_FORKS {
+            return Err(Error::BadRequest(format!(
+                "count {}: fork 1 to {MAX_FORKS} sandboxes per call",
+                req.count
+            )));
+        }
+        validate_env_and_labels(&BTreeMap::new(), &req.labels)?;
+        reject_reserved(&req.labels)?;
+        let snap = self.snapshot_of(tenant, sid).await?;
+        let config = |k: &str| snap.config.get(k).cloned();
+        let env = snap
+            .env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let create = CreateRequest {
+            image: snap.image.clone(),
+            id: None,
+            cpu: config("cpu"),
+            memory: config("memory"),
+            block_network: config("block_network").as_deref() != Some("false"),
+            ready_timeout_s: req.ready_timeout_s,
+            ttl_s: req.ttl_s,
+            env,
+            labels: req.labels.clone(),
+            snapshot: Some(snap.id.clone()),
+            sessions: snap.sessions.clone(),
+        };
+        let mut made = Vec::new();
+        for _ in 0..req.count {
+            match self.create(tenant, create.clone()).await {
+                Ok(rec) => made.push(rec),
+                Err(e) => {
+                    // All or nothing: the forks made so far go.
+                    for rec in &made {
+                        let _ = self.delete(tenant, &rec.id).await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(made)
+    }
+}
+
+/// Whether `tenant` made snapshot `s`.
+fn owned_by(s: &BackendSnapshot, tenant: &Tenant) -> bool {
+    s.labels.get(&format!("{META}tenant")) == Some(&tenant.0)
+}
+
+/// The server's own label prefix is not the caller's to set.
+fn reject_reserved(labels: &BTreeMap<String, String>) -> Result<(), Error> {
+    match labels.keys().find(|k| k.starts_with(META)) {
+        Some(k) => Err(BadLabel::Reserved {
+            key: k.clone(),
+            prefix: META,
+        }
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// What forks of `rec` are created with.
+fn fork_config(rec: &SandboxRecord) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("image".to_string(), rec.image.clone()),
+        ("cpu".to_string(), rec.cpu.clone()),
+        ("memory".to_string(), rec.memory.clone()),
+        ("block_network".to_string(), rec.block_network.to_string()),
+    ])
+}
