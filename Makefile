@@ -101,7 +101,7 @@ openapi:
 
 ## bench: the agent (exec latency against the fork/exec floor, sessions, git diff,
 ## streaming, RSS, size), the local backend (create/delete against `runc run`, a burst),
-## the server, replicas over Redis, the SDK and the Kubernetes backend.
+## the server, replicas over Redis, snapshots and forks, the SDK and the Kubernetes backend.
 bench: agent images sdk-deps
 	cargo build --release -p orchard
 	cargo run --release -p orchard-bench -- --agent $(AGENT_BIN) --out bench/results
@@ -109,6 +109,7 @@ bench: agent images sdk-deps
 	  cargo test --release -p orchard --test integration bench_local_backend -- --ignored --nocapture
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/server.md cargo test --release -p orchard --test integration bench_server -- --ignored --nocapture
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/replicas.md cargo test --release -p orchard --test integration bench_replicas -- --ignored --nocapture
+	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/snapshots.md cargo test --release -p orchard --test integration bench_snapshots -- --ignored --nocapture
 	scripts/bench-sdk.sh
 	@tests/k8s/bench.sh
 
