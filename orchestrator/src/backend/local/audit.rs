@@ -35,7 +35,8 @@ pub struct AuditReport {
     pub cgroups: Vec<PathBuf>,
     /// Network namespaces kept alive by leaked processes.
     pub network_namespaces: Vec<String>,
-    /// Sandbox and runc state directories of sandboxes that are gone.
+    /// Sandbox and runc state directories of sandboxes that are gone, and layer copies
+    /// of snapshots whose process died mid-capture.
     pub directories: Vec<PathBuf>,
     /// Containers runc still lists that are not live sandboxes.
     pub runc_containers: Vec<String>,
@@ -149,6 +150,8 @@ pub(super) async fn audit(inner: &Inner) -> Result<AuditReport, LocalError> {
             }
         }
     }
+    // A capture's copy whose process died (a snapshot killed half-way).
+    report.directories.extend(inner.stale_captures());
     report.directories.sort();
 
     let expected: HashSet<PathBuf> = live.iter().map(|id| inner.paths(id).rootfs).collect();

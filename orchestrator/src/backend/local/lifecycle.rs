@@ -628,6 +628,11 @@ impl Inner {
     /// Adopts or removes every sandbox on the host this backend does not know.
     pub(super) async fn recover(&self) -> Result<RecoverReport, LocalError> {
         let (ids, mut problems) = self.ids_on_host().await;
+        for dir in self.stale_captures() {
+            if let Err(e) = fs::remove_dir_all(&dir) {
+                problems.push(format!("removing {}: {e}", dir.display()));
+            }
+        }
         let mut report = RecoverReport::default();
         let mut ids: Vec<String> = ids.into_iter().collect();
         ids.sort();
@@ -694,6 +699,19 @@ impl Inner {
         }
         match self.runc.state(&s.id).await {
             Ok(Some(c)) if c.status == "running" && c.pid == init.pid => {}
+            // Paused: on a shared root another replica's, kept paused (its record says
+            // so); alone, this process adopts it running again, as its new record says,
+            // instead of removing it for an agent that cannot answer while frozen.
+            Ok(Some(c)) if c.status == "paused" && c.pid == init.pid => {
+                if self.config.shared {
+                    return true;
+                }
+                if let Err(e) = self.runc.resume(&s.id).await {
+                    tracing::warn!(sandbox_id = %s.id, error = %e, "cannot resume a paused sandbox to adopt it");
+                    return false;
+                }
+                tracing::warn!(sandbox_id = %s.id, "a paused sandbox was resumed to be adopted");
+            }
             _ => return false,
         }
         if self.config.shared {

@@ -355,6 +355,36 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Copies of captures whose process is gone (killed mid-capture): named
+    /// `.tmp-<pid>-<random>` so that a live capture of another process is never taken
+    /// for one.
+    pub(super) fn stale_captures(&self) -> Vec<PathBuf> {
+        let Ok(entries) = fs::read_dir(self.layers_dir()) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name();
+                let Some(rest) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix(layer::TMP_PREFIX))
+                else {
+                    return false;
+                };
+                let pid: i32 = rest
+                    .split('-')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(0);
+                pid <= 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            })
+            .map(|e| e.path())
+            .collect()
+    }
+}
+
 /// `snap-` and 20 lowercase hex digits.
 pub fn valid_snapshot_id(id: &str) -> bool {
     id.strip_prefix("snap-").is_some_and(|h| {
