@@ -6,6 +6,8 @@
 //! are awaited through pidfds, and terminal output is awaited pattern by pattern with a
 //! deadline.
 
+mod snapshots;
+
 use std::fs;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
