@@ -270,6 +270,7 @@ mod tests {
             (Internal, "internal", 500),
             (SandboxFailed, "sandbox_failed", 502),
             (Unavailable, "unavailable", 503),
+            (NotImplemented, "not_implemented", 501),
         ];
         assert_eq!(ServiceErrorCode::ALL.len(), pinned.len());
         for (code, (pinned_code, name, status)) in ServiceErrorCode::ALL.into_iter().zip(pinned) {

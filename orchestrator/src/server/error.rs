@@ -128,6 +128,8 @@ mod tests {
             (BackendError::Exists(s()), 409, "conflict"),
             (BackendError::Unavailable(s()), 503, "unavailable"),
             (BackendError::Failed(s()), 502, "sandbox_failed"),
+            (BackendError::Conflict(s()), 409, "conflict"),
+            (BackendError::Unsupported(s()), 501, "not_implemented"),
         ];
         for (b, want_status, want_code) in cases {
             let message = b.to_string();
@@ -149,6 +151,8 @@ mod tests {
             ("SandboxExists", 409, "conflict"),
             ("BadSandboxId", 400, "bad_request"),
             ("NotReady", 409, "conflict"),
+            ("Paused", 409, "conflict"),
+            ("NoSnapshot", 404, "not_found"),
             ("ReadyTimeout", 408, "timeout"),
             ("StartFailed", 502, "sandbox_failed"),
             ("SandboxFailed", 502, "sandbox_failed"),

@@ -315,6 +315,15 @@ impl Error {
             ),
             (Error::not_ready("sb-1"), "sandbox sb-1 is not ready yet"),
             (
+                Error::Paused("sb-1".into()),
+                "sandbox sb-1 is paused; resume it first (POST /v1/sandboxes/sb-1/resume)",
+            ),
+            (Error::NoSnapshot("snap-1".into()), "snapshot snap-1 not found"),
+            (
+                QuotaExceeded::SnapshotBytes { used: 10, limit: 5 }.into(),
+                "this API key's snapshots hold 10 bytes, its limit is 5; delete one first",
+            ),
+            (
                 Error::ready_timeout("sb-1", Duration::from_millis(2500)),
                 "sandbox sb-1 was not ready within 2.5 s",
             ),
