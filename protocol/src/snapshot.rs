@@ -109,7 +109,7 @@ pub struct ForkRequest {
     /// How many sandboxes to start (1-64, default 1).
     #[serde(default = "one")]
     pub count: u32,
-    /// Labels of every fork, added to the snapshot's sandbox labels.
+    /// Labels of every fork.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// Seconds each fork lives; default the server's (0: until deleted).

@@ -224,6 +224,39 @@ async fn a_paused_sandbox_uses_no_cpu_refuses_calls_and_resumes_its_loop() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sandbox_still_expires_with_its_ttl() {
+    orchard_test_support::require_runc!();
+    let srv = TestServer::start().await;
+    let (s, v) = srv
+        .post(
+            "/v1/sandboxes",
+            json!({"image": "busybox:latest", "ttl_s": 2}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let (s, _) = srv
+        .post(&format!("/v1/sandboxes/{id}/pause"), json!({}))
+        .await;
+    assert_eq!(s, 200);
+    let path = format!("/v1/sandboxes/{id}");
+    until(
+        "the TTL deleting the paused sandbox",
+        || srv.get(&path),
+        |(s, _)| *s == 404,
+    )
+    .await;
+    // Gone from the host too, frozen processes included.
+    until(
+        "the backend forgetting it",
+        || async { srv.backend.inner.get(&id).is_none() },
+        |gone| *gone,
+    )
+    .await;
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_under_concurrent_writes_are_consistent_and_the_writer_goes_on() {
     orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
