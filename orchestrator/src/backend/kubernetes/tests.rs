@@ -275,3 +275,30 @@ async fn an_expired_watch_relists_and_sees_what_changed_meanwhile() {
     assert_eq!(list[0].agent.to_string(), "http://10.0.0.9:7070");
     assert!(script.lock().unwrap().lists_done >= 2);
 }
+
+/// Pause, snapshots and forks are not built on Kubernetes yet: each answers
+/// `Unsupported` (501 at the API) naming the design, before any call to the cluster.
+#[tokio::test]
+async fn pause_snapshots_and_forks_are_refused_as_not_built_yet() {
+    let script = Arc::new(Mutex::new(Script::default()));
+    let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
+    let before = script.lock().unwrap().calls.len();
+    let mut fork = spec("sb-fork");
+    fork.snapshot = Some("snap-00000000000000000000".into());
+    let errors = [
+        Backend::create(&b, fork).await.unwrap_err(),
+        Backend::pause(&b, "sb-1").await.unwrap_err(),
+        Backend::resume(&b, "sb-1").await.unwrap_err(),
+        Backend::snapshot(&b, crate::backend::SnapshotSpec::default())
+            .await
+            .unwrap_err(),
+    ];
+    for e in errors {
+        assert!(
+            matches!(&e, BackendError::Unsupported(m) if m.contains("docs/snapshots-kubernetes.md")),
+            "{e:?}"
+        );
+    }
+    assert!(Backend::snapshots(&b).await.unwrap().is_empty());
+    assert_eq!(script.lock().unwrap().calls.len(), before);
+}
