@@ -224,6 +224,65 @@ async fn a_paused_sandbox_uses_no_cpu_refuses_calls_and_resumes_its_loop() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_during_a_snapshot_is_not_undone_by_the_snapshots_thaw() {
+    orchard_test_support::require_runc!();
+    let srv = TestServer::start().await;
+    let id = srv.sandbox().await;
+    run(
+        &srv,
+        &id,
+        "dd if=/dev/zero of=/big bs=1M count=64 2>/dev/null",
+    )
+    .await;
+    let (s, p) = srv
+        .post(
+            &format!("/v1/sandboxes/{id}/processes"),
+            json!({ "command": COUNTER }),
+        )
+        .await;
+    assert_eq!(s, 200, "{p}");
+    let snap_path = format!("/v1/sandboxes/{id}/snapshots");
+    let snap = srv.post(&snap_path, json!({}));
+    let pause = async {
+        // Sent once the capture has frozen the sandbox.
+        let info = srv.backend.inner.get(&id).unwrap();
+        until(
+            "the capture freezing the sandbox",
+            || async {
+                info.cgroup_dirs.iter().any(|d| {
+                    std::fs::read_to_string(d.join("freezer.state"))
+                        .is_ok_and(|s| s.trim() != "THAWED")
+                })
+            },
+            |frozen| *frozen,
+        )
+        .await;
+        srv.post(&format!("/v1/sandboxes/{id}/pause"), json!({}))
+            .await
+    };
+    let ((s1, snap), (s2, paused)) = futures_util::future::join(snap, pause).await;
+    assert_eq!(s1, 201, "{snap}");
+    assert_eq!(
+        (s2, paused["paused"].as_bool()),
+        (200, Some(true)),
+        "{paused}"
+    );
+    let before = cpu_ns(&srv, &id);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        cpu_ns(&srv, &id),
+        before,
+        "the sandbox runs though it is paused"
+    );
+    let sid = snap["snapshot_id"].as_str().unwrap().to_string();
+    let (s, _) = srv.delete(&format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(s, 200);
+    let (s, _) = srv.delete(&format!("/v1/snapshots/{sid}")).await;
+    assert_eq!(s, 200);
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_sandbox_still_expires_with_its_ttl() {
     orchard_test_support::require_runc!();
     let srv = TestServer::start().await;

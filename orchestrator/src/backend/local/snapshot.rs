@@ -89,9 +89,12 @@ impl Inner {
         }
     }
 
-    /// Freezes sandbox `id`.
+    /// Freezes sandbox `id`. Under the sandbox's lock, as captures are: a pause during a
+    /// capture would otherwise find it frozen, do nothing, and be undone by the
+    /// capture's thaw.
     pub(super) async fn pause(&self, id: &str) -> Result<(), LocalError> {
         let s = self.running_state(id)?;
+        let _lock = self.lock_sandbox(id).await?;
         if s.cgroup_dirs.iter().any(|d| super::cgroup::frozen(d)) {
             return Ok(());
         }
@@ -101,6 +104,7 @@ impl Inner {
     /// Thaws sandbox `id`; one not paused is fine.
     pub(super) async fn resume(&self, id: &str) -> Result<(), LocalError> {
         let s = self.running_state(id)?;
+        let _lock = self.lock_sandbox(id).await?;
         if !s.cgroup_dirs.iter().any(|d| super::cgroup::frozen(d)) {
             return Ok(());
         }
