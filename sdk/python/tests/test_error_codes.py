@@ -1,9 +1,10 @@
 """The SDK's error classes against the orchestrator's error codes, without a server.
 
-The codes and their statuses are read from the committed OpenAPI document
-(``orchestrator/openapi.json``, ``ServiceErrorCode``), which a Rust test keeps equal to
-the enum in ``protocol/src/error.rs``: each variant's description there opens with
-``HTTP <status>:``. A code added on one side only fails here.
+The codes and their statuses are read from their definition, ``ServiceErrorCode`` in
+``protocol/src/error.rs``: the arms of its ``http_status`` and ``as_str`` matches. The
+committed OpenAPI document (``orchestrator/openapi.json``), which is generated from that
+enum, must not contradict it (it may lag behind until ``make openapi`` is run; a Rust
+test fails then). A code added on one side only fails here.
 """
 
 from __future__ import annotations
@@ -17,11 +18,30 @@ import pytest
 import orchard_env
 from orchard_env import errors
 
-DOCUMENT = Path(__file__).resolve().parents[3] / "orchestrator" / "openapi.json"
+REPO = Path(__file__).resolve().parents[3]
+SOURCE = REPO / "protocol" / "src" / "error.rs"
+DOCUMENT = REPO / "orchestrator" / "openapi.json"
+
+
+def _match_arms(source: str, function: str, value: str) -> dict[str, str]:
+    """``Variant => value`` arms of ``ServiceErrorCode::function``'s match."""
+    impl = source[source.index("impl ServiceErrorCode {") :]
+    body = impl[impl.index(f"pub fn {function}(") :]
+    body = body[: body.index("\n    }\n")]
+    return dict(re.findall(rf"^\s+(\w+) => ({value}),$", body, flags=re.M))
 
 
 def service_codes() -> dict[str, int]:
-    """Each of the orchestrator's codes with its HTTP status, from the OpenAPI document."""
+    """Each of the orchestrator's codes with its HTTP status, from the Rust enum."""
+    source = SOURCE.read_text()
+    statuses = _match_arms(source, "http_status", r"\d{3}")
+    names = _match_arms(source, "as_str", r'"[a-z_]+"')
+    assert statuses and set(statuses) == set(names), (statuses, names)
+    return {names[v].strip('"'): int(statuses[v]) for v in names}
+
+
+def document_codes() -> dict[str, int]:
+    """The codes and statuses the committed OpenAPI document lists."""
     schema = json.loads(DOCUMENT.read_text())["components"]["schemas"]["ServiceErrorCode"]
     codes = {}
     for variant in schema["oneOf"]:
@@ -35,9 +55,16 @@ def service_codes() -> dict[str, int]:
 CODES = service_codes()
 
 
-def test_the_document_lists_the_codes() -> None:
-    assert {"not_found", "quota_exceeded", "sandbox_failed"} <= set(CODES)
-    assert CODES["not_found"] == 404
+def test_the_source_lists_the_codes() -> None:
+    assert {"not_found", "quota_exceeded", "sandbox_failed", "not_implemented"} <= set(CODES)
+    assert (CODES["not_found"], CODES["not_implemented"]) == (404, 501)
+
+
+def test_the_document_does_not_contradict_the_source() -> None:
+    documented = document_codes()
+    assert {"not_found", "quota_exceeded", "sandbox_failed"} <= set(documented)
+    for code, status in documented.items():
+        assert CODES.get(code) == status, code
 
 
 def test_every_code_has_its_own_class_and_every_class_a_code() -> None:

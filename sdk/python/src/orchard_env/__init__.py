@@ -5,7 +5,8 @@ server: they create :class:`SandboxInstance` objects (:class:`AsyncSandboxInstan
 which run commands (:meth:`~SandboxInstance.exec` returns a :class:`JobResult`;
 :meth:`~SandboxInstance.run` an :class:`ExecResult`; :meth:`~SandboxInstance.exec_stream`
 yields events), move files, drive terminals (:class:`ContainerProcess`), background
-processes (:class:`Process`), shell sessions (:class:`Session`) and git. Errors are
+processes (:class:`Process`), shell sessions (:class:`Session`) and git, and pause,
+snapshot (:class:`Snapshot`) and fork them (:meth:`~SandboxClient.fork`). Errors are
 :class:`OrchardError` subclasses. Configuration comes from ``SANDBOX_BASE_URL``,
 ``SANDBOX_API_KEY`` and ``SANDBOX_PREFIX``.
 
@@ -34,6 +35,7 @@ from .errors import (
     BodyTooLargeError,
     ConflictError,
     NotFoundError,
+    NotImplementedByServerError,
     OrchardConnectionError,
     OrchardError,
     OrchardTimeoutError,
@@ -74,6 +76,8 @@ from .models import (
     SandboxInfo,
     SessionInfo,
     SessionResult,
+    SessionState,
+    Snapshot,
 )
 from .pty import AsyncContainerProcess, ContainerProcess
 
@@ -129,6 +133,8 @@ __all__ = [
     "GitCommitResult",
     "GitResetResult",
     "ImageInfo",
+    "Snapshot",
+    "SessionState",
     "OrchardError",
     "APIError",
     "BadRequestError",
@@ -140,6 +146,7 @@ __all__ = [
     "SandboxError",
     "ServerError",
     "UnavailableError",
+    "NotImplementedByServerError",
     "OrchardConnectionError",
     "RequestTimeoutError",
     "SandboxDeletedError",

@@ -39,6 +39,7 @@ from .models import (
     SandboxInfo,
     SessionInfo,
     SessionResult,
+    Snapshot,
 )
 
 SAFE = Idempotency.SAFE
@@ -213,6 +214,95 @@ def heartbeat(sandbox_id: str) -> Op[dict[str, Any]]:
 def list_sandboxes() -> Op[list[SandboxInfo]]:
     """``GET /v1/sandboxes`` (the caller's own)."""
     reply = yield Request("GET", "/v1/sandboxes")
+    return [SandboxInfo.from_json(s) for s in reply.json().get("sandboxes", [])]
+
+
+# --- pause, snapshots and forks ---------------------------------------------------------
+
+
+def snapshot_id_of(snapshot: Snapshot | str) -> str:
+    """The id of a snapshot given as a :class:`Snapshot` or as its id."""
+    return snapshot.snapshot_id if isinstance(snapshot, Snapshot) else str(snapshot)
+
+
+def pause_sandbox(sandbox_id: str) -> Op[SandboxInfo]:
+    """``POST /v1/sandboxes/{id}/pause`` (pausing a paused sandbox is harmless)."""
+    reply = yield Request("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/pause", idempotency=SAFE)
+    return SandboxInfo.from_json(reply.json())
+
+
+def resume_sandbox(sandbox_id: str) -> Op[SandboxInfo]:
+    """``POST /v1/sandboxes/{id}/resume`` (resuming a running sandbox is harmless)."""
+    reply = yield Request("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/resume", idempotency=SAFE)
+    return SandboxInfo.from_json(reply.json())
+
+
+def take_snapshot(sandbox_id: str, labels: Mapping[str, str] | None) -> Op[Snapshot]:
+    """``POST /v1/sandboxes/{id}/snapshots``.
+
+    Safe to send again: snapshots are content-addressed, so a second capture of the
+    same state is the same snapshot. Process checkpoints (``"processes": true``) are
+    never asked for: no server here can take them (501).
+    """
+    body = {"labels": dict(labels) if labels else {}}
+    reply = yield Request(
+        "POST", f"/v1/sandboxes/{_seg(sandbox_id)}/snapshots", json=body, idempotency=SAFE
+    )
+    return Snapshot.from_json(reply.json())
+
+
+def list_snapshots() -> Op[list[Snapshot]]:
+    """``GET /v1/snapshots`` (the caller's, oldest first)."""
+    reply = yield Request("GET", "/v1/snapshots")
+    return [Snapshot.from_json(s) for s in reply.json().get("snapshots", [])]
+
+
+def get_snapshot(snapshot_id: str) -> Op[Snapshot]:
+    """``GET /v1/snapshots/{snapshot_id}``."""
+    reply = yield Request("GET", f"/v1/snapshots/{_seg(snapshot_id)}")
+    return Snapshot.from_json(reply.json())
+
+
+def delete_snapshot(snapshot_id: str) -> Op[int]:
+    """``DELETE /v1/snapshots/{snapshot_id}``; answers the bytes freed.
+
+    409 while sandboxes forked from it exist. A 404 after a retried attempt means the
+    first attempt deleted it: 0 bytes then.
+    """
+    reply = yield Request("DELETE", f"/v1/snapshots/{_seg(snapshot_id)}", ok=(404,))
+    if reply.status == 404:
+        if reply.attempts > 1:
+            return 0
+        raise error_from_body(reply.status, reply.content)
+    return int(reply.json().get("freed_bytes", 0))
+
+
+def fork_snapshot(
+    snapshot_id: str,
+    count: int,
+    *,
+    labels: Mapping[str, str] | None = None,
+    ttl_s: float | None = None,
+    ready_timeout_s: float | None = None,
+) -> Op[list[SandboxInfo]]:
+    """``POST /v1/snapshots/{snapshot_id}/fork``: ``count`` sandboxes, ready (the server
+    waits for them, all or nothing).
+
+    Never repeated once it may have reached the server: the forks' ids are the
+    server's, so a second attempt would start ``count`` more.
+    """
+    body = _clean(
+        {
+            "count": count,
+            "labels": dict(labels) if labels else None,
+            "ttl_s": None if ttl_s is None else math.ceil(ttl_s),
+            "ready_timeout_s": None if ready_timeout_s is None else math.ceil(ready_timeout_s),
+            "wait": True,
+        }
+    )
+    reply = yield Request(
+        "POST", f"/v1/snapshots/{_seg(snapshot_id)}/fork", json=body, idempotency=UNSENT
+    )
     return [SandboxInfo.from_json(s) for s in reply.json().get("sandboxes", [])]
 
 

@@ -92,6 +92,7 @@ from .models import (
     PtyInfo,
     SandboxInfo,
     SessionInfo,
+    Snapshot,
 )
 from .pty import AsyncContainerProcess, WsTarget
 
@@ -376,6 +377,99 @@ class AsyncSandboxClient:
         """The caller's sandboxes (``GET /v1/sandboxes``)."""
         return await self._driver.run(_ops.list_sandboxes())
 
+    # --- snapshots and forks -----------------------------------------------------------
+
+    async def fork(
+        self,
+        snapshot: Snapshot | str,
+        k: int = 1,
+        *,
+        labels: Mapping[str, str] | None = None,
+        ttl_s: float | None = None,
+        ready_timeout_s: float | None = None,
+        direct: bool | None = None,
+    ) -> list[AsyncSandboxInstance]:
+        # unasync: async
+        """Starts ``k`` sandboxes from a snapshot (or its id) and returns them ready (see
+        :meth:`SandboxClient.fork`): handles like :meth:`create_sandbox`'s (``async
+        with``; owned and cleaned up by this client), with the snapshot's files and shell
+        sessions. Running processes are not carried into forks (no process
+        checkpointing: CRIU is not available on the servers' kernel). Forks share the
+        snapshot's layers, and it cannot be deleted while any of them exists."""
+        # unasync: sync
+        # """Starts ``k`` sandboxes (1 to 64) from ``snapshot`` (a
+        # :class:`~orchard_env.Snapshot` or its id) and returns them once all are ready.
+        #
+        # Each fork is a sandbox like those :meth:`create_sandbox` makes (a context
+        # manager; owned by this client and deleted by its cleanup) with the snapshot's
+        # filesystem, image, environment variables, CPU, memory and network, and its shell
+        # sessions back (the same session ids, working directories, exported variables and
+        # functions: :meth:`SandboxInstance.get_session` finds them). Running processes
+        # are not carried into forks: snapshots do not capture them (no process
+        # checkpointing; CRIU is not available on the servers' kernel), so a fork starts
+        # with no process but its agent and its restored sessions. The forks share the
+        # snapshot's layers (nothing is copied; each writes to its own layer, so they
+        # diverge independently), and the snapshot cannot be deleted while any of them
+        # exists. ``labels`` are the forks' labels; ``ttl_s`` is how long each fork lives
+        # (the server's default when ``None``, 0 until deleted); ``ready_timeout_s`` how
+        # long readiness may take; ``direct`` as in :meth:`create_sandbox`. All or
+        # nothing: if one fork cannot start, none is left (:class:`~orchard_env.SandboxError`).
+        #
+        # >>> with client.create_sandbox("busybox:latest") as parent:
+        # ...     _ = parent.write_file("/workspace/turn", "3")
+        # ...     snap = parent.snapshot()
+        # >>> forks = client.fork(snap, 2)
+        # >>> [f.read_file("/workspace/turn") for f in forks]
+        # [b'3', b'3']
+        # >>> for f in forks:
+        # ...     f.delete()
+        # >>> client.delete_snapshot(snap) >= 0
+        # True
+        # """
+        # unasync: end
+        infos = await self._driver.run(
+            _ops.fork_snapshot(
+                _ops.snapshot_id_of(snapshot),
+                k,
+                labels=labels,
+                ttl_s=ttl_s,
+                ready_timeout_s=ready_timeout_s,
+            )
+        )
+        forks: list[AsyncSandboxInstance] = []
+        for info in infos:
+            self._state.own(info.sandbox_id)
+            forks.append(AsyncSandboxInstance(self, info, direct=self._direct(direct)))
+        try:
+            for sandbox in forks:
+                check_started(sandbox.info)
+        except BaseException:
+            for sandbox in forks:
+                await self._delete_quietly(sandbox.sandbox_id)
+            raise
+        return forks
+
+    async def list_snapshots(self) -> list[Snapshot]:
+        """The snapshots this API key made, oldest first (``GET /v1/snapshots``)."""
+        return await self._driver.run(_ops.list_snapshots())
+
+    async def get_snapshot(self, snapshot: Snapshot | str) -> Snapshot:
+        """A snapshot as it is now (``forks`` up to date), by id or
+        :class:`~orchard_env.Snapshot` (:class:`~orchard_env.NotFoundError` if there is
+        none)."""
+        return await self._driver.run(_ops.get_snapshot(_ops.snapshot_id_of(snapshot)))
+
+    async def delete_snapshot(self, snapshot: Snapshot | str) -> int:
+        """Deletes a snapshot (by id or :class:`~orchard_env.Snapshot`); returns the disk
+        bytes freed (layers no other snapshot or sandbox uses).
+
+        A snapshot cannot be deleted while sandboxes forked from it exist: that raises
+        :class:`~orchard_env.ConflictError` (409) naming them; delete the forks first.
+        """
+        return await self._driver.run(_ops.delete_snapshot(_ops.snapshot_id_of(snapshot)))
+
+    # --- images --------------------------------------------------------------------------
+
     async def list_images(self) -> list[ImageInfo]:
         """Images in the server's store."""
         return await self._driver.run(_ops.list_images())
@@ -659,6 +753,84 @@ class AsyncSandboxInstance:
         tb: TracebackType | None,
     ) -> None:
         await self.delete()
+
+    # --- pause, resume, snapshot ----------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        """Whether the sandbox was paused when :attr:`info` was last loaded."""
+        return self.info.paused
+
+    async def pause(self) -> SandboxInfo:
+        # unasync: async
+        """Freezes the sandbox until :meth:`resume` (see :meth:`SandboxInstance.pause`);
+        returns (and stores in :attr:`info`) its ``/v1`` description. While paused, its
+        exec, file and other agent calls raise :class:`~orchard_env.ConflictError` (409,
+        the message says it is paused)."""
+        # unasync: sync
+        # """Freezes the sandbox: its processes stop where they are, keep their memory, and
+        # use no CPU until :meth:`resume`. Returns (and stores in :attr:`info`) the
+        # sandbox's ``/v1`` description, ``paused`` set and ``status`` ``"paused"``.
+        #
+        # While paused, the server answers the sandbox's exec, file, process, session,
+        # terminal and git calls (compatible and ``/v1`` alike) with 409:
+        # :class:`~orchard_env.ConflictError` whose message says it is paused. A
+        # ``direct`` sandbox's calls go to its frozen agent and wait until the resume.
+        # Heartbeats and the time to live go on; pausing a paused sandbox is harmless.
+        #
+        # >>> sandbox.pause().status, sandbox.paused
+        # ('paused', True)
+        # >>> sandbox.resume().status, sandbox.paused
+        # ('running', False)
+        # """
+        # unasync: end
+        self._check()
+        self.info = await self._driver.run(_ops.pause_sandbox(self.sandbox_id))
+        self._v1 = True  # refreshes must keep reporting `paused` (compatible answers do not)
+        return self.info
+
+    async def resume(self) -> SandboxInfo:
+        """Thaws a paused sandbox: its processes go on where they stopped, and its calls
+        work again. Returns (and stores in :attr:`info`) its ``/v1`` description,
+        ``paused`` cleared. Resuming a running sandbox is harmless."""
+        self._check()
+        self.info = await self._driver.run(_ops.resume_sandbox(self.sandbox_id))
+        self._v1 = True
+        return self.info
+
+    async def snapshot(self, labels: Mapping[str, str] | None = None) -> Snapshot:
+        # unasync: async
+        """Captures the sandbox as a :class:`~orchard_env.Snapshot` (see
+        :meth:`SandboxInstance.snapshot`): its filesystem changes, environment and shell
+        sessions. Running processes are not captured and never carried into forks (no
+        process checkpointing: CRIU is not available on the servers' kernel). Forks
+        share its layers; it cannot be deleted while any fork exists."""
+        # unasync: sync
+        # """Captures the sandbox as an immutable :class:`~orchard_env.Snapshot` that
+        # :meth:`SandboxClient.fork` starts new sandboxes from.
+        #
+        # What is captured: the filesystem changes since the image (tmpfs mounts, such as
+        # the local backend's ``/tmp``, are not part of them), the image, environment,
+        # CPU, memory and network, and each live shell session's working directory,
+        # exported variables and functions. Running processes are NOT captured, and are
+        # never carried into forks: there is no process checkpointing (CRIU is not
+        # available on the servers' kernel). The sandbox is frozen only for the capture
+        # (``frozen_ms``) and goes on unchanged. Snapshots are content-addressed: the
+        # same state and ``labels`` give the same snapshot (an equal one taken before is
+        # answered, its ``sandbox_id`` that of its own sandbox). Forks share the snapshot's
+        # layers, and it cannot be deleted while any fork exists
+        # (:meth:`SandboxClient.delete_snapshot`). Snapshots count against the API key's
+        # snapshot bytes quota: :class:`~orchard_env.QuotaError` (429) past it.
+        #
+        # >>> snap = sandbox.snapshot(labels={"turn": "3"})
+        # >>> snap.labels, snap.processes, snap.sandbox_id == sandbox.id
+        # ({'turn': '3'}, 'none', True)
+        # >>> client.delete_snapshot(snap) >= 0
+        # True
+        # """
+        # unasync: end
+        self._check()
+        return await self._driver.run(_ops.take_snapshot(self.sandbox_id, labels))
 
     # --- compatible API --------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ __all__ = [
     "SandboxError",
     "ServerError",
     "UnavailableError",
+    "NotImplementedByServerError",
     "OrchardConnectionError",
     "RequestTimeoutError",
     "SandboxDeletedError",
@@ -268,6 +269,16 @@ class UnavailableError(APIError):
     """503 ``unavailable``: the server is overloaded; raised once the retries are used up."""
 
 
+class NotImplementedByServerError(ServerError, NotImplementedError):  # type: ignore[misc]
+    """501 ``not_implemented``: this server's backend cannot do what was asked (process
+    checkpoints in a snapshot: CRIU does not work on its kernel; snapshots on a backend
+    without them). Not transient: asking again gets the same answer.
+
+    A :class:`ServerError` (what a 501 was before it had a class) and a built-in
+    :class:`NotImplementedError`.
+    """
+
+
 class OrchardConnectionError(
     OrchardError,
     builtins.ConnectionError,
@@ -292,13 +303,14 @@ _BY_STATUS: dict[int, type[OrchardError]] = {
     422: BadRequestError,
     429: QuotaError,
     500: ServerError,
+    501: NotImplementedByServerError,
     502: SandboxError,
     503: UnavailableError,
 }
 
 #: The class of each of the orchestrator's codes (``ServiceErrorCode`` in the Rust
-#: ``protocol`` crate), one to one; ``tests/test_error_codes.py`` checks it against the
-#: committed OpenAPI document, so a code added on one side only fails there.
+#: ``protocol`` crate), one to one; ``tests/test_error_codes.py`` checks it against that
+#: enum, so a code added on one side only fails there.
 _BY_CODE: dict[str, type[APIError]] = {
     "bad_request": BadRequestError,
     "unauthorized": AuthError,
@@ -312,6 +324,7 @@ _BY_CODE: dict[str, type[APIError]] = {
     "internal": ServerError,
     "sandbox_failed": SandboxError,
     "unavailable": UnavailableError,
+    "not_implemented": NotImplementedByServerError,
 }
 
 _CODE_BY_STATUS = {
@@ -325,6 +338,7 @@ _CODE_BY_STATUS = {
     422: "unprocessable",
     429: "quota_exceeded",
     500: "internal",
+    501: "not_implemented",
     502: "sandbox_failed",
     503: "unavailable",
 }

@@ -39,6 +39,8 @@ __all__ = [
     "GitResetResult",
     "ImageInfo",
     "PatchResult",
+    "SessionState",
+    "Snapshot",
 ]
 
 _T = TypeVar("_T")
@@ -85,9 +87,11 @@ class AgentEndpoint:
 class SandboxInfo:
     """A sandbox as the server describes it (compatible or ``/v1`` shape).
 
-    ``status`` is ``"pending"``, ``"ready"`` (``"running"`` on ``/v1``) or ``"failed"``
-    (``status_message`` says why); ``agent`` is set only by ``/v1`` answers once the
-    sandbox is ready.
+    ``status`` is ``"pending"``, ``"ready"`` (``"running"`` on ``/v1``), ``"paused"``
+    (``/v1`` only) or ``"failed"`` (``status_message`` says why); ``agent`` is set only
+    by ``/v1`` answers once the sandbox is ready. ``paused`` is true while the sandbox is
+    frozen (:meth:`~orchard_env.SandboxInstance.pause`); only ``/v1`` answers report it,
+    the compatible routes' never do.
     """
 
     sandbox_id: str
@@ -105,6 +109,7 @@ class SandboxInfo:
     labels: dict[str, str] = field(default_factory=dict)
     expires_at: str | None = None
     agent: AgentEndpoint | None = None
+    paused: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -127,6 +132,7 @@ class SandboxInfo:
             ready=bool(data.get("ready", data.get("status") == "running")),
             cpu=None if cpu is None else str(cpu),
             memory=None if memory is None else str(memory),
+            paused=bool(data.get("paused", False)),
         )
 
 
@@ -662,3 +668,79 @@ class ImageInfo:
         if isinstance(layers, list):
             layers = len(layers)
         return _pick(cls, data, layers=layers)
+
+
+@dataclass
+class SessionState:
+    """A shell session as a snapshot keeps it, and as its forks get it back: the same
+    ``id``, ``shell``, working directory (``cwd``), exported variables (``env``) and
+    shell ``functions`` (text that defines them again; empty for shells that cannot
+    list them, such as busybox ``sh``)."""
+
+    id: str
+    shell: str = ""
+    cwd: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    functions: str = ""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionState:
+        """Builds it from the server's ``SessionState``."""
+        return _pick(cls, data, env=data.get("env") or {})
+
+
+@dataclass
+class Snapshot:
+    """An immutable, content-addressed snapshot of a sandbox
+    (:meth:`~orchard_env.SandboxInstance.snapshot`).
+
+    It holds the sandbox's filesystem changes (``layers`` on top of ``image``, bottom
+    first; ``size_bytes`` its own layer, ``total_bytes`` its parents' too) and its
+    environment: the image, environment variables, CPU, memory and network, and the
+    state of each shell session (``sessions``). Running processes are not captured
+    (``processes`` is always ``"none"``): there is no process checkpointing (CRIU does
+    not work on the servers' kernel), so forks start with no process but their agent
+    and their restored sessions. ``sandbox_id`` is the sandbox it was taken of (which
+    may be gone since), ``parent_snapshot_id`` the snapshot that sandbox was forked
+    from, ``forks`` the sandboxes forked from it that still exist (it cannot be deleted
+    while there are any), ``frozen_ms`` how long the sandbox was frozen for the
+    capture. ``created_at`` is ISO-8601 UTC.
+
+    >>> s = Snapshot.from_json({"snapshot_id": "snap-1", "sessions": [{"id": "s1", "cwd": "/"}]})
+    >>> s.id, s.sessions[0].cwd, s.processes
+    ('snap-1', '/', 'none')
+    """
+
+    snapshot_id: str
+    digest: str = ""
+    sandbox_id: str = ""
+    parent_snapshot_id: str | None = None
+    image: str = ""
+    created_at: str | None = None
+    size_bytes: int = 0
+    total_bytes: int = 0
+    layers: list[str] = field(default_factory=list)
+    sessions: list[SessionState] = field(default_factory=list)
+    processes: str = "none"
+    labels: dict[str, str] = field(default_factory=dict)
+    forks: list[str] = field(default_factory=list)
+    frozen_ms: float = 0.0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Snapshot:
+        """Builds it from the server's ``Snapshot``."""
+        return _pick(
+            cls,
+            data,
+            sessions=[SessionState.from_json(s) for s in data.get("sessions") or []],
+            labels=data.get("labels") or {},
+            layers=data.get("layers") or [],
+            forks=data.get("forks") or [],
+            processes=data.get("processes") or "none",
+        )
+
+    @property
+    def id(self) -> str:
+        """Alias of :attr:`snapshot_id`."""
+        return self.snapshot_id
