@@ -26,6 +26,8 @@ pub enum Body {
     Empty,
     /// A JSON value of a wire type.
     Json(fn(&mut SchemaGenerator) -> Schema),
+    /// A JSON value of a wire type, or no body at all (its defaults).
+    OptionalJson(fn(&mut SchemaGenerator) -> Schema),
     /// One JSON value per line of a wire type.
     Ndjson(fn(&mut SchemaGenerator) -> Schema),
     /// Raw bytes of the given media type.
@@ -452,7 +454,9 @@ pub const AGENT_ROUTES: &[Route] = &[
 fn content(gen: &mut SchemaGenerator, body: Body) -> Option<Value> {
     let (media, schema) = match body {
         Body::Empty | Body::WebSocket => return None,
-        Body::Json(f) => ("application/json", serde_json::to_value(f(gen)).ok()?),
+        Body::Json(f) | Body::OptionalJson(f) => {
+            ("application/json", serde_json::to_value(f(gen)).ok()?)
+        }
         Body::Ndjson(f) => (crate::NDJSON, serde_json::to_value(f(gen)).ok()?),
         Body::Bytes(media) => (media, json!({"type": "string", "format": "binary"})),
     };
@@ -493,9 +497,10 @@ pub fn document<'a>(
             op.insert("parameters".into(), Value::Array(params));
         }
         if let Some(c) = content(&mut gen, route.request) {
+            let required = !matches!(route.request, Body::OptionalJson(_));
             op.insert(
                 "requestBody".into(),
-                json!({"required": true, "content": c}),
+                json!({"required": required, "content": c}),
             );
         }
         let mut ok = match route.response {
