@@ -70,6 +70,9 @@ pub struct Snapshot {
     pub size_bytes: u64,
     /// Bytes of all its layers, its parents' included.
     pub total_bytes: u64,
+    /// Bytes of its `/tmp` (a tmpfs: in memory, so copied into each fork rather than
+    /// shared; counted in `size_bytes`).
+    pub tmp_bytes: u64,
     /// Layers on top of the image, bottom first (`sha256:` digests).
     pub layers: Vec<String>,
     /// The shell sessions forks get back: id, shell, directory, variables, functions.

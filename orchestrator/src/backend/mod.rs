@@ -125,6 +125,13 @@ pub struct BackendSnapshot {
     /// Image layer directories it keeps in use (the image store must keep them).
     #[serde(default)]
     pub image_layers: Vec<PathBuf>,
+    /// The sandbox's in-memory `/tmp` (a tmpfs), captured apart (`sha256:` digest):
+    /// copied into each fork's own `/tmp`, since a tmpfs cannot share layers.
+    #[serde(default)]
+    pub tmp_layer: Option<String>,
+    /// Bytes of that `/tmp` (also in `size_bytes`).
+    #[serde(default)]
+    pub tmp_bytes: u64,
 }
 
 /// The image of a sandbox, in the form its backend needs.

@@ -41,6 +41,7 @@ pub fn snapshot(s: &BackendSnapshot) -> Snapshot {
         created_at: iso(s.created_ms),
         size_bytes: s.size_bytes,
         total_bytes: s.total_bytes,
+        tmp_bytes: s.tmp_bytes,
         layers: s.layers.clone(),
         sessions: s.sessions.clone(),
         processes: "none".into(),

@@ -183,6 +183,15 @@ impl Service {
             sb.token.clone(),
         );
         for state in sessions {
+            let mut state = state.clone();
+            // A directory that is gone (removed under the shell) cannot be entered
+            // again: the session comes back in `/` rather than failing the fork.
+            let is_dir = matches!(agent.stat(&state.cwd).await,
+                Ok(s) if s.kind == orchard_protocol::files::FileKind::Directory);
+            if !is_dir {
+                tracing::warn!(session = %state.id, cwd = %state.cwd, "a session's directory is gone; restored in /");
+                state.cwd = "/".into();
+            }
             let req = orchard_protocol::session::SessionCreate {
                 restore: Some(state.clone()),
                 ..Default::default()

@@ -306,9 +306,13 @@ async fn a_paused_sandbox_still_expires_with_its_ttl() {
     )
     .await;
     // Gone from the host too, frozen processes included.
+    let (bundle, state) = (
+        root(&srv).join("sandboxes").join(&id),
+        srv.backend.inner.runc_root().join(&id),
+    );
     until(
-        "the backend forgetting it",
-        || async { srv.backend.inner.get(&id).is_none() },
+        "the backend removing it",
+        || async { !bundle.exists() && !state.exists() },
         |gone| *gone,
     )
     .await;
@@ -369,12 +373,14 @@ async fn sixteen_forks_diverge_and_outlive_their_parent() {
     run(
         &srv,
         &parent,
-        "mkdir -p /data && echo parent > /data/f && echo keep > /data/k && rm /bin/vi",
+        "mkdir -p /data && echo parent > /data/f && echo keep > /data/k && rm /bin/vi \
+         && mkdir -p /tmp/work && echo scratch > /tmp/work/s && chmod 640 /tmp/work/s",
     )
     .await;
     let snap = snapshot(&srv, &parent).await;
     let sid = snap["snapshot_id"].as_str().unwrap().to_string();
-    assert!(snap["size_bytes"].as_u64().unwrap() >= 12, "{snap}");
+    assert!(snap["size_bytes"].as_u64().unwrap() >= 20, "{snap}");
+    assert_eq!(snap["tmp_bytes"], 8, "{snap}");
     assert_eq!(snap["layers"].as_array().unwrap().len(), 1);
     let forks = fork(&srv, &sid, 16).await;
     let (_, listed) = srv.get(&format!("/v1/snapshots/{sid}")).await;
@@ -389,6 +395,13 @@ async fn sixteen_forks_diverge_and_outlive_their_parent() {
         run(&srv, &parent, "cat /data/f /data/k").await,
         "parent\nkeep\n"
     );
+    // The in-memory /tmp comes along, copied into each fork's own.
+    assert_eq!(
+        run(&srv, &forks[2], "cat /tmp/work/s; stat -c %a /tmp/work/s").await,
+        "scratch\n640\n"
+    );
+    run(&srv, &forks[2], "echo mine > /tmp/work/s").await;
+    assert_eq!(run(&srv, &forks[3], "cat /tmp/work/s").await, "scratch\n");
     // A deletion in the parent's layer stays deleted in forks (whiteouts carried).
     assert_eq!(
         run(&srv, &forks[1], "ls /bin/vi 2>&1 || echo gone")

@@ -101,6 +101,19 @@ pub fn copy(upper: &Path, layers_dir: &Path, tmp_name: &str) -> Result<Captured,
     }
 }
 
+/// Copies what directory `src` holds into the existing directory `dst` (a fork's fresh
+/// `/tmp`), owners, modes, times and links kept; answers the bytes copied.
+pub fn fill(src: &Path, dst: &Path) -> Result<u64, LayerError> {
+    let mut copier = Copier {
+        listing: Sha256::new(),
+        bytes: 0,
+        links: HashMap::new(),
+        buf: vec![0; 1 << 20],
+    };
+    copier.entries(src, dst, Path::new(""))?;
+    Ok(copier.bytes)
+}
+
 /// Moves a copied layer to `layers_dir/<hex>`; when that layer exists already (the
 /// same content captured before), the copy is removed. Answers the layer's directory.
 pub fn install(captured: &Captured, layers_dir: &Path) -> Result<PathBuf, LayerError> {
@@ -186,6 +199,14 @@ impl Copier {
                 &xattrs,
             ],
         );
+        self.entries(src, dst, rel)?;
+        // The directory's own owner, mode and times last: its entries changed its mtime.
+        self.finish(src, dst, &meta, true)
+    }
+
+    /// Copies the entries of directory `src` into the existing directory `dst`, in name
+    /// order.
+    fn entries(&mut self, src: &Path, dst: &Path, rel: &Path) -> Result<(), LayerError> {
         let mut names: Vec<_> = fs::read_dir(src)
             .map_err(io("listing", src))?
             .map(|e| e.map(|e| e.file_name()))
@@ -213,8 +234,7 @@ impl Copier {
                 self.finish(&s, &d, &m, !ft.is_symlink())?;
             }
         }
-        // The directory's own owner, mode and times last: its entries changed its mtime.
-        self.finish(src, dst, &meta, true)
+        Ok(())
     }
 
     /// A second link to a file copied already: linked to that copy.

@@ -326,6 +326,9 @@ impl Inner {
             self.runc.start(id).await?;
         }
         self.wait_ready(id, &paths.socket, &token, init).await?;
+        if let Some(sid) = &spec.snapshot {
+            self.fill_tmp(sid, init.pid).await?;
+        }
         if let Some(s) = state_slot.as_mut() {
             s.phase = Phase::Running;
         }

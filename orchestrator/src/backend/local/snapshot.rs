@@ -223,21 +223,43 @@ impl Inner {
         }
         let tmp_name = format!("{}-{}", std::process::id(), crate::random::hex(6)?);
         let (upper, layers_dir) = (paths.upper.clone(), self.layers_dir());
-        let copied =
-            tokio::task::spawn_blocking(move || layer::copy(&upper, &layers_dir, &tmp_name))
-                .await
-                .map_err(|e| LocalError::Task(e.to_string()));
+        // The tmpfs /tmp as the sandbox sees it (its mount namespace, through its
+        // init's root), read while nothing in the sandbox runs.
+        let tmpfs = st
+            .init
+            .map(|p| PathBuf::from(format!("/proc/{}/root/tmp", p.pid)));
+        let copied = tokio::task::spawn_blocking(move || {
+            let rootfs = layer::copy(&upper, &layers_dir, &tmp_name)?;
+            let tmp = match tmpfs.filter(|t| has_entries(t)) {
+                Some(t) => match layer::copy(&t, &layers_dir, &format!("{tmp_name}-tmp")) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        let _ = layer::remove(&rootfs.dir);
+                        return Err(e);
+                    }
+                },
+                None => None,
+            };
+            Ok((rootfs, tmp))
+        })
+        .await
+        .map_err(|e| LocalError::Task(e.to_string()));
         let thawed = if was_frozen {
             Ok(())
         } else {
             self.runc.resume(&id).await
         };
         let frozen_ms = frozen_at.elapsed().as_secs_f64() * 1000.0;
-        let captured = copied?.map_err(|e| LocalError::Invalid(e.to_string()))?;
+        let (captured, tmp) = copied?.map_err(|e| LocalError::Invalid(e.to_string()))?;
         if let Err(e) = thawed {
             let _ = layer::remove(&captured.dir);
+            if let Some(t) = &tmp {
+                let _ = layer::remove(&t.dir);
+            }
             return Err(e.into());
         }
+        let tmp_layer = tmp.as_ref().map(|t| sha(&t.hex));
+        let tmp_bytes = tmp.as_ref().map_or(0, |t| t.bytes);
         let mut layers: Vec<String> = st.snapshot_layers.iter().map(|h| sha(h)).collect();
         layers.push(sha(&captured.hex));
         let image = Image {
@@ -254,12 +276,17 @@ impl Inner {
             "sessions": spec.sessions,
             "labels": spec.labels,
             "config": spec.config,
+            "tmp": tmp_layer,
         });
         let digest = layer::hex(&Sha256::digest(identity.to_string().as_bytes()));
         let sid = format!("snap-{}", &digest[..20]);
         let _snapshots = self.snapshots_lock().await?;
         layer::install(&captured, &self.layers_dir())
             .map_err(|e| LocalError::Invalid(e.to_string()))?;
+        if let Some(t) = &tmp {
+            layer::install(t, &self.layers_dir())
+                .map_err(|e| LocalError::Invalid(e.to_string()))?;
+        }
         if let Ok(existing) = self.load_snapshot(&sid) {
             // The same content, environment and labels: the same snapshot.
             return Ok(existing.snapshot);
@@ -277,8 +304,8 @@ impl Inner {
             parent: st.snapshot.clone(),
             image: st.image.clone(),
             created_ms,
-            size_bytes: captured.bytes,
-            total_bytes: parent_total + captured.bytes,
+            size_bytes: captured.bytes + tmp_bytes,
+            total_bytes: parent_total + captured.bytes + tmp_bytes,
             layers,
             labels: spec.labels,
             config: spec.config,
@@ -287,6 +314,8 @@ impl Inner {
             frozen_ms,
             forks: Vec::new(),
             image_layers: st.image_layers.clone(),
+            tmp_layer,
+            tmp_bytes,
         };
         let file = SnapshotFile {
             version: SNAPSHOT_VERSION,
@@ -329,6 +358,7 @@ impl Inner {
                 if let Ok(bytes) = fs::read(e.path()) {
                     if let Ok(f) = serde_json::from_slice::<SnapshotFile>(&bytes) {
                         used.extend(f.snapshot.layers.iter().map(|d| unsha(d).to_string()));
+                        used.extend(f.snapshot.tmp_layer.iter().map(|d| unsha(d).to_string()));
                     } else {
                         // A file we cannot read might name anything: keep every layer.
                         return Ok(0);
@@ -386,6 +416,27 @@ impl Inner {
             })
             .map(|e| e.path())
             .collect()
+    }
+}
+
+/// Whether directory `dir` has anything in it.
+fn has_entries(dir: &std::path::Path) -> bool {
+    fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
+}
+
+impl Inner {
+    /// Fills a fork's fresh `/tmp` with its snapshot's, before anyone has its token.
+    pub(super) async fn fill_tmp(&self, sid: &str, init_pid: i32) -> Result<(), LocalError> {
+        let Some(tmp) = self.load_snapshot(sid)?.snapshot.tmp_layer else {
+            return Ok(());
+        };
+        let src = self.layers_dir().join(unsha(&tmp));
+        let dst = PathBuf::from(format!("/proc/{init_pid}/root/tmp"));
+        tokio::task::spawn_blocking(move || layer::fill(&src, &dst))
+            .await
+            .map_err(|e| LocalError::Task(e.to_string()))?
+            .map(drop)
+            .map_err(|e| LocalError::Invalid(format!("restoring /tmp of snapshot {sid}: {e}")))
     }
 }
 
