@@ -622,8 +622,8 @@ class SandboxInstance:
         """Captures the sandbox as an immutable :class:`~orchard_env.Snapshot` that
         :meth:`SandboxClient.fork` starts new sandboxes from.
 
-        What is captured: the filesystem changes since the image (tmpfs mounts, such as
-        the local backend's ``/tmp``, are not part of them), the image, environment,
+        What is captured: the filesystem changes since the image (the local backend's
+        in-memory ``/tmp`` included, copied into each fork), the image, environment,
         CPU, memory and network, and each live shell session's working directory,
         exported variables and functions. Running processes are NOT captured, and are
         never carried into forks: there is no process checkpointing (CRIU is not

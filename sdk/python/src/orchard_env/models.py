@@ -719,6 +719,7 @@ class Snapshot:
     created_at: str | None = None
     size_bytes: int = 0
     total_bytes: int = 0
+    tmp_bytes: int = 0
     layers: list[str] = field(default_factory=list)
     sessions: list[SessionState] = field(default_factory=list)
     processes: str = "none"
