@@ -107,20 +107,15 @@ impl Service {
         let rec = self.get(tenant, id).await?;
         let live = self.live_of(&rec)?;
         let limit = self.inner.config.quotas.snapshot_bytes;
-        let used = if limit > 0 {
-            let used: u64 = self
-                .snapshots(tenant)
-                .await?
-                .iter()
-                .map(|s| s.size_bytes)
-                .sum();
-            if used >= limit {
-                return Err(QuotaExceeded::SnapshotBytes { used, limit }.into());
-            }
-            used
+        let held = if limit > 0 {
+            self.snapshots(tenant).await?
         } else {
-            0
+            Vec::new()
         };
+        let used: u64 = held.iter().map(|s| s.size_bytes).sum();
+        if limit > 0 && used >= limit {
+            return Err(QuotaExceeded::SnapshotBytes { used, limit }.into());
+        }
         let sessions = self.session_states(&live.agent).await?;
         let mut labels = req.labels;
         labels.insert(format!("{META}tenant"), tenant.0.clone());
@@ -135,9 +130,10 @@ impl Service {
             .snapshot(spec)
             .await
             .map_err(Error::Backend)?;
-        if limit > 0 && used + snap.size_bytes > limit && snap.forks.is_empty() {
-            // Taken, but over the quota: it goes again (unless it is an older equal one
-            // that forks use).
+        // The same state again is a snapshot the key holds already: nothing new.
+        let new = !held.iter().any(|s| s.id == snap.id);
+        if limit > 0 && new && used + snap.size_bytes > limit {
+            // Taken, but over the quota: it goes again.
             let _ = self.backend().delete_snapshot(&snap.id).await;
             return Err(QuotaExceeded::SnapshotBytes {
                 used: used + snap.size_bytes,

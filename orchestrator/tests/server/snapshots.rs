@@ -543,9 +543,18 @@ async fn bad_snapshot_requests_are_refused_clearly() {
         Some(0),
         "{list}"
     );
-    run(&srv, &id, "rm /f; echo small > /s").await;
+    // 30 kB fit; the same state again is the same snapshot, not 30 kB more.
+    run(&srv, &id, "rm /f; head -c 30000 /dev/urandom > /s").await;
     let snap = snapshot(&srv, &id).await;
     let sid = snap["snapshot_id"].as_str().unwrap();
+    let again = snapshot(&srv, &id).await;
+    assert_eq!(again["snapshot_id"], sid);
+    let (_, list) = srv.get("/v1/snapshots").await;
+    assert_eq!(
+        list["snapshots"].as_array().map(Vec::len),
+        Some(1),
+        "{list}"
+    );
     for count in [0, 65] {
         let (s, e) = srv
             .post(
