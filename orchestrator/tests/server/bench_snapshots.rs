@@ -52,36 +52,19 @@ async fn create(srv: &TestServer) -> (String, f64) {
 
 async fn snapshot(srv: &TestServer, id: &str) -> (Value, f64) {
     let t = Instant::now();
-    let (s, snap) = srv
-        .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}))
-        .await;
-    assert_eq!(s, 201, "{snap}");
+    let snap = super::snapshots::snapshot(srv, id).await;
     (snap, t.elapsed().as_secs_f64() * 1e3)
 }
 
 async fn fork(srv: &TestServer, sid: &str, count: u32) -> (Vec<String>, f64) {
     let t = Instant::now();
-    let (s, forks) = srv
-        .post(
-            &format!("/v1/snapshots/{sid}/fork"),
-            json!({ "count": count }),
-        )
-        .await;
-    assert_eq!(s, 201, "{forks}");
-    let ms = t.elapsed().as_secs_f64() * 1e3;
-    let ids = forks["sandboxes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["id"].as_str().unwrap().to_string())
-        .collect();
-    (ids, ms)
+    let ids = super::snapshots::fork(srv, sid, count).await;
+    (ids, t.elapsed().as_secs_f64() * 1e3)
 }
 
 async fn delete_all(srv: &TestServer, ids: &[String]) {
     for id in ids {
-        let (s, _) = srv.delete(&format!("/v1/sandboxes/{id}")).await;
-        assert_eq!(s, 200);
+        super::snapshots::delete_ok(srv, &format!("/v1/sandboxes/{id}")).await;
     }
 }
 
@@ -169,8 +152,7 @@ async fn bench_snapshots() {
         if mib == 1024 {
             big = Some(sid);
         } else {
-            let (s, _) = srv.delete(&format!("/v1/snapshots/{sid}")).await;
-            assert_eq!(s, 200);
+            super::snapshots::delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
         }
     }
     let big = big.unwrap();
@@ -284,8 +266,7 @@ async fn bench_snapshots() {
         disk1.p50 / 1024.0,
     )
     .unwrap();
-    let (s, _) = srv.delete(&format!("/v1/snapshots/{big}")).await;
-    assert_eq!(s, 200);
+    super::snapshots::delete_ok(&srv, &format!("/v1/snapshots/{big}")).await;
     delete_all(&srv, &[parent]).await;
 
     // k = 8 continuations from turn t: fork against replay.
@@ -301,8 +282,7 @@ async fn bench_snapshots() {
     let fork_total = t.elapsed().as_secs_f64() * 1e3;
     delete_all(&srv, &forks).await;
     delete_all(&srv, &[base]).await;
-    let (s, _) = srv.delete(&format!("/v1/snapshots/{sid}")).await;
-    assert_eq!(s, 200);
+    super::snapshots::delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
     let t = Instant::now();
     let replays = futures_util::future::join_all((0..8).map(|_| async {
         let id = srv.sandbox().await;

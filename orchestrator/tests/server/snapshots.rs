@@ -34,7 +34,13 @@ async fn run(srv: &TestServer, id: &str, command: &str) -> String {
     out
 }
 
-async fn snapshot(srv: &TestServer, id: &str) -> Value {
+/// DELETE `path`, which must answer 200.
+pub(super) async fn delete_ok(srv: &TestServer, path: &str) {
+    let (s, body) = srv.delete(path).await;
+    assert_eq!(s, 200, "DELETE {path}: {body}");
+}
+
+pub(super) async fn snapshot(srv: &TestServer, id: &str) -> Value {
     let (s, snap) = srv
         .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}))
         .await;
@@ -42,7 +48,7 @@ async fn snapshot(srv: &TestServer, id: &str) -> Value {
     snap
 }
 
-async fn fork(srv: &TestServer, sid: &str, count: u32) -> Vec<String> {
+pub(super) async fn fork(srv: &TestServer, sid: &str, count: u32) -> Vec<String> {
     let (s, forks) = srv
         .post(
             &format!("/v1/snapshots/{sid}/fork"),
@@ -217,8 +223,7 @@ async fn a_paused_sandbox_uses_no_cpu_refuses_calls_and_resumes_its_loop() {
         .await;
     assert_eq!(s, 200);
     let t = Instant::now();
-    let (s, _) = srv.delete(&format!("/v1/sandboxes/{id}")).await;
-    assert_eq!(s, 200);
+    delete_ok(&srv, &format!("/v1/sandboxes/{id}")).await;
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     srv.finish().await;
 }
@@ -275,10 +280,8 @@ async fn a_pause_during_a_snapshot_is_not_undone_by_the_snapshots_thaw() {
         "the sandbox runs though it is paused"
     );
     let sid = snap["snapshot_id"].as_str().unwrap().to_string();
-    let (s, _) = srv.delete(&format!("/v1/sandboxes/{id}")).await;
-    assert_eq!(s, 200);
-    let (s, _) = srv.delete(&format!("/v1/snapshots/{sid}")).await;
-    assert_eq!(s, 200);
+    delete_ok(&srv, &format!("/v1/sandboxes/{id}")).await;
+    delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
     srv.finish().await;
 }
 
@@ -354,10 +357,8 @@ async fn snapshots_under_concurrent_writes_are_consistent_and_the_writer_goes_on
         let again = run(&srv, &f, "cat /w/a /w/b").await;
         assert_eq!(again, ab, "the fork's files change: a writer runs in it");
         seen.push(v[1]);
-        let (s, _) = srv.delete(&format!("/v1/sandboxes/{f}")).await;
-        assert_eq!(s, 200);
-        let (s, _) = srv.delete(&format!("/v1/snapshots/{sid}")).await;
-        assert_eq!(s, 200);
+        delete_ok(&srv, &format!("/v1/sandboxes/{f}")).await;
+        delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
     }
     // The parent's writer went on through every capture.
     let last = *seen.last().unwrap();
@@ -413,8 +414,7 @@ async fn sixteen_forks_diverge_and_outlive_their_parent() {
     );
 
     // The parent goes; its forks run on, each on its own.
-    let (s, _) = srv.delete(&format!("/v1/sandboxes/{parent}")).await;
-    assert_eq!(s, 200);
+    delete_ok(&srv, &format!("/v1/sandboxes/{parent}")).await;
     let writes = forks.iter().map(|f| {
         let srv = &srv;
         async move { run(srv, f, &format!("echo {f} > /data/f")).await }
@@ -424,8 +424,7 @@ async fn sixteen_forks_diverge_and_outlive_their_parent() {
         assert_eq!(run(&srv, f, "cat /data/f").await, format!("{f}\n"));
     }
     for f in &forks {
-        let (s, _) = srv.delete(&format!("/v1/sandboxes/{f}")).await;
-        assert_eq!(s, 200);
+        delete_ok(&srv, &format!("/v1/sandboxes/{f}")).await;
     }
     let (s, d) = srv.delete(&format!("/v1/snapshots/{sid}")).await;
     assert_eq!(s, 200, "{d}");
@@ -476,8 +475,7 @@ async fn a_snapshot_in_use_cannot_be_deleted_and_its_layers_go_once_it_is() {
     let layers = root(&srv).join("layers");
     assert_eq!(entries(&layers).len(), 2, "{:?}", entries(&layers));
     for sb in [&f, &g, &id] {
-        let (s, _) = srv.delete(&format!("/v1/sandboxes/{sb}")).await;
-        assert_eq!(s, 200);
+        delete_ok(&srv, &format!("/v1/sandboxes/{sb}")).await;
     }
     // s1's layer is s2's too: deleting s1 frees nothing yet.
     let (s, d) = srv.delete(&format!("/v1/snapshots/{s1}")).await;
@@ -564,8 +562,7 @@ async fn bad_snapshot_requests_are_refused_clearly() {
             .await;
         assert_eq!(s, 400, "count {count}: {e}");
     }
-    let (s, _) = srv.delete(&format!("/v1/snapshots/{sid}")).await;
-    assert_eq!(s, 200);
+    delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
     srv.finish().await;
 }
 
@@ -611,10 +608,8 @@ async fn a_forks_sessions_come_back_with_their_directory_variables_and_functions
         "{r}"
     );
     for sb in [&f, &id] {
-        let (s, _) = srv.delete(&format!("/v1/sandboxes/{sb}")).await;
-        assert_eq!(s, 200);
+        delete_ok(&srv, &format!("/v1/sandboxes/{sb}")).await;
     }
-    let (s, _) = srv.delete(&format!("/v1/snapshots/{sid}")).await;
-    assert_eq!(s, 200);
+    delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
     srv.finish().await;
 }
