@@ -79,12 +79,7 @@ impl Caller {
 
 /// Checks an id: 1 to 128 of `A-Z a-z 0-9 . _ -`.
 fn check_id(id: &str) -> ApiResult<()> {
-    let ok = !id.is_empty()
-        && id.len() <= MAX_ID_LEN
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
+    if crate::registry::is_valid_id(id, MAX_ID_LEN) {
         Ok(())
     } else {
         Err(ApiError::invalid(format!(

@@ -72,6 +72,25 @@ struct Args {
     /// Milliseconds between SIGTERM and SIGKILL on timeout.
     #[arg(long, default_value_t = 500)]
     kill_grace_ms: u64,
+    /// Write this process's environment as `NAME=VALUE\0...` to stdout and exit. Not
+    /// the agent: the helper a session runs to capture its exported variables exactly
+    /// (see the `session` module).
+    #[arg(long, hide = true)]
+    print_env0: bool,
+}
+
+/// `--print-env0`: the environment, byte for byte, and nothing else.
+fn print_env0() -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for (name, value) in std::env::vars_os() {
+        out.write_all(name.as_bytes())?;
+        out.write_all(b"=")?;
+        out.write_all(value.as_bytes())?;
+        out.write_all(b"\0")?;
+    }
+    out.flush().context("writing the environment")
 }
 
 fn token(args: &Args) -> anyhow::Result<String> {
@@ -102,6 +121,9 @@ fn main() -> anyhow::Result<()> {
     // Best effort: an agent that cannot clear the flag still serves.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let args = Args::parse();
+    if args.print_env0 {
+        return print_env0();
+    }
     // JSON lines on stderr, warnings only unless asked: the agent is on every exec's
     // path and logs nothing per request. Commands do not inherit the setting.
     let level = std::env::var("ORCHARD_AGENT_LOG").unwrap_or_else(|_| "warn".into());

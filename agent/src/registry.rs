@@ -10,6 +10,15 @@ use orchard_protocol::ErrorCode;
 
 use crate::error::{ApiError, ApiResult};
 
+/// Whether `id` is 1 to `max_len` of `A-Z a-z 0-9 . _ -`: the ids a client may choose.
+pub fn is_valid_id(id: &str, max_len: usize) -> bool {
+    !id.is_empty()
+        && id.len() <= max_len
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
 /// Items of one kind by id.
 pub struct Registry<T> {
     /// id -> item; locked only for lookups, inserts and removals, never across an await.
@@ -49,6 +58,40 @@ impl<T> Registry<T> {
         self.lock().insert(id, item);
     }
 
+    /// Adds the item `make` builds for its id: `id` when given (`already_exists` when it
+    /// is taken), else a fresh one. Choosing and inserting under one lock means that a
+    /// given id and a fresh one never race to the same slot; a given id of this table's
+    /// own form (`{prefix}N`) moves the fresh ids past it, so they never collide with
+    /// it later either.
+    pub fn insert_with(
+        &self,
+        id: Option<String>,
+        make: impl FnOnce(String) -> Arc<T>,
+    ) -> ApiResult<Arc<T>> {
+        let mut items = self.lock();
+        let id = match id {
+            Some(id) => {
+                if items.contains_key(&id) {
+                    return Err(ApiError::new(
+                        ErrorCode::AlreadyExists,
+                        format!("a {} with id {id} exists", self.what),
+                    ));
+                }
+                if let Some(n) = id
+                    .strip_prefix(self.prefix)
+                    .and_then(|n| n.parse::<u64>().ok())
+                {
+                    self.next.fetch_max(n.saturating_add(1), Ordering::Relaxed);
+                }
+                id
+            }
+            None => self.next_id(),
+        };
+        let item = make(id.clone());
+        items.insert(id, item.clone());
+        Ok(item)
+    }
+
     /// The item with `id`, or `not_found`.
     pub fn get(&self, id: &str) -> ApiResult<Arc<T>> {
         self.lock().get(id).cloned().ok_or_else(|| {
@@ -79,20 +122,22 @@ impl<T> Registry<T> {
         self.len() == 0
     }
 
-    /// Every item, in creation order.
+    /// Every item, in creation order (ids not of the form `{prefix}N`, which only
+    /// restored items have, last, by id).
     pub fn values(&self) -> Vec<Arc<T>> {
-        let mut items: Vec<(u64, Arc<T>)> = self
+        let mut items: Vec<(u64, String, Arc<T>)> = self
             .lock()
             .iter()
             .map(|(id, item)| {
-                let n = id[self.prefix.len().min(id.len())..]
-                    .parse()
+                let n = id
+                    .strip_prefix(self.prefix)
+                    .and_then(|n| n.parse().ok())
                     .unwrap_or(u64::MAX);
-                (n, item.clone())
+                (n, id.clone(), item.clone())
             })
             .collect();
-        items.sort_by_key(|(n, _)| *n);
-        items.into_iter().map(|(_, item)| item).collect()
+        items.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        items.into_iter().map(|(_, _, item)| item).collect()
     }
 }
 
@@ -115,5 +160,25 @@ mod tests {
         assert_eq!(err.message, "no thing with id x99");
         r.retain(|v| v % 2 == 0);
         assert_eq!(r.len(), 6);
+    }
+
+    #[test]
+    fn given_ids_are_refused_when_taken_and_fresh_ids_move_past_them() {
+        let r: Registry<u32> = Registry::new("x", "thing");
+        let first = r.insert_with(None, |id| Arc::new(id.len() as u32)).unwrap();
+        assert_eq!(*first, 2, "x1");
+        r.insert_with(Some("x7".into()), |_| Arc::new(7)).unwrap();
+        r.insert_with(Some("kept".into()), |_| Arc::new(0)).unwrap();
+        let err = r
+            .insert_with(Some("x7".into()), |_| Arc::new(0))
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::AlreadyExists);
+        assert_eq!(err.message, "a thing with id x7 exists");
+        assert_eq!(r.next_id(), "x8");
+        // A smaller given id leaves the fresh ids where they are.
+        r.insert_with(Some("x3".into()), |_| Arc::new(3)).unwrap();
+        assert_eq!(r.next_id(), "x9");
+        let values: Vec<u32> = r.values().iter().map(|v| **v).collect();
+        assert_eq!(values, vec![2, 3, 7, 0]);
     }
 }

@@ -18,16 +18,28 @@
 //! control they share its process group), then SIGKILL; only a command that is a shell
 //! builtin loop makes the agent kill the shell, and the result then says the session
 //! ended.
+//!
+//! `GET /v1/sessions/{id}/state` captures a session between two commands (it takes the
+//! session's pipes like a command does, so it waits for a running one): its directory
+//! from `/proc/<shell>/cwd`, its functions from `declare -f` in bash, and its exported
+//! variables from a child the shell starts, the agent binary itself as `orchard-agent
+//! --print-env0`, which writes the environment it was given NUL-separated. That is
+//! exactly what the shell exports, any byte in any value, without parsing shell quoting
+//! (`export -p`, `env` and `set` all print something a parser would have to undo).
+//! `POST /v1/sessions` with `restore` starts the shell again under the same id, in that
+//! directory, with exactly that environment (not added to the agent's), then defines
+//! the functions again as its first command.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::routing::{delete, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use orchard_protocol::session::{
-    SessionCreate, SessionInfo, SessionList, SessionRun, SessionRunResult,
+    SessionCreate, SessionInfo, SessionList, SessionRun, SessionRunResult, SessionState,
 };
 use orchard_protocol::{Command, ErrorCode, ExecRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -40,7 +52,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::JsonBody;
 use crate::procfs;
 use crate::reaper::Exit;
-use crate::registry::Registry;
+use crate::registry::{is_valid_id, Registry};
 use crate::spawn::{kill_group, kill_one, spawn, SpawnSpec};
 use crate::state::AppState;
 
@@ -50,6 +62,15 @@ pub const MAX_SESSIONS: usize = 64;
 const INTERRUPT_GRACE: Duration = Duration::from_millis(500);
 /// How long to wait for the exit status of a shell whose output ended.
 const EXIT_STATUS_WAIT: Duration = Duration::from_secs(1);
+/// Longest id a restored session may have.
+const MAX_ID_LEN: usize = 64;
+/// Shell variables of the agent's command framing: never part of a captured
+/// environment (`__orchard_c` is exported only under `set -a`), nor is `_`, which bash
+/// sets to each command's last argument.
+const NOT_CAPTURED: &[&str] = &["_", "__orchard_c"];
+/// Prints the shell's functions as shell text in bash, nothing in other shells (POSIX
+/// sh cannot list them).
+const FUNCTIONS_COMMAND: &str = "if [ -n \"${BASH_VERSION-}\" ]; then builtin declare -f; fi";
 
 /// The shell's pipes; the mutex around them makes commands run one at a time, in
 /// arrival order (tokio's mutex is fair).
@@ -79,6 +100,20 @@ impl Session {
             commands: self.commands.load(Ordering::Relaxed),
         }
     }
+
+    /// `process_exited` once the shell has ended.
+    fn check_alive(&self) -> ApiResult<()> {
+        if self.info().alive {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            ErrorCode::ProcessExited,
+            format!(
+                "the shell of session {} has exited; delete the session and start another",
+                self.id
+            ),
+        ))
+    }
 }
 
 /// The table of sessions.
@@ -96,6 +131,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/v1/sessions", post(create).get(list))
         .route("/v1/sessions/{id}", delete(remove).get(one))
         .route("/v1/sessions/{id}/run", post(run))
+        .route("/v1/sessions/{id}/state", get(capture))
 }
 
 fn default_shell() -> &'static str {
@@ -116,20 +152,65 @@ async fn create(
             format!("{MAX_SESSIONS} sessions are open; delete one first"),
         ));
     }
-    let shell = req
-        .shell
-        .clone()
-        .unwrap_or_else(|| default_shell().to_string());
+    if let Some(restored) = req.restore {
+        if req.shell.is_some() || req.cwd.is_some() || !req.env.is_empty() {
+            return Err(ApiError::invalid(
+                "restore brings back the session's own shell, cwd and env: give none of them with it",
+            ));
+        }
+        return restore(&state, restored).await.map(Json);
+    }
+    let shell = req.shell.unwrap_or_else(|| default_shell().to_string());
+    let started = start_shell(&state, shell, req.cwd, req.env, false)?;
+    let session = state
+        .sessions
+        .0
+        .insert_with(None, |id| started.into_session(id))?;
+    Ok(Json(session.info()))
+}
+
+/// A shell started for a session that is not in the table yet.
+struct Started {
+    pid: i32,
+    shell: String,
+    io: Io,
+    exit: watch::Receiver<Option<Exit>>,
+}
+
+impl Started {
+    fn into_session(self, id: String) -> Arc<Session> {
+        Arc::new(Session {
+            id,
+            pid: self.pid,
+            shell: self.shell,
+            io: tokio::sync::Mutex::new(self.io),
+            commands: AtomicU64::new(0),
+            alive: AtomicBool::new(true),
+            exit: self.exit,
+        })
+    }
+}
+
+/// Starts `shell` reading commands from a pipe, with `env` added to the agent's
+/// environment, or as all of it with `clear_env`.
+fn start_shell(
+    state: &AppState,
+    shell: String,
+    cwd: Option<String>,
+    env: BTreeMap<String, String>,
+    clear_env: bool,
+) -> ApiResult<Started> {
     let mut spec = SpawnSpec::from_request(
         &ExecRequest {
             command: Command::Shell(String::new()),
             shell: Some(shell.clone()),
-            cwd: req.cwd.clone(),
-            env: req.env.clone(),
+            cwd,
+            env,
             ..Default::default()
         },
         true,
     )?;
+    spec.clear_env = clear_env;
     spec.argv = if shell.ends_with("bash") {
         vec![shell.clone(), "--noprofile".into(), "--norc".into()]
     } else {
@@ -144,28 +225,107 @@ async fn create(
         ));
     };
     let (exit_tx, exit_rx) = watch::channel(None);
-    let id = state.sessions.0.next_id();
-    let session = Arc::new(Session {
-        id: id.clone(),
-        pid: child.pid,
-        shell,
-        io: tokio::sync::Mutex::new(Io {
-            stdin,
-            stdout: child.stdout,
-            stderr: child.stderr,
-        }),
-        commands: AtomicU64::new(0),
-        alive: AtomicBool::new(true),
-        exit: exit_rx,
-    });
     let mut waiter = child.exit;
     tokio::spawn(async move {
         let exit = waiter.wait().await;
         exit_tx.send_replace(Some(exit.unwrap_or(Exit::Signal(libc::SIGKILL))));
     });
-    let info = session.info();
-    state.sessions.0.insert(id, session);
-    Ok(Json(info))
+    Ok(Started {
+        pid: child.pid,
+        shell,
+        io: Io {
+            stdin,
+            stdout: child.stdout,
+            stderr: child.stderr,
+        },
+        exit: exit_rx,
+    })
+}
+
+/// Kills a shell and everything it started (on drop, unless disarmed).
+struct KillShell(Option<i32>);
+
+impl Drop for KillShell {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            kill_shell(pid);
+        }
+    }
+}
+
+fn kill_shell(pid: i32) {
+    kill_group(pid, libc::SIGKILL);
+    for child in descendants(pid) {
+        kill_one(child, libc::SIGKILL);
+    }
+}
+
+/// `POST /v1/sessions` with `restore`: the shell of `restored` started again, its
+/// shell-maintained variables and functions set up as its first command (not counted
+/// in `commands`), then registered under its id.
+async fn restore(state: &AppState, restored: SessionState) -> ApiResult<SessionInfo> {
+    let SessionState {
+        id,
+        shell,
+        cwd,
+        env,
+        functions,
+    } = restored;
+    if !is_valid_id(&id, MAX_ID_LEN) {
+        return Err(ApiError::invalid(format!(
+            "a session id must be 1 to {MAX_ID_LEN} of A-Z a-z 0-9 . _ -, not {id:?}"
+        )));
+    }
+    // Early and cheap; `insert_with` checks again, atomically, at the end.
+    if state.sessions.0.get(&id).is_ok() {
+        return Err(ApiError::new(
+            ErrorCode::AlreadyExists,
+            format!("a session with id {id} exists"),
+        ));
+    }
+    let script = restore_script(&env, &functions);
+    let mut started = start_shell(state, shell, Some(cwd), env, true)?;
+    // Killed if this request is dropped or fails before the session is registered.
+    let mut guard = KillShell(Some(started.pid));
+    let timeout = Duration::from_millis(state.config.limits.default_timeout_ms);
+    let cap = state.config.limits.max_output_bytes as usize;
+    let ran = run_locked(
+        started.pid,
+        &started.exit,
+        &mut started.io,
+        &script,
+        timeout,
+        cap,
+        &Notify::new(),
+    )
+    .await;
+    if ran.exit_code != Some(0) || !ran.alive {
+        let status = match ran.exit_code {
+            Some(code) => format!("exit code {code}"),
+            None => "the shell exited".to_string(),
+        };
+        let (stderr, _) = ran.stderr.finish();
+        return Err(ApiError::invalid(format!(
+            "restoring session {id}: defining its functions failed ({status}): {}",
+            String::from_utf8_lossy(&stderr).trim_end()
+        )));
+    }
+    let session = state
+        .sessions
+        .0
+        .insert_with(Some(id), |id| started.into_session(id))?;
+    guard.0 = None;
+    Ok(session.info())
+}
+
+/// The first command of a restored shell: `SHLVL` as captured (shells add one to it as
+/// they start: without this every restore would add one more), then the functions.
+fn restore_script(env: &BTreeMap<String, String>, functions: &str) -> String {
+    let shlvl = match env.get("SHLVL") {
+        Some(level) => format!("SHLVL={}", sh_quote(level)),
+        None => "unset SHLVL".to_string(),
+    };
+    format!("{shlvl}\n{functions}")
 }
 
 async fn list(State(state): State<Arc<AppState>>) -> Json<SessionList> {
@@ -185,13 +345,145 @@ async fn remove(
     Path(id): Path<String>,
 ) -> ApiResult<Json<SessionInfo>> {
     let session = state.sessions.0.get(&id)?;
-    kill_group(session.pid, libc::SIGKILL);
-    for pid in descendants(session.pid) {
-        kill_one(pid, libc::SIGKILL);
-    }
+    kill_shell(session.pid);
     session.alive.store(false, Ordering::Relaxed);
     state.sessions.0.remove(&id);
     Ok(Json(session.info()))
+}
+
+/// `GET /v1/sessions/{id}/state`.
+async fn capture(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionState>> {
+    let session = state.sessions.0.get(&id)?;
+    let limits = &state.config.limits;
+    let timeout = Duration::from_millis(limits.default_timeout_ms);
+    // A state larger than a request body could not be restored.
+    let cap = limits.max_body_bytes as usize;
+    // Its own task, as a command's (see `run`): what it runs in the shell is read to
+    // its end even when the client gives up.
+    let cancel = Arc::new(Notify::new());
+    let _cancel_on_drop = CancelOnDrop(cancel.clone());
+    match tokio::spawn(capture_state(session, timeout, cap, cancel)).await {
+        Ok(result) => result.map(Json),
+        Err(_) => Err(ApiError::new(
+            ErrorCode::Internal,
+            "capturing the session's state failed",
+        )),
+    }
+}
+
+/// The session's state, read between two of its commands.
+async fn capture_state(
+    session: Arc<Session>,
+    timeout: Duration,
+    cap: usize,
+    cancel: Arc<Notify>,
+) -> ApiResult<SessionState> {
+    let mut io = session.io.lock().await;
+    session.check_alive()?;
+    let exe = std::env::current_exe().map_err(|err| {
+        ApiError::new(
+            ErrorCode::Internal,
+            format!(
+                "finding the agent's own binary: {}",
+                crate::error::describe_io(&err)
+            ),
+        )
+    })?;
+    let exe = exe
+        .to_str()
+        .ok_or_else(|| ApiError::new(ErrorCode::Internal, "the agent's own path is not UTF-8"))?;
+    let dump = format!("command {} --print-env0", sh_quote(exe));
+    let mut output = Vec::new();
+    for command in [dump.as_str(), FUNCTIONS_COMMAND] {
+        let ran = run_locked(
+            session.pid,
+            &session.exit,
+            &mut io,
+            command,
+            timeout,
+            cap,
+            &cancel,
+        )
+        .await;
+        if !ran.alive {
+            session.alive.store(false, Ordering::Relaxed);
+            session.check_alive()?;
+        }
+        let (stdout, gap) = ran.stdout.finish();
+        let failed = if ran.timed_out {
+            Some("timed out".to_string())
+        } else if gap.is_some() {
+            Some(format!("wrote more than {cap} bytes"))
+        } else if ran.exit_code != Some(0) {
+            let (stderr, _) = ran.stderr.finish();
+            Some(format!(
+                "exit code {:?}: {}",
+                ran.exit_code,
+                String::from_utf8_lossy(&stderr).trim_end()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = failed {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("capturing session {}: `{command}` {why}", session.id),
+            ));
+        }
+        output.push(stdout);
+    }
+    let cwd = shell_cwd(session.pid).await?;
+    let functions = String::from_utf8_lossy(&output[1]).into_owned();
+    Ok(SessionState {
+        id: session.id.clone(),
+        shell: session.shell.clone(),
+        cwd,
+        env: parse_env0(&output[0]),
+        functions,
+    })
+}
+
+/// The shell's working directory, exactly, from `/proc/<pid>/cwd`. Read as the image's
+/// user: the agent is root without CAP_SYS_PTRACE, which the kernel asks of root for
+/// the links of another user's process, but not of that user.
+async fn shell_cwd(pid: i32) -> ApiResult<String> {
+    let link = format!("/proc/{pid}/cwd");
+    let read = {
+        let link = link.clone();
+        crate::fsuser::blocking(move || std::fs::read_link(link)).await
+    };
+    let cwd = match read {
+        Ok(Ok(cwd)) => cwd,
+        Ok(Err(err)) => return Err(ApiError::io("reading", &link, &err)),
+        Err(_) => {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("reading {link} failed"),
+            ))
+        }
+    };
+    cwd.into_os_string().into_string().map_err(|cwd| {
+        ApiError::new(
+            ErrorCode::Internal,
+            format!(
+                "the session's working directory {} is not UTF-8",
+                cwd.to_string_lossy()
+            ),
+        )
+    })
+}
+
+/// `NAME=VALUE\0...` as written by `orchard-agent --print-env0`: entries that are not
+/// UTF-8 and the agent's own ([`NOT_CAPTURED`]) left out.
+fn parse_env0(dump: &[u8]) -> BTreeMap<String, String> {
+    dump.split(|b| *b == 0)
+        .filter_map(|entry| std::str::from_utf8(entry).ok()?.split_once('='))
+        .filter(|(name, _)| !name.is_empty() && !NOT_CAPTURED.contains(name))
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect()
 }
 
 /// Quotes `text` for a POSIX shell: `'` becomes `'\''`.
@@ -383,26 +675,71 @@ async fn run_in_shell(
     cancel: Arc<Notify>,
 ) -> ApiResult<SessionRunResult> {
     let mut io = session.io.lock().await;
-    if !session.info().alive {
-        return Err(ApiError::new(
-            ErrorCode::ProcessExited,
-            format!(
-                "the shell of session {} has exited; delete the session and start another",
-                session.id
-            ),
-        ));
+    session.check_alive()?;
+    session.commands.fetch_add(1, Ordering::Relaxed);
+    let ran = run_locked(
+        session.pid,
+        &session.exit,
+        &mut io,
+        &command,
+        timeout,
+        cap,
+        &cancel,
+    )
+    .await;
+    if !ran.alive {
+        session.alive.store(false, Ordering::Relaxed);
     }
+    Ok(ran.into_result())
+}
+
+/// What a command run in a shell left.
+struct Ran {
+    /// `$?`, or the shell's exit code when the shell ended.
+    exit_code: Option<i32>,
+    timed_out: bool,
+    duration: Duration,
+    stdout: HeadTail,
+    stderr: HeadTail,
+    /// False when the shell ended.
+    alive: bool,
+}
+
+impl Ran {
+    fn into_result(self) -> SessionRunResult {
+        SessionRunResult {
+            exit_code: self.exit_code,
+            timed_out: self.timed_out,
+            duration_ms: self.duration.as_secs_f64() * 1000.0,
+            stdout: self.stdout.into_output(),
+            stderr: self.stderr.into_output(),
+            session_alive: self.alive,
+        }
+    }
+}
+
+/// Runs `command` in the shell `pid` through its pipes `io`, which the caller holds
+/// (the session's lock, or a shell no one else sees yet); `exit` tells the shell's exit
+/// status should it end.
+async fn run_locked(
+    pid: i32,
+    exit: &watch::Receiver<Option<Exit>>,
+    io: &mut Io,
+    command: &str,
+    timeout: Duration,
+    cap: usize,
+    cancel: &Notify,
+) -> Ran {
     let start = Instant::now();
     let nonce = nonce();
     // `command eval`, not `eval`: an error in a special builtin such as eval would
     // make a POSIX shell exit, taking the session with it.
     let script = format!(
         "__orchard_c={}\ncommand eval \"$__orchard_c\" </dev/null\nprintf '\\n{nonce}%d\\n' \"$?\"\nprintf '\\n{nonce}\\n' >&2\n",
-        sh_quote(&command)
+        sh_quote(command)
     );
-    session.commands.fetch_add(1, Ordering::Relaxed);
     // Background jobs of earlier commands are not this command's to interrupt.
-    let earlier = descendants(session.pid);
+    let earlier = descendants(pid);
     let mut out = Scan::new(&format!("\n{nonce}"), cap);
     let mut err = Scan::new(&format!("\n{nonce}\n"), cap);
     let mut shell_gone = io.stdin.write_all(script.as_bytes()).await.is_err();
@@ -431,14 +768,14 @@ async fn run_in_shell(
             _ = tokio::time::sleep_until(next_step), if stage < 3 => {
                 let signal = if stage == 0 { libc::SIGINT } else { libc::SIGKILL };
                 if stage < 2 {
-                    for pid in descendants(session.pid) {
+                    for pid in descendants(pid) {
                         if !earlier.contains(&pid) {
                             kill_one(pid, signal);
                         }
                     }
                 } else {
                     // Nothing but the shell itself is running: a builtin loop.
-                    kill_group(session.pid, libc::SIGKILL);
+                    kill_group(pid, libc::SIGKILL);
                 }
                 stage += 1;
                 next_step = Instant::now() + INTERRUPT_GRACE;
@@ -451,20 +788,19 @@ async fn run_in_shell(
     let exit_code = if alive {
         code
     } else {
-        session.alive.store(false, Ordering::Relaxed);
-        let mut exit = session.exit.clone();
+        let mut exit = exit.clone();
         let _ = tokio::time::timeout(EXIT_STATUS_WAIT, exit.wait_for(Option::is_some)).await;
         let status = *exit.borrow();
         status.and_then(Exit::code)
     };
-    Ok(SessionRunResult {
+    Ran {
         exit_code,
         timed_out: stage > 0,
-        duration_ms: start.elapsed().as_secs_f64() * 1000.0,
-        stdout: out.finish().into_output(),
-        stderr: err.finish().into_output(),
-        session_alive: alive,
-    })
+        duration: start.elapsed(),
+        stdout: out.finish(),
+        stderr: err.finish(),
+        alive,
+    }
 }
 
 #[cfg(test)]
@@ -513,6 +849,28 @@ mod tests {
         kill_one(pid, libc::SIGKILL);
         let _ = child.wait();
         assert_eq!(found.len(), 2, "{found:?}");
+    }
+
+    #[test]
+    fn an_env_dump_is_parsed_exactly_and_leaves_out_what_is_ours() {
+        let dump = b"A=1\0B=x=y\nz \0_=/bin/env\0__orchard_c=pwd\0BAD=\xff\0EMPTY=\0\0";
+        let env = parse_env0(dump);
+        let expected: BTreeMap<String, String> = [("A", "1"), ("B", "x=y\nz "), ("EMPTY", "")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(env, expected);
+    }
+
+    #[test]
+    fn a_restore_sets_shlvl_back_before_the_functions() {
+        let mut env = BTreeMap::new();
+        assert_eq!(
+            restore_script(&env, "f () { :; }"),
+            "unset SHLVL\nf () { :; }"
+        );
+        env.insert("SHLVL".to_string(), "2".to_string());
+        assert_eq!(restore_script(&env, ""), "SHLVL='2'\n");
     }
 
     #[test]

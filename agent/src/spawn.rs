@@ -77,8 +77,11 @@ pub struct SpawnSpec {
     pub argv: Vec<String>,
     /// Working directory.
     pub cwd: Option<String>,
-    /// Variables added to the agent's environment.
+    /// Variables added to the agent's environment (all of it with `clear_env`).
     pub env: BTreeMap<String, String>,
+    /// Start from an empty environment instead of the agent's, so that `env` is all of
+    /// it (a restored session gets back exactly the environment it had).
+    pub clear_env: bool,
     /// Give the child a stdin pipe (else /dev/null).
     pub stdin_pipe: bool,
 }
@@ -115,6 +118,7 @@ impl SpawnSpec {
             argv,
             cwd: req.cwd.clone(),
             env: req.env.clone(),
+            clear_env: false,
             stdin_pipe,
         })
     }
@@ -190,7 +194,9 @@ pub fn run_as() -> Option<&'static RunAs> {
 fn command(spec: &SpawnSpec) -> std::process::Command {
     let mut cmd = std::process::Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..]);
-    if std::env::var_os("PATH").is_none() && !spec.env.contains_key("PATH") {
+    if spec.clear_env {
+        cmd.env_clear();
+    } else if std::env::var_os("PATH").is_none() && !spec.env.contains_key("PATH") {
         cmd.env("PATH", DEFAULT_PATH);
     }
     cmd.envs(&spec.env);

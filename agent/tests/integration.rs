@@ -9,6 +9,7 @@
 //! runc` and passes.
 
 mod kept;
+mod session_state;
 mod terminal;
 mod util;
 
@@ -2012,7 +2013,7 @@ async fn fill_body(
             ("PUT", "/v1/files/archive") => Some((tar_gz(&[("f.txt", b"f")]), media.into())),
             _ => None,
         },
-        Body::Json(_) | Body::Ndjson(_) => match (method, path) {
+        Body::Json(_) | Body::OptionalJson(_) | Body::Ndjson(_) => match (method, path) {
             ("POST", "/v1/exec" | "/v1/exec/stream" | "/v1/processes") => {
                 json(serde_json::json!({"command": ["true"]}))
             }

@@ -17,7 +17,9 @@ use crate::files::{
 use crate::health::{Health, TokenRotate, TokenRotated};
 use crate::process::{ProcessInfo, ProcessList, ProcessOutput, SignalRequest, StdinWrite};
 use crate::pty::{PtyCreate, PtyInfo, PtyList, PtyResize};
-use crate::session::{SessionCreate, SessionInfo, SessionList, SessionRun, SessionRunResult};
+use crate::session::{
+    SessionCreate, SessionInfo, SessionList, SessionRun, SessionRunResult, SessionState,
+};
 
 /// A request or response body.
 #[derive(Clone, Copy)]
@@ -229,7 +231,7 @@ pub const AGENT_ROUTES: &[Route] = &[
     Route {
         method: "POST",
         path: "/v1/sessions",
-        summary: "Start a persistent shell session.",
+        summary: "Start a persistent shell session, or bring back a captured one (`restore`).",
         auth: true,
         query: &[],
         request: Body::Json(schema::<SessionCreate>),
@@ -270,6 +272,15 @@ pub const AGENT_ROUTES: &[Route] = &[
         query: &[],
         request: Body::Json(schema::<SessionRun>),
         response: Body::Json(schema::<SessionRunResult>),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/sessions/{id}/state",
+        summary: "The session's directory, exported variables and functions, captured between two of its commands (waits for a running one).",
+        auth: true,
+        query: &[],
+        request: Body::Empty,
+        response: Body::Json(schema::<SessionState>),
     },
     Route {
         method: "POST",

@@ -42,6 +42,9 @@ pub enum RootfsKind {
     Busybox,
     /// Nothing but the directories runc mounts on: no shell, no libc.
     AgentOnly,
+    /// [`RootfsKind::Busybox`] plus the host's bash (with the libraries it links) as
+    /// /bin/bash, which sessions then default to.
+    BusyboxBash,
 }
 
 /// Options of a sandbox.
@@ -53,6 +56,9 @@ pub struct SandboxOpts {
     pub memory_limit: Option<i64>,
     /// Extra arguments of the agent, e.g. `["--max-body-bytes", "1024"]`.
     pub agent_args: Vec<String>,
+    /// Capabilities added to runc's default set (which has no CAP_SETUID, so `--user`
+    /// needs them), e.g. `["CAP_SETUID", "CAP_SETGID"]`.
+    pub capabilities: Vec<String>,
 }
 
 impl SandboxOpts {
@@ -124,6 +130,37 @@ fn build_rootfs(kind: RootfsKind, rootfs: &Path) {
     fs::write(rootfs.join("etc/group"), "root:x:0:\n").unwrap();
     fs::create_dir_all(rootfs.join("root")).unwrap();
     fs::create_dir_all(rootfs.join("workspace")).unwrap();
+    if kind == RootfsKind::BusyboxBash {
+        install_host_program(rootfs, Path::new("/bin/bash"), "bin/bash");
+    }
+}
+
+/// Copies the host's dynamically linked `program` to `rootfs/dest`, and every library
+/// `ldd` says it loads to the same path under `rootfs`.
+fn install_host_program(rootfs: &Path, program: &Path, dest: &str) {
+    let ldd = std::process::Command::new("ldd")
+        .arg(program)
+        .output()
+        .unwrap_or_else(|e| panic!("running ldd {}: {e}", program.display()));
+    assert!(ldd.status.success(), "ldd {} failed", program.display());
+    // `name => /path (addr)` or `/path (addr)`; the vDSO has no path.
+    let libraries = String::from_utf8_lossy(&ldd.stdout)
+        .lines()
+        .filter_map(|l| {
+            let path = l.split("=>").last()?.split_whitespace().next()?;
+            path.starts_with('/').then(|| path.to_string())
+        })
+        .collect::<Vec<_>>();
+    for lib in libraries {
+        let to = rootfs.join(lib.trim_start_matches('/'));
+        fs::create_dir_all(to.parent().unwrap()).unwrap();
+        fs::copy(&lib, &to).unwrap_or_else(|e| panic!("copying {lib}: {e}"));
+    }
+    let to = rootfs.join(dest);
+    // Not through a busybox applet's link of the same name.
+    let _ = fs::remove_file(&to);
+    fs::copy(program, &to).unwrap_or_else(|e| panic!("copying {}: {e}", program.display()));
+    fs::set_permissions(&to, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// Whether this test process may grant CAP_SYS_RESOURCE (some hosts, this CI machine
@@ -159,11 +196,13 @@ fn write_config(bundle: &Path, run_dir: &Path, token: &str, opts: &SandboxOpts) 
     process["cwd"] = json!("/");
     // The agent lowers its own OOM score below its children's, which needs
     // CAP_SYS_RESOURCE; grant it when we have it to give.
+    let mut extra = opts.capabilities.clone();
     if host_has_cap_sys_resource() {
-        for set in ["bounding", "effective", "permitted"] {
-            if let Some(caps) = process["capabilities"][set].as_array_mut() {
-                caps.push(json!("CAP_SYS_RESOURCE"));
-            }
+        extra.push("CAP_SYS_RESOURCE".into());
+    }
+    for set in ["bounding", "effective", "permitted"] {
+        if let Some(caps) = process["capabilities"][set].as_array_mut() {
+            caps.extend(extra.iter().map(|c| json!(c)));
         }
     }
     config["root"] = json!({"path": "rootfs", "readonly": true});
