@@ -260,6 +260,69 @@ async fn a_job_with_tens_of_mib_of_output_is_kept_whole_across_replicas() {
     first.finish().await;
 }
 
+/// A pause through one replica holds on every replica (the record is shared), a
+/// snapshot taken through one is forked through the other, and its forks are every
+/// replica's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_and_a_snapshot_through_one_replica_hold_on_the_other() {
+    orchard_test_support::require_runc!();
+    let redis = RedisServer::start();
+    let first = first_replica(&redis).await;
+    let (b, _b_service, b_task) = replica(&first, &redis).await;
+    let id = create(&first.url, json!({})).await;
+    let exec = format!("/v1/sandboxes/{id}/exec");
+    let (s, _) = post(&first.url, &exec, json!({"command": "echo x > /f"})).await;
+    assert_eq!(s, 200);
+    let (s, p) = post(&first.url, &format!("/v1/sandboxes/{id}/pause"), json!({})).await;
+    assert_eq!(s, 200, "{p}");
+    let (s, e) = post(&b, &exec, json!({"command": "true"})).await;
+    assert_eq!(s, 409, "the other replica must refuse too: {e}");
+    let (s, _) = post(&b, &format!("/v1/sandboxes/{id}/resume"), json!({})).await;
+    assert_eq!(s, 200);
+    let (s, _) = post(&first.url, &exec, json!({"command": "true"})).await;
+    assert_eq!(s, 200);
+    let (s, snap) = post(&b, &format!("/v1/sandboxes/{id}/snapshots"), json!({})).await;
+    assert_eq!(s, 201, "{snap}");
+    let sid = snap["snapshot_id"].as_str().unwrap();
+    let (s, forks) = post(
+        &first.url,
+        &format!("/v1/snapshots/{sid}/fork"),
+        json!({"count": 2}),
+    )
+    .await;
+    assert_eq!(s, 201, "{forks}");
+    for f in forks["sandboxes"].as_array().unwrap() {
+        let fid = f["id"].as_str().unwrap();
+        let (s, out) = post(
+            &b,
+            &format!("/v1/sandboxes/{fid}/exec"),
+            json!({"command": "cat /f"}),
+        )
+        .await;
+        assert_eq!(
+            (s, out["stdout"]["data"].as_str()),
+            (200, Some("x\n")),
+            "{out}"
+        );
+        let (s, _) = send(req(
+            reqwest::Method::DELETE,
+            &b,
+            &format!("/v1/sandboxes/{fid}"),
+        ))
+        .await;
+        assert_eq!(s, 200);
+    }
+    let (s, _) = send(req(
+        reqwest::Method::DELETE,
+        &first.url,
+        &format!("/v1/snapshots/{sid}"),
+    ))
+    .await;
+    assert_eq!(s, 200);
+    b_task.abort();
+    first.finish().await;
+}
+
 /// Creates a sandbox through `url`'s `/v1` with `extra` fields; answers its id.
 async fn create(url: &str, extra: Value) -> String {
     let mut body = json!({"image": "busybox:latest"});
