@@ -491,6 +491,30 @@ async fn a_snapshot_in_use_cannot_be_deleted_and_its_layers_go_once_it_is() {
     srv.finish().await;
 }
 
+/// A sandbox can nest directories far past `PATH_MAX` (with relative paths); the
+/// capture fails on such a tree with a clear error, without overflowing a stack or
+/// leaving a partial copy, and the sandbox goes on (it overflowed the server's stack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_nested_too_deep_fails_the_snapshot_cleanly_without_a_stack_overflow() {
+    orchard_test_support::require_runc!();
+    let srv = TestServer::start().await;
+    let id = srv.sandbox().await;
+    run(
+        &srv,
+        &id,
+        "mkdir -p /deep && cd /deep && i=0; while [ $i -lt 2500 ]; do mkdir d && cd d; i=$((i+1)); done",
+    )
+    .await;
+    let (s, e) = srv
+        .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}))
+        .await;
+    assert!((400..500).contains(&s), "{s} {e}");
+    assert!(e["detail"].as_str().unwrap().contains("too deep"), "{e}");
+    assert_eq!(entries(&root(&srv).join("layers")), Vec::<String>::new());
+    assert_eq!(run(&srv, &id, "echo alive").await, "alive\n");
+    srv.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_snapshot_requests_are_refused_clearly() {
     orchard_test_support::require_runc!();

@@ -30,9 +30,17 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, Mode, Timespec, Timestamps, CWD};
 use sha2::{Digest, Sha256};
 
+/// Deepest directory nesting a captured layer may have. A sandbox can nest directories
+/// without limit (with relative paths); the copy recurses per level, so it refuses a
+/// deeper tree instead of running out of stack.
+pub const MAX_DEPTH: usize = 256;
+
 /// Errors of capturing or removing a layer.
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
+    /// The tree nests directories deeper than [`MAX_DEPTH`].
+    #[error("{0}: directories nested more than {MAX_DEPTH} deep, too deep to snapshot")]
+    TooDeep(PathBuf),
     /// A file could not be read, made or changed.
     #[error("{op} {path}: {source}")]
     Io {
@@ -87,7 +95,7 @@ pub fn copy(upper: &Path, layers_dir: &Path, tmp_name: &str) -> Result<Captured,
         links: HashMap::new(),
         buf: vec![0; 1 << 20],
     };
-    let result = copier.dir(upper, &tmp, Path::new(""));
+    let result = copier.dir(upper, &tmp, Path::new(""), 0);
     match result {
         Ok(()) => Ok(Captured {
             hex: hex(&copier.listing.finalize()),
@@ -110,7 +118,7 @@ pub fn fill(src: &Path, dst: &Path) -> Result<u64, LayerError> {
         links: HashMap::new(),
         buf: vec![0; 1 << 20],
     };
-    copier.entries(src, dst, Path::new(""))?;
+    copier.entries(src, dst, Path::new(""), 0)?;
     Ok(copier.bytes)
 }
 
@@ -142,24 +150,27 @@ pub fn remove(dir: &Path) -> Result<u64, LayerError> {
 
 /// Bytes of file content under `dir` (hard links once), 0 when unreadable.
 pub fn content_bytes(dir: &Path) -> u64 {
-    fn walk(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -> u64 {
+    fn walk(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>, depth: usize) -> u64 {
         let Ok(entries) = fs::read_dir(dir) else {
             return 0;
         };
+        if depth > MAX_DEPTH {
+            return 0;
+        }
         let mut n = 0;
         for e in entries.flatten() {
             let Ok(m) = e.path().symlink_metadata() else {
                 continue;
             };
             if m.is_dir() {
-                n += walk(&e.path(), seen);
+                n += walk(&e.path(), seen, depth + 1);
             } else if m.is_file() && seen.insert((m.dev(), m.ino())) {
                 n += m.len();
             }
         }
         n
     }
-    walk(dir, &mut Default::default())
+    walk(dir, &mut Default::default(), 0)
 }
 
 /// Lowercase hex of `bytes`.
@@ -187,7 +198,10 @@ impl Copier {
     }
 
     /// Copies directory `src` to `dst` (made here), its entries in name order.
-    fn dir(&mut self, src: &Path, dst: &Path, rel: &Path) -> Result<(), LayerError> {
+    fn dir(&mut self, src: &Path, dst: &Path, rel: &Path, depth: usize) -> Result<(), LayerError> {
+        if depth > MAX_DEPTH {
+            return Err(LayerError::TooDeep(rel.to_path_buf()));
+        }
         let meta = src.symlink_metadata().map_err(io("reading", src))?;
         fs::create_dir(dst).map_err(io("creating", dst))?;
         let xattrs = self.xattrs(src, dst)?;
@@ -199,14 +213,20 @@ impl Copier {
                 &xattrs,
             ],
         );
-        self.entries(src, dst, rel)?;
+        self.entries(src, dst, rel, depth)?;
         // The directory's own owner, mode and times last: its entries changed its mtime.
         self.finish(src, dst, &meta, true)
     }
 
     /// Copies the entries of directory `src` into the existing directory `dst`, in name
     /// order.
-    fn entries(&mut self, src: &Path, dst: &Path, rel: &Path) -> Result<(), LayerError> {
+    fn entries(
+        &mut self,
+        src: &Path,
+        dst: &Path,
+        rel: &Path,
+        depth: usize,
+    ) -> Result<(), LayerError> {
         let mut names: Vec<_> = fs::read_dir(src)
             .map_err(io("listing", src))?
             .map(|e| e.map(|e| e.file_name()))
@@ -218,7 +238,7 @@ impl Copier {
             let m = s.symlink_metadata().map_err(io("reading", &s))?;
             let ft = m.file_type();
             if ft.is_dir() {
-                self.dir(&s, &d, &r)?;
+                self.dir(&s, &d, &r, depth + 1)?;
             } else if !ft.is_dir() && m.nlink() > 1 && self.linked(&m, &d, &r)? {
                 continue;
             } else if ft.is_file() {
