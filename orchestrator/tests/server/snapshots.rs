@@ -12,26 +12,23 @@ use serde_json::{json, Value};
 
 use crate::util::server::{Options, TestServer, OTHER_KEY};
 
-/// Runs `command` through `/v1` exec in sandbox `id`; answers status and stdout.
-async fn sh(srv: &TestServer, id: &str, command: &str) -> (u16, String) {
+/// Runs `command`, which must exit 0; answers its stdout.
+async fn run(srv: &TestServer, id: &str, command: &str) -> String {
     let (s, out) = srv
         .post(
             &format!("/v1/sandboxes/{id}/exec"),
             json!({ "command": command }),
         )
         .await;
-    let stdout = out["stdout"]["data"]
+    assert_eq!(
+        (s, out["exit_code"].as_i64()),
+        (200, Some(0)),
+        "{command}: {out}"
+    );
+    out["stdout"]["data"]
         .as_str()
         .unwrap_or_default()
-        .to_string();
-    (s, stdout)
-}
-
-/// `sh` that must succeed.
-async fn run(srv: &TestServer, id: &str, command: &str) -> String {
-    let (s, out) = sh(srv, id, command).await;
-    assert_eq!(s, 200, "{command}: {out}");
-    out
+        .to_string()
 }
 
 /// DELETE `path`, which must answer 200.
@@ -512,6 +509,37 @@ async fn a_tree_nested_too_deep_fails_the_snapshot_cleanly_without_a_stack_overf
     assert!(e["detail"].as_str().unwrap().contains("too deep"), "{e}");
     assert_eq!(entries(&root(&srv).join("layers")), Vec::<String>::new());
     assert_eq!(run(&srv, &id, "echo alive").await, "alive\n");
+    srv.finish().await;
+}
+
+/// A sandbox's sparse terabyte is a few bytes of data: the snapshot copies those, not a
+/// terabyte of zeros onto the host's disk, and forks see the same file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sparse_terabyte_is_snapshotted_as_its_data() {
+    orchard_test_support::require_runc!();
+    let srv = TestServer::start().await;
+    let id = srv.sandbox().await;
+    run(
+        &srv,
+        &id,
+        "truncate -s 1099511627776 /sparse && echo end | dd of=/sparse bs=1 seek=1099511627772 conv=notrunc 2>/dev/null",
+    )
+    .await;
+    let snap = snapshot(&srv, &id).await;
+    assert!(snap["size_bytes"].as_u64().unwrap() < 1 << 20, "{snap}");
+    let sid = snap["snapshot_id"].as_str().unwrap().to_string();
+    let f = fork(&srv, &sid, 1).await.remove(0);
+    assert_eq!(
+        run(
+            &srv,
+            &f,
+            "stat -c %s /sparse; dd if=/sparse bs=1 skip=1099511627772 count=4 2>/dev/null"
+        )
+        .await,
+        "1099511627776\nend\n"
+    );
+    delete_ok(&srv, &format!("/v1/sandboxes/{f}")).await;
+    delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
     srv.finish().await;
 }
 

@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -148,7 +148,8 @@ pub fn remove(dir: &Path) -> Result<u64, LayerError> {
     }
 }
 
-/// Bytes of file content under `dir` (hard links once), 0 when unreadable.
+/// Bytes of file content under `dir` (hard links once, holes not counted), 0 when
+/// unreadable.
 pub fn content_bytes(dir: &Path) -> u64 {
     fn walk(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>, depth: usize) -> u64 {
         let Ok(entries) = fs::read_dir(dir) else {
@@ -165,7 +166,8 @@ pub fn content_bytes(dir: &Path) -> u64 {
             if m.is_dir() {
                 n += walk(&e.path(), seen, depth + 1);
             } else if m.is_file() && seen.insert((m.dev(), m.ino())) {
-                n += m.len();
+                // A sparse file's holes hold nothing.
+                n += m.len().min(m.blocks() * 512);
             }
         }
         n
@@ -289,17 +291,49 @@ impl Copier {
             .mode(0o600)
             .open(dst)
             .map_err(io("creating", dst))?;
+        // Data extents only: holes stay holes. A sandbox's `truncate -s 1T` is a few
+        // bytes to copy, not a terabyte of zeros on the host's disk. The hash covers
+        // each extent's offset and bytes, and the length.
         let mut content = Sha256::new();
         let mut n = 0u64;
-        loop {
-            let k = from.read(&mut self.buf).map_err(io("reading", src))?;
-            if k == 0 {
-                break;
+        let len = m.len();
+        let mut at = 0u64;
+        while at < len {
+            let start = match rustix::fs::seek(&from, rustix::fs::SeekFrom::Data(at)) {
+                Ok(start) => start,
+                // No data after `at`: the rest is a hole.
+                Err(rustix::io::Errno::NXIO) => break,
+                Err(e) => return Err(io("seeking in", src)(e.into())),
+            };
+            let end = rustix::fs::seek(&from, rustix::fs::SeekFrom::Hole(start))
+                .map_err(|e| io("seeking in", src)(e.into()))?
+                .min(len);
+            from.seek(SeekFrom::Start(start))
+                .map_err(io("seeking in", src))?;
+            to.seek(SeekFrom::Start(start))
+                .map_err(io("seeking in", dst))?;
+            content.update(format!("@{start}\0").as_bytes());
+            let mut left = end.saturating_sub(start);
+            while left > 0 {
+                let want = self
+                    .buf
+                    .len()
+                    .min(usize::try_from(left).unwrap_or(usize::MAX));
+                let k = from
+                    .read(&mut self.buf[..want])
+                    .map_err(io("reading", src))?;
+                if k == 0 {
+                    // Shorter than it said (it cannot change: the sandbox is frozen).
+                    break;
+                }
+                content.update(&self.buf[..k]);
+                to.write_all(&self.buf[..k]).map_err(io("writing", dst))?;
+                n += k as u64;
+                left -= k as u64;
             }
-            content.update(&self.buf[..k]);
-            to.write_all(&self.buf[..k]).map_err(io("writing", dst))?;
-            n += k as u64;
+            at = end;
         }
+        to.set_len(len).map_err(io("setting the length of", dst))?;
         self.bytes += n;
         let xattrs = self.xattrs(src, dst)?;
         self.record(
@@ -307,7 +341,7 @@ impl Copier {
             &[
                 b"file",
                 format!(
-                    "{:o} {} {} {n} {}",
+                    "{:o} {} {} {len} {}",
                     m.mode() & 0o7777,
                     m.uid(),
                     m.gid(),
@@ -471,6 +505,8 @@ use std::os::unix::fs::OpenOptionsExt;
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::FileExt;
+
     use super::*;
 
     fn upper_with_everything(root: &Path) -> PathBuf {
@@ -534,6 +570,32 @@ mod tests {
             get_xattr(&dir.join("etc"), "trusted.overlay.origin".as_ref()).is_err(),
             "overlayfs' bookkeeping of the upper layer is not copied"
         );
+    }
+
+    #[test]
+    fn a_sparse_file_is_copied_as_its_data_not_its_length() {
+        let tmp = tempfile::tempdir().unwrap();
+        let upper = tmp.path().join("upper");
+        fs::create_dir(&upper).unwrap();
+        let f = fs::File::create(upper.join("sparse")).unwrap();
+        f.set_len(1 << 40).unwrap();
+        f.write_all_at(b"end", (1 << 40) - 3).unwrap();
+        f.write_all_at(b"start", 0).unwrap();
+        let layers = tmp.path().join("layers");
+        let c = copy(&upper, &layers, "s").unwrap();
+        assert!(c.bytes < 1 << 20, "{} bytes copied", c.bytes);
+        let copy = c.dir.join("sparse");
+        let m = copy.metadata().unwrap();
+        assert_eq!(m.len(), 1 << 40);
+        assert!(m.blocks() * 512 < 1 << 20, "the holes stayed holes");
+        let mut buf = [0u8; 5];
+        let g = fs::File::open(&copy).unwrap();
+        g.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"start");
+        g.read_exact_at(&mut buf[..3], (1 << 40) - 3).unwrap();
+        assert_eq!(&buf[..3], b"end");
+        g.read_exact_at(&mut buf, 1 << 30).unwrap();
+        assert_eq!(buf, [0; 5]);
     }
 
     #[test]
