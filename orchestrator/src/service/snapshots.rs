@@ -237,9 +237,22 @@ impl Service {
             snapshot: Some(snap.id.clone()),
             sessions: snap.sessions.clone(),
         };
+        let parent_host = hostname_of(&snap.sandbox_id);
         let mut made = Vec::new();
         for _ in 0..req.count {
-            match self.create(tenant, create.clone()).await {
+            let mut create = create.clone();
+            let id = format!("sb-{}", crate::random::hex(6)?);
+            // The sessions' environment is the parent's, exactly, but for the
+            // variable that names the machine: a fork is another one.
+            for session in &mut create.sessions {
+                if let Some(host) = session.env.get_mut("HOSTNAME") {
+                    if *host == parent_host {
+                        *host = hostname_of(&id);
+                    }
+                }
+            }
+            create.id = Some(id);
+            match self.create(tenant, create).await {
                 Ok(rec) => made.push(rec),
                 Err(e) => {
                     // All or nothing: the forks made so far go.
@@ -252,6 +265,12 @@ impl Service {
         }
         Ok(made)
     }
+}
+
+/// The hostname a sandbox of id `id` gets (the local backend's rule; a sandbox's
+/// `HOSTNAME`).
+fn hostname_of(id: &str) -> String {
+    id.replace(['_', '.'], "-")
 }
 
 /// Whether `tenant` made snapshot `s`.

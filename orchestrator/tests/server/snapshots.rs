@@ -651,12 +651,13 @@ async fn a_forks_sessions_come_back_with_their_directory_variables_and_functions
     let (s, r) = srv
         .post(
             &format!("/v1/sandboxes/{f}/sessions/{sess}/run"),
-            json!({"command": "pwd; echo \"$TURN\" \"$FROM_CREATE\" ${HOME-unset}; greet fork"}),
+            json!({"command": "pwd; echo \"$TURN\" \"$FROM_CREATE\" ${HOME-unset}; greet fork; echo $HOSTNAME"}),
         )
         .await;
     assert_eq!(s, 200, "{r}");
     assert_eq!(
-        r["stdout"]["data"], "/tmp/deep\nt 7 c unset\nhi fork\n",
+        r["stdout"]["data"],
+        format!("/tmp/deep\nt 7 c unset\nhi fork\n{f}\n"),
         "{r}"
     );
     for sb in [&f, &id] {
