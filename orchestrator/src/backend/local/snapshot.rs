@@ -421,7 +421,10 @@ impl Inner {
 
 /// Whether directory `dir` has anything in it.
 fn has_entries(dir: &std::path::Path) -> bool {
-    fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
+    // A real directory only: an image may ship `/tmp` as a symlink, which the sandbox
+    // could point at anything, resolved here against the host's root.
+    dir.symlink_metadata().is_ok_and(|m| m.is_dir())
+        && fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
 }
 
 impl Inner {
@@ -432,6 +435,11 @@ impl Inner {
         };
         let src = self.layers_dir().join(unsha(&tmp));
         let dst = PathBuf::from(format!("/proc/{init_pid}/root/tmp"));
+        if !dst.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            return Err(LocalError::Invalid(format!(
+                "the fork of snapshot {sid} has no /tmp directory to restore into"
+            )));
+        }
         tokio::task::spawn_blocking(move || layer::fill(&src, &dst))
             .await
             .map_err(|e| LocalError::Task(e.to_string()))?
