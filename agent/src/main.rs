@@ -66,9 +66,17 @@ struct Args {
     /// /etc/profile.d entry, before serving (see the `tools` module).
     #[arg(long, value_name = "DIR")]
     publish_tools: Option<String>,
-    /// Async worker threads.
-    #[arg(long, default_value_t = 2)]
+    /// Async worker threads. One by default: with two, a request's task often moves
+    /// to the other worker, whose thread must then be woken and scheduled, and on a
+    /// machine whose cores are all busy that wait is a scheduler tick (4 ms) per hop;
+    /// one worker measured p99 0.6 ms against 8 ms under such load (see
+    /// `bench/results/scale.md`). Blocking work runs on its own pool either way.
+    #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// Scheduler slice, in microseconds, asked for the agent's threads and inherited by
+    /// the commands it starts (see the `sched` module); 0 keeps the kernel's default.
+    #[arg(long, default_value_t = 100)]
+    latency_slice_us: u64,
     /// Milliseconds between SIGTERM and SIGKILL on timeout.
     #[arg(long, default_value_t = 500)]
     kill_grace_ms: u64,
@@ -157,6 +165,13 @@ fn main() -> anyhow::Result<()> {
     l.default_timeout_ms = args.default_timeout_ms.max(1);
     l.process_retention_ms = args.process_retention_ms;
 
+    // Before the runtime starts: its threads, and every command, inherit the slice.
+    let slice = Duration::from_micros(args.latency_slice_us);
+    if !slice.is_zero() {
+        if let Err(e) = orchard_agent::sched::set_thread_slice(slice) {
+            tracing::warn!(error = %e, "could not ask for a short scheduler slice");
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.workers.max(1))
         .max_blocking_threads(64)
