@@ -101,10 +101,10 @@ mod tests {
     #[test]
     fn a_thread_keeps_its_nice_value_and_gets_the_slice_where_the_kernel_has_them() {
         std::thread::spawn(|| {
-            // SAFETY: plain libc calls on the calling thread.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 3) };
+            // PRIO_PROCESS with pid 0 is the calling thread on Linux.
+            rustix::process::setpriority_process(None, 3).unwrap();
             set_thread_slice(LATENCY_SLICE).unwrap();
-            let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+            let nice = rustix::process::getpriority_process(None).unwrap();
             assert_eq!(nice, 3, "the slice request must not reset the nice value");
             match thread_slice().unwrap() {
                 // A kernel with custom slices reports what was asked.
