@@ -1,0 +1,6 @@
+//! The benchmark binaries' shared parts: the load generator (`orchard-load`, also
+//! driven by `orchard-scale`), its plot, and percentiles.
+
+pub mod load;
+pub mod plot;
+pub mod stats;
