@@ -37,7 +37,6 @@ pub mod pty;
 pub mod reaper;
 pub mod registry;
 pub mod run;
-pub mod sched;
 pub mod server;
 pub mod session;
 pub mod spawn;

@@ -74,7 +74,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     workers: usize,
     /// Scheduler slice, in microseconds, asked for the agent's threads and inherited by
-    /// the commands it starts (see the `sched` module); 0 keeps the kernel's default.
+    /// the commands it starts (see the `orchard-sched` crate); 0 keeps the kernel's default.
     #[arg(long, default_value_t = 100)]
     latency_slice_us: u64,
     /// Milliseconds between SIGTERM and SIGKILL on timeout.
@@ -168,7 +168,7 @@ fn main() -> anyhow::Result<()> {
     // Before the runtime starts: its threads, and every command, inherit the slice.
     let slice = Duration::from_micros(args.latency_slice_us);
     if !slice.is_zero() {
-        if let Err(e) = orchard_agent::sched::set_thread_slice(slice) {
+        if let Err(e) = orchard_sched::set_thread_slice(slice) {
             tracing::warn!(error = %e, "could not ask for a short scheduler slice");
         }
     }

@@ -149,6 +149,19 @@ pub struct ServeArgs {
     /// [default: 1048576].
     #[arg(long, env = "ORCHARD_SANDBOX_DISK_INODES")]
     pub sandbox_disk_inodes: Option<u64>,
+    /// Async worker threads of the server [default: 1]. One keeps a call on the thread
+    /// that is already awake: with more, a request's task often moves to a sleeping
+    /// worker, and on a machine whose cores are all busy waking it costs a scheduler
+    /// tick (4 ms) per hop. One worker proxied as many calls per second here (256
+    /// clients, 2 cores; `bench/results/scale.md`); raise it on a large machine whose
+    /// server thread is saturated. Blocking work (image unpacking, snapshots) has its
+    /// own pool either way.
+    #[arg(long, env = "ORCHARD_WORKERS")]
+    pub workers: Option<usize>,
+    /// Scheduler slice, in microseconds, asked for the server's threads (see
+    /// the `orchard-sched` crate); 0 keeps the kernel's default [default: 100].
+    #[arg(long, env = "ORCHARD_LATENCY_SLICE_US")]
+    pub latency_slice_us: Option<u64>,
     /// Creates running at the backend at once; more wait in the queue [default: 64].
     #[arg(long, env = "ORCHARD_MAX_CONCURRENT_CREATES")]
     pub max_concurrent_creates: Option<usize>,

@@ -43,9 +43,18 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Serve(args) = &cli.command {
+        builder.worker_threads(args.workers.unwrap_or(1).max(1));
+        // Before the runtime starts: its threads inherit the slice.
+        let slice = std::time::Duration::from_micros(args.latency_slice_us.unwrap_or(100));
+        if !slice.is_zero() {
+            if let Err(e) = orchard_sched::set_thread_slice(slice) {
+                eprintln!("orchard: could not ask for a short scheduler slice: {e}");
+            }
+        }
+    }
+    let runtime = builder.enable_all().build()?;
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => {

@@ -1,4 +1,5 @@
-//! Short scheduler slices for the threads that answer requests.
+//! Short scheduler slices for the threads that answer requests (the agent's and the
+//! server's).
 //!
 //! Why: when every core runs something CPU-bound at the same nice level (a build, a
 //! busy sandbox), a thread woken by a request is usually not allowed to preempt the
