@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use orchard_protocol::exec::{timeout_stderr_line, ExitInfo, TIMEOUT_EXIT_CODE};
+use orchard_protocol::frames::{self, FrameKind};
 use orchard_protocol::output::{b64_decode, b64_encode};
 use orchard_protocol::{ErrorCode, ExecEvent, ExecRequest, ExecResult};
 use tokio::io::AsyncWriteExt;
@@ -207,20 +208,55 @@ pub fn frame(event: &ExecEvent) -> Bytes {
     Bytes::from(line)
 }
 
+/// One chunk of output in the response's framing: binary frames carry the bytes as read
+/// (header and data in one buffer: one write per chunk), NDJSON lines as base64.
+fn encode_output(binary: bool, stream: Stream, data: &[u8]) -> Bytes {
+    if binary {
+        let kind = match stream {
+            Stream::Stdout => FrameKind::Stdout,
+            Stream::Stderr => FrameKind::Stderr,
+        };
+        let mut out = Vec::with_capacity(frames::HEADER_LEN + data.len());
+        out.extend_from_slice(&frames::header(kind, data.len()));
+        out.extend_from_slice(data);
+        return Bytes::from(out);
+    }
+    let data = b64_encode(data);
+    frame(&match stream {
+        Stream::Stdout => ExecEvent::Stdout { data },
+        Stream::Stderr => ExecEvent::Stderr { data },
+    })
+}
+
+/// An event in the response's framing: an NDJSON line, or a binary frame (see
+/// [`orchard_protocol::frames`]) holding the event's JSON.
+fn framed(event: &ExecEvent, binary: bool) -> Bytes {
+    if !binary {
+        return frame(event);
+    }
+    let json = serde_json::to_vec(event).unwrap_or_default();
+    let mut out = Vec::with_capacity(frames::HEADER_LEN + json.len());
+    out.extend_from_slice(&frames::header(FrameKind::Event, json.len()));
+    out.extend_from_slice(&json);
+    Bytes::from(out)
+}
+
 #[derive(Clone)]
 struct StreamSink {
     tx: mpsc::Sender<Bytes>,
     kill_pgid: Option<i32>,
+    /// Binary frames instead of NDJSON lines.
+    binary: bool,
 }
 
 impl Sink for StreamSink {
     async fn write(&self, stream: Stream, data: Bytes) -> bool {
-        let data = b64_encode(&data);
-        let event = match stream {
-            Stream::Stdout => ExecEvent::Stdout { data },
-            Stream::Stderr => ExecEvent::Stderr { data },
-        };
-        if self.tx.send(frame(&event)).await.is_ok() {
+        if self
+            .tx
+            .send(encode_output(self.binary, stream, &data))
+            .await
+            .is_ok()
+        {
             return true;
         }
         if let Some(pgid) = self.kill_pgid {
@@ -233,20 +269,27 @@ impl Sink for StreamSink {
 /// `POST /v1/exec/stream`.
 pub async fn exec_stream(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> ApiResult<Response> {
     no_result_id(&req, "POST /v1/exec/stream")?;
+    let binary = wants_frames(&headers);
     let prepared = prepare(&state, &req, false)?;
     let slot = acquire_slot(&state)?;
     let mut child = spawn(&state.reaper, &prepared.spec)?;
     let pid = child.pid;
     feed_stdin(&mut child, prepared.stdin);
     let (tx, rx) = mpsc::channel::<Bytes>(STREAM_QUEUE);
-    let _ = tx.try_send(frame(&ExecEvent::Start { pid: pid as u32 }));
-    let keepalive = tokio::spawn(keepalive_loop(tx.clone(), state.config.keepalive));
+    let _ = tx.try_send(framed(&ExecEvent::Start { pid: pid as u32 }, binary));
+    let keepalive = tokio::spawn(keepalive_loop(
+        tx.clone(),
+        state.config.keepalive,
+        framed(&ExecEvent::Keepalive, binary),
+    ));
     let sink = StreamSink {
         tx: tx.clone(),
         kill_pgid: req.kill_on_disconnect.then_some(pid),
+        binary,
     };
     // A command that prints nothing never notices a vanished client through its
     // sink; watch the channel itself.
@@ -273,8 +316,9 @@ pub async fn exec_stream(
             counters
                 .stderr
                 .fetch_add(line.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            let data = b64_encode(line.as_bytes());
-            let _ = tx.send(frame(&ExecEvent::Stderr { data })).await;
+            let _ = tx
+                .send(encode_output(binary, Stream::Stderr, line.as_bytes()))
+                .await;
             exit.exit_code = Some(TIMEOUT_EXIT_CODE);
         }
         let last = ExecEvent::Exit {
@@ -282,14 +326,21 @@ pub async fn exec_stream(
             stdout_bytes: counters.stdout.load(std::sync::atomic::Ordering::Relaxed),
             stderr_bytes: counters.stderr.load(std::sync::atomic::Ordering::Relaxed),
         };
-        let _ = tx.send(frame(&last)).await;
+        let _ = tx.send(framed(&last, binary)).await;
     });
     let body = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|line| (Ok::<_, Infallible>(line), rx))
     });
     Ok((
         [
-            (header::CONTENT_TYPE, orchard_protocol::NDJSON),
+            (
+                header::CONTENT_TYPE,
+                if binary {
+                    frames::EXEC_FRAMES
+                } else {
+                    orchard_protocol::NDJSON
+                },
+            ),
             (header::CACHE_CONTROL, "no-cache"),
         ],
         Body::from_stream(body),
@@ -297,8 +348,18 @@ pub async fn exec_stream(
         .into_response())
 }
 
-async fn keepalive_loop(tx: mpsc::Sender<Bytes>, every: Duration) {
-    let line = frame(&ExecEvent::Keepalive);
+/// Whether the client asked for binary frames (`Accept` naming
+/// [`frames::EXEC_FRAMES`]).
+fn wants_frames(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.split(';').next().unwrap_or("").trim() == frames::EXEC_FRAMES)
+}
+
+async fn keepalive_loop(tx: mpsc::Sender<Bytes>, every: Duration, line: Bytes) {
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
     loop {

@@ -8,6 +8,7 @@
 //! `orchard_test_support::require_runc!()`, which prints `skipped: <test> needs root and
 //! runc` and passes.
 
+mod frames;
 mod kept;
 mod session_state;
 mod terminal;

@@ -275,6 +275,48 @@ impl AgentClient {
         self.json(Method::POST, "/v1/exec", req).await
     }
 
+    /// A streaming answer whose status is a success, or its error decoded.
+    async fn streaming_ok(resp: Response<Incoming>) -> Result<Response<Incoming>> {
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(transport)?
+            .to_bytes();
+        Err(Self::decode::<serde_json::Value>(RawResponse {
+            status,
+            headers: Default::default(),
+            body,
+        })
+        .err()
+        .unwrap_or_else(|| ClientError::Decode(format!("status {status}"))))
+    }
+
+    /// `POST /v1/exec/stream` in binary framing (see [`orchard_protocol::frames`]):
+    /// output as the bytes it was, no base64.
+    pub async fn exec_frames(&self, req: &ExecRequest) -> Result<ExecFrames> {
+        let body = serde_json::to_vec(req).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let mut request = self.build(
+            Method::POST,
+            "/v1/exec/stream",
+            body.into(),
+            "application/json",
+        )?;
+        request.headers_mut().insert(
+            hyper::header::ACCEPT,
+            hyper::header::HeaderValue::from_static(orchard_protocol::frames::EXEC_FRAMES),
+        );
+        let resp = Self::streaming_ok(self.forward(request).await?).await?;
+        Ok(ExecFrames {
+            body: resp.into_body(),
+            buf: bytes::BytesMut::new(),
+        })
+    }
+
     /// `POST /v1/exec/stream`: the frames as they come.
     pub async fn exec_stream(&self, req: &ExecRequest) -> Result<ExecStream> {
         let body = serde_json::to_vec(req).map_err(|e| ClientError::Decode(e.to_string()))?;
@@ -286,22 +328,7 @@ impl AgentClient {
                 "application/json",
             )
             .await?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(transport)?
-                .to_bytes();
-            return Err(Self::decode::<serde_json::Value>(RawResponse {
-                status,
-                headers: Default::default(),
-                body,
-            })
-            .err()
-            .unwrap_or_else(|| ClientError::Decode(format!("status {status}"))));
-        }
+        let resp = Self::streaming_ok(resp).await?;
         Ok(ExecStream {
             body: resp.into_body(),
             buf: Vec::new(),
@@ -612,6 +639,64 @@ pub fn encode(value: &str) -> String {
         }
     }
     out
+}
+
+/// One frame of a binary exec stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// Bytes the command wrote to stdout.
+    Stdout(Bytes),
+    /// Bytes the command wrote to stderr.
+    Stderr(Bytes),
+    /// Any other event (start, exit, error, keepalive).
+    Event(ExecEvent),
+}
+
+/// A streamed exec in binary framing: [`Frame`]s as they come.
+pub struct ExecFrames {
+    body: Incoming,
+    buf: bytes::BytesMut,
+}
+
+impl ExecFrames {
+    /// The next frame, or `None` at the end of the stream. Frames of unknown kinds
+    /// are skipped.
+    pub async fn next(&mut self) -> Result<Option<Frame>> {
+        use orchard_protocol::frames::{parse_header, FrameKind, HEADER_LEN};
+        loop {
+            if let Some((kind, len)) = parse_header(&self.buf) {
+                if self.buf.len() >= HEADER_LEN + len {
+                    self.buf.advance(HEADER_LEN);
+                    let payload = self.buf.split_to(len).freeze();
+                    match kind {
+                        FrameKind::Stdout => return Ok(Some(Frame::Stdout(payload))),
+                        FrameKind::Stderr => return Ok(Some(Frame::Stderr(payload))),
+                        FrameKind::Event => {
+                            return serde_json::from_slice(&payload)
+                                .map(|e| Some(Frame::Event(e)))
+                                .map_err(|e| ClientError::Decode(e.to_string()))
+                        }
+                        FrameKind::Unknown(_) => continue,
+                    }
+                }
+            }
+            match self.body.frame().await {
+                None if self.buf.is_empty() => return Ok(None),
+                None => {
+                    return Err(ClientError::Decode(format!(
+                        "the stream ended inside a frame ({} bytes left over)",
+                        self.buf.len()
+                    )))
+                }
+                Some(Err(e)) => return Err(transport(e)),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The frames of a streamed exec.

@@ -24,6 +24,7 @@ pub mod compat;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod frames;
 pub mod git;
 pub mod health;
 pub mod login;
