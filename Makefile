@@ -101,7 +101,8 @@ openapi:
 
 ## bench: the agent (exec latency against the fork/exec floor, sessions, git diff,
 ## streaming, RSS, size), the local backend (create/delete against `runc run`, a burst),
-## the server, replicas over Redis, snapshots and forks, the SDK and the Kubernetes backend.
+## the server, replicas over Redis, snapshots and forks, the SDK, scale (bench-scale) and
+## the Kubernetes backend.
 bench: agent images sdk-deps
 	cargo build --release -p orchard
 	cargo run --release -p orchard-bench -- --agent $(AGENT_BIN) --out bench/results
@@ -111,7 +112,17 @@ bench: agent images sdk-deps
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/replicas.md cargo test --release -p orchard --test integration bench_replicas -- --ignored --nocapture
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/snapshots.md cargo test --release -p orchard --test integration bench_snapshots -- --ignored --nocapture
 	scripts/bench-sdk.sh
+	$(MAKE) bench-scale
 	@tests/k8s/bench.sh
+
+## bench-scale: 1,000 sandboxes at once, 256 clients, creates next to `runc run`,
+## exec throughput next to the agents and the spawn floor, latency with and without a
+## CPU hog, a mixed load with its plot (bench/results/scale.md; docs/scale.md).
+.PHONY: bench-scale
+bench-scale: agent images
+	cargo build --release -p orchard -p orchard-bench
+	target/release/orchard-scale --orchard target/release/orchard --agent $(AGENT_BIN) \
+	  --image-dir images/out/busybox --out bench/results
 
 ## chaos: three replicas on one data directory and Redis, one SIGKILLed every few dozen
 ## operations during 1,000 (tests/redis/chaos.rs), then the audit.

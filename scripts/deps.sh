@@ -34,6 +34,8 @@ command -v ipset >/dev/null || need+=(ipset)
 # The Redis state store's tests (many replicas over one Redis): a real redis-server,
 # started and stopped by the tests themselves (policy-rc.d keeps Debian's service off).
 command -v redis-server >/dev/null || need+=(redis-server)
+# The load generator's plot (bench/src/plot.rs) draws its text with a TrueType font.
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 # Its build (tests/k8s/build.sh): gcc for the static pause binary, and Go (below).
 command -v gcc >/dev/null || need+=(gcc)
 if [ ${#need[@]} -gt 0 ]; then

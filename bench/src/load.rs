@@ -512,6 +512,25 @@ async fn client(
     (samples, errors)
 }
 
+/// `k` calls of `op` (an exec or a session command) on sandbox `id`, one after
+/// another; their latencies in microseconds, or the first error.
+pub async fn run_calls(api: &Api, id: &str, op: Op, k: usize) -> Result<Vec<f64>, CallError> {
+    let session = if op == Op::Session {
+        api.open_session(id).await?
+    } else {
+        String::new()
+    };
+    let empty = bytes::Bytes::new();
+    let mut out = Vec::with_capacity(k);
+    for _ in 0..k {
+        let t = Instant::now();
+        api.call(op, id, "/tmp/orchard-load-calls.bin", &empty, &session)
+            .await?;
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(out)
+}
+
 /// Runs every future at once on the runtime; answers their outputs in order.
 pub async fn spawn_all<F>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output>
 where

@@ -5,8 +5,8 @@
 //! - exec `true` round trip over the Unix socket and over TCP (keep-alive client),
 //!   p50/p99, next to the floor: spawn + wait of the same `true` without the agent.
 //!   Floor and agent calls run in interleaved blocks so machine noise hits both alike.
-//! - streamed exec throughput of a large output, next to reading the same command's
-//!   pipe directly.
+//! - streamed exec throughput of a large output (NDJSON and binary frames), next to
+//!   reading the same command's pipe directly.
 //! - a trivial command in a persistent shell session, p50/p99.
 //! - git diff of a 20,000-file work tree through the agent, next to the git CLI.
 //! - agent idle RSS and binary size.
@@ -20,7 +20,7 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::Parser;
 use hyper::Method;
-use orchard_client::{AgentClient, Endpoint};
+use orchard_client::{AgentClient, Endpoint, Frame};
 use orchard_protocol::git::{GitDiff, GitDiffRequest};
 use orchard_protocol::session::{SessionCreate, SessionRun};
 use orchard_protocol::{Command as Cmd, ExecEvent, ExecRequest};
@@ -173,6 +173,34 @@ async fn stream_throughput(client: &AgentClient, head: &Path, bytes: u64) -> any
             }
             ExecEvent::Exit { .. } => break,
             ExecEvent::Error { message, .. } => bail!("stream error: {message}"),
+            _ => {}
+        }
+    }
+    if got != bytes {
+        bail!("streamed {got} bytes, expected {bytes}");
+    }
+    Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e6)
+}
+
+/// Like [`stream_throughput`], with binary frames (`Accept: application/vnd.orchard.exec-frames`).
+async fn frames_throughput(client: &AgentClient, head: &Path, bytes: u64) -> anyhow::Result<f64> {
+    let req = ExecRequest {
+        command: Cmd::Argv(vec![
+            head.display().to_string(),
+            "-c".into(),
+            bytes.to_string(),
+            "/dev/zero".into(),
+        ]),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let mut stream = client.exec_frames(&req).await?;
+    let mut got = 0u64;
+    while let Some(frame) = stream.next().await? {
+        match frame {
+            Frame::Stdout(data) => got += data.len() as u64,
+            Frame::Event(ExecEvent::Exit { .. }) => break,
+            Frame::Event(ExecEvent::Error { message, .. }) => bail!("stream error: {message}"),
             _ => {}
         }
     }
@@ -393,6 +421,7 @@ async fn main() -> anyhow::Result<()> {
     let head = which("head");
     let direct_mbs = direct_throughput(&head, args.stream_bytes)?;
     let stream_mbs = stream_throughput(&unix, &head, args.stream_bytes).await?;
+    let frames_mbs = frames_throughput(&unix, &head, args.stream_bytes).await?;
     let size = std::fs::metadata(&args.agent)?.len();
     let (git_ours_ms, git_cli_ms) = git_diff_bench(&unix, args.git_files).await?;
 
@@ -402,7 +431,7 @@ async fn main() -> anyhow::Result<()> {
         "tcp_p50_us": over_tcp.pct(0.5), "tcp_p99_us": over_tcp.pct(0.99),
         "http_p50_us": http_only.pct(0.5),
         "session_p50_us": in_session.pct(0.5), "session_p99_us": in_session.pct(0.99),
-        "direct_pipe_mb_s": direct_mbs, "stream_mb_s": stream_mbs,
+        "direct_pipe_mb_s": direct_mbs, "stream_mb_s": stream_mbs, "frames_mb_s": frames_mbs,
         "git_cli_p50_ms": git_cli_ms, "git_ours_p50_ms": git_ours_ms,
         "idle_rss_kib": idle_rss, "loaded_rss_kib": loaded_rss, "binary_bytes": size,
         "iterations": blocks * block,
@@ -522,12 +551,20 @@ async fn main() -> anyhow::Result<()> {
             "",
         ),
         (
-            "streamed exec throughput",
+            "streamed exec throughput, NDJSON (base64, the default)",
             "stream_mb_s",
             stream_mbs,
             "MB/s",
             Some(stream_mbs / direct_mbs),
             "",
+        ),
+        (
+            "streamed exec throughput, binary frames",
+            "frames_mb_s",
+            frames_mbs,
+            "MB/s",
+            Some(frames_mbs / direct_mbs),
+            "≥ 0.7x",
         ),
         (
             "agent idle RSS",

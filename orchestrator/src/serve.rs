@@ -229,9 +229,37 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
     }
 }
 
+/// Descriptors a server with many sandboxes wants: each live sandbox holds a few (its
+/// agent connections, its lock while busy), each client connection one.
+const WANTED_OPEN_FILES: u64 = 65_536;
+
+/// Raises the soft open-file limit to the hard one (the soft default, often 1024, runs
+/// out at a few hundred sandboxes with clients), and says so when even the hard limit
+/// is below [`WANTED_OPEN_FILES`]: the operator must raise it (`LimitNOFILE=` in a
+/// systemd unit, `ulimit -Hn` in a shell; see docs/scale.md).
+fn raise_open_files() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!(error = %e, "could not raise the open-file limit");
+        }
+    }
+    let now = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    if now < WANTED_OPEN_FILES {
+        tracing::warn!(
+            open_files = now,
+            wanted = WANTED_OPEN_FILES,
+            "the open-file limit is low for many sandboxes: about 8 descriptors per sandbox plus one per client connection; raise the hard limit (docs/scale.md)"
+        );
+    }
+}
+
 /// Runs the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     crate::log::set_level(&config.log_level);
+    raise_open_files();
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServeError::Setup(format!("creating {}: {e}", config.data_dir.display())))?;
     // It holds the generated key, every tenant's jobs and the sandboxes' tokens.
