@@ -251,12 +251,22 @@ struct StreamSink {
 
 impl Sink for StreamSink {
     async fn write(&self, stream: Stream, data: Bytes) -> bool {
-        if self
-            .tx
-            .send(encode_output(self.binary, stream, &data))
-            .await
-            .is_ok()
-        {
+        let sent = if self.binary {
+            // The header and the chunk as two buffers: the chunk (up to 256 KiB) is not
+            // copied again, and the body writes both in one vectored write.
+            let kind = match stream {
+                Stream::Stdout => FrameKind::Stdout,
+                Stream::Stderr => FrameKind::Stderr,
+            };
+            let header = Bytes::copy_from_slice(&frames::header(kind, data.len()));
+            self.tx.send(header).await.is_ok() && self.tx.send(data).await.is_ok()
+        } else {
+            self.tx
+                .send(encode_output(false, stream, &data))
+                .await
+                .is_ok()
+        };
+        if sent {
             return true;
         }
         if let Some(pgid) = self.kill_pgid {

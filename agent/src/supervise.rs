@@ -25,8 +25,12 @@ use tokio::time::{timeout, Instant};
 use crate::reaper::Exit;
 use crate::spawn::{kill_group, Spawned};
 
-/// Largest read per pipe read.
+/// Read size once a read fills the first buffer (a command printing steadily).
 const READ_CHUNK: usize = 64 * 1024;
+/// Read size, and pipe capacity, once a read fills [`READ_CHUNK`]: a command printing
+/// a lot. With the default 64 KiB pipe the command and the agent take turns every
+/// 64 KiB, and those switches, not copying, bound a large output's throughput.
+const BIG_READ_CHUNK: usize = 256 * 1024;
 /// First read per pipe read.
 const FIRST_READ_CHUNK: usize = 4096;
 
@@ -152,8 +156,15 @@ async fn pump<S: Sink>(mut rx: pipe::Receiver, stream: Stream, sink: S, counters
         match rx.read(&mut buf).await {
             Ok(0) => break,
             Ok(n) => {
-                if n == buf.len() && buf.len() < READ_CHUNK {
-                    buf.resize(READ_CHUNK, 0);
+                if n == buf.len() && buf.len() < BIG_READ_CHUNK {
+                    if buf.len() >= READ_CHUNK {
+                        // Best effort: past the per-user pipe budget the kernel
+                        // refuses, and the pipe keeps its size.
+                        let _ = rustix::pipe::fcntl_setpipe_size(&rx, BIG_READ_CHUNK);
+                        buf.resize(BIG_READ_CHUNK, 0);
+                    } else {
+                        buf.resize(READ_CHUNK, 0);
+                    }
                 }
                 counter.fetch_add(n as u64, Ordering::Relaxed);
                 if consumer_alive {

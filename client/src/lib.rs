@@ -311,10 +311,7 @@ impl AgentClient {
             hyper::header::HeaderValue::from_static(orchard_protocol::frames::EXEC_FRAMES),
         );
         let resp = Self::streaming_ok(self.forward(request).await?).await?;
-        Ok(ExecFrames {
-            body: resp.into_body(),
-            buf: bytes::BytesMut::new(),
-        })
+        Ok(ExecFrames::new(resp.into_body()))
     }
 
     /// `POST /v1/exec/stream`: the frames as they come.
@@ -332,6 +329,7 @@ impl AgentClient {
         Ok(ExecStream {
             body: resp.into_body(),
             buf: Vec::new(),
+            scanned: 0,
         })
     }
 
@@ -652,46 +650,95 @@ pub enum Frame {
     Event(ExecEvent),
 }
 
-/// A streamed exec in binary framing: [`Frame`]s as they come.
+/// A streamed exec in binary framing: [`Frame`]s as they come. A large output frame
+/// is handed on in the pieces it arrives in (several `Stdout` frames for one on the
+/// wire), without copying them.
 pub struct ExecFrames {
     body: Incoming,
-    buf: bytes::BytesMut,
+    /// Received bytes not yet handed on.
+    pending: Bytes,
+    /// A header or event frame split across received chunks, being put together.
+    partial: bytes::BytesMut,
+    /// The output frame being handed on: its kind and the bytes still to come.
+    output: Option<(bool, usize)>,
 }
 
 impl ExecFrames {
+    fn new(body: Incoming) -> ExecFrames {
+        ExecFrames {
+            body,
+            pending: Bytes::new(),
+            partial: bytes::BytesMut::new(),
+            output: None,
+        }
+    }
+
     /// The next frame, or `None` at the end of the stream. Frames of unknown kinds
     /// are skipped.
     pub async fn next(&mut self) -> Result<Option<Frame>> {
         use orchard_protocol::frames::{parse_header, FrameKind, HEADER_LEN};
         loop {
-            if let Some((kind, len)) = parse_header(&self.buf) {
-                if self.buf.len() >= HEADER_LEN + len {
-                    self.buf.advance(HEADER_LEN);
-                    let payload = self.buf.split_to(len).freeze();
-                    match kind {
-                        FrameKind::Stdout => return Ok(Some(Frame::Stdout(payload))),
-                        FrameKind::Stderr => return Ok(Some(Frame::Stderr(payload))),
-                        FrameKind::Event => {
-                            return serde_json::from_slice(&payload)
-                                .map(|e| Some(Frame::Event(e)))
-                                .map_err(|e| ClientError::Decode(e.to_string()))
+            // Inside an output frame: hand on what has arrived of it, as it is.
+            if let Some((stdout, left)) = self.output {
+                if left == 0 {
+                    self.output = None;
+                    continue;
+                }
+                if !self.pending.is_empty() {
+                    let piece = self.pending.split_to(left.min(self.pending.len()));
+                    self.output = Some((stdout, left - piece.len()));
+                    return Ok(Some(if stdout {
+                        Frame::Stdout(piece)
+                    } else {
+                        Frame::Stderr(piece)
+                    }));
+                }
+            } else {
+                // Headers and events are small: put them together in `partial`, the
+                // header first, then (for an event) its payload.
+                let need = |partial: &[u8]| match parse_header(partial) {
+                    Some((FrameKind::Stdout | FrameKind::Stderr, _)) => HEADER_LEN,
+                    Some((_, len)) => HEADER_LEN + len,
+                    None => HEADER_LEN,
+                };
+                for _ in 0..2 {
+                    let want = need(&self.partial);
+                    let take = want
+                        .saturating_sub(self.partial.len())
+                        .min(self.pending.len());
+                    self.partial.extend_from_slice(&self.pending.split_to(take));
+                }
+                if self.partial.len() >= need(&self.partial) {
+                    if let Some((kind, len)) = parse_header(&self.partial) {
+                        let frame = self.partial.split().freeze();
+                        match kind {
+                            FrameKind::Stdout => self.output = Some((true, len)),
+                            FrameKind::Stderr => self.output = Some((false, len)),
+                            FrameKind::Event => {
+                                return serde_json::from_slice(&frame[HEADER_LEN..])
+                                    .map(|e| Some(Frame::Event(e)))
+                                    .map_err(|e| ClientError::Decode(e.to_string()))
+                            }
+                            FrameKind::Unknown(_) => {}
                         }
-                        FrameKind::Unknown(_) => continue,
+                        continue;
                     }
                 }
             }
+            if !self.pending.is_empty() {
+                continue;
+            }
             match self.body.frame().await {
-                None if self.buf.is_empty() => return Ok(None),
+                None if self.partial.is_empty() && self.output.is_none() => return Ok(None),
                 None => {
-                    return Err(ClientError::Decode(format!(
-                        "the stream ended inside a frame ({} bytes left over)",
-                        self.buf.len()
-                    )))
+                    return Err(ClientError::Decode(
+                        "the stream ended inside a frame".into(),
+                    ))
                 }
                 Some(Err(e)) => return Err(transport(e)),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
-                        self.buf.extend_from_slice(&data);
+                        self.pending = data;
                     }
                 }
             }
@@ -703,18 +750,24 @@ impl ExecFrames {
 pub struct ExecStream {
     body: Incoming,
     buf: Vec<u8>,
+    /// Bytes of `buf` already searched for a newline (a long line arrives in many
+    /// chunks; searching it from its start each time would be quadratic).
+    scanned: usize,
 }
 
 impl ExecStream {
     /// The next frame, or `None` at the end of the stream.
     pub async fn next(&mut self) -> Result<Option<ExecEvent>> {
         loop {
-            if let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
+            if let Some(at) = self.buf[self.scanned..].iter().position(|b| *b == b'\n') {
+                let nl = self.scanned + at;
+                self.scanned = 0;
                 let line: Vec<u8> = self.buf.drain(..=nl).collect();
                 return serde_json::from_slice(&line[..nl])
                     .map(Some)
                     .map_err(|e| ClientError::Decode(e.to_string()));
             }
+            self.scanned = self.buf.len();
             match self.body.frame().await {
                 None => return Ok(None),
                 Some(Err(e)) => return Err(transport(e)),
