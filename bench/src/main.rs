@@ -151,8 +151,9 @@ async fn exec_true(client: &AgentClient, req: &ExecRequest) -> anyhow::Result<()
     Ok(())
 }
 
-async fn stream_throughput(client: &AgentClient, head: &Path, bytes: u64) -> anyhow::Result<f64> {
-    let req = ExecRequest {
+/// `head -c BYTES /dev/zero`: a large output at the pipe's speed.
+fn head_zero(head: &Path, bytes: u64) -> ExecRequest {
+    ExecRequest {
         command: Cmd::Argv(vec![
             head.display().to_string(),
             "-c".into(),
@@ -160,7 +161,11 @@ async fn stream_throughput(client: &AgentClient, head: &Path, bytes: u64) -> any
             "/dev/zero".into(),
         ]),
         ..Default::default()
-    };
+    }
+}
+
+async fn stream_throughput(client: &AgentClient, head: &Path, bytes: u64) -> anyhow::Result<f64> {
+    let req = head_zero(head, bytes);
     let start = Instant::now();
     let mut stream = client.exec_stream(&req).await?;
     let mut got = 0u64;
@@ -184,15 +189,7 @@ async fn stream_throughput(client: &AgentClient, head: &Path, bytes: u64) -> any
 
 /// Like [`stream_throughput`], with binary frames (`Accept: application/vnd.orchard.exec-frames`).
 async fn frames_throughput(client: &AgentClient, head: &Path, bytes: u64) -> anyhow::Result<f64> {
-    let req = ExecRequest {
-        command: Cmd::Argv(vec![
-            head.display().to_string(),
-            "-c".into(),
-            bytes.to_string(),
-            "/dev/zero".into(),
-        ]),
-        ..Default::default()
-    };
+    let req = head_zero(head, bytes);
     let start = Instant::now();
     let mut stream = client.exec_frames(&req).await?;
     let mut got = 0u64;
