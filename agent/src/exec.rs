@@ -253,13 +253,25 @@ impl Sink for StreamSink {
     async fn write(&self, stream: Stream, data: Bytes) -> bool {
         let sent = if self.binary {
             // The header and the chunk as two buffers: the chunk (up to 256 KiB) is not
-            // copied again, and the body writes both in one vectored write.
+            // copied again.
             let kind = match stream {
                 Stream::Stdout => FrameKind::Stdout,
                 Stream::Stderr => FrameKind::Stderr,
             };
             let header = Bytes::copy_from_slice(&frames::header(kind, data.len()));
-            self.tx.send(header).await.is_ok() && self.tx.send(data).await.is_ok()
+            // Both places are taken at once, so nothing (a keepalive from its own task)
+            // can come between a header and its payload.
+            match self.tx.reserve_many(2).await {
+                Ok(mut permits) => {
+                    for part in [header, data] {
+                        if let Some(p) = permits.next() {
+                            p.send(part);
+                        }
+                    }
+                    true
+                }
+                Err(_) => false,
+            }
         } else {
             self.tx
                 .send(encode_output(false, stream, &data))

@@ -177,25 +177,27 @@ impl FloorBundle {
         if !st.success() {
             bail!("mounting the floor's overlay failed");
         }
+        // From here the guard unmounts and removes the bundle on any error.
+        let bundle = FloorBundle {
+            dir,
+            rootfs,
+            runc_root,
+            n: 0,
+        };
         let st = Command::new("runc")
             .args(["spec", "--bundle"])
-            .arg(&dir)
+            .arg(&bundle.dir)
             .status()?;
         if !st.success() {
             bail!("runc spec failed");
         }
-        let path = dir.join("config.json");
+        let path = bundle.dir.join("config.json");
         let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
         spec["process"]["terminal"] = false.into();
         spec["process"]["args"] = serde_json::json!(["true"]);
         spec["root"]["readonly"] = true.into();
         std::fs::write(&path, serde_json::to_vec(&spec)?)?;
-        Ok(FloorBundle {
-            dir,
-            rootfs,
-            runc_root,
-            n: 0,
-        })
+        Ok(bundle)
     }
 
     /// One `runc run` of `true`; its wall time.
@@ -216,10 +218,19 @@ impl FloorBundle {
             })
             .collect();
         let mut out = Vec::new();
+        let mut failed = None;
+        // Every task is awaited even after a failure: none is left running detached.
         for t in tasks {
-            out.push(t.await??);
+            match t.await {
+                Ok(Ok(d)) => out.push(d),
+                Ok(Err(e)) => failed = failed.or(Some(e)),
+                Err(e) => failed = failed.or(Some(e.into())),
+            }
         }
-        Ok(out)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 }
 
@@ -260,7 +271,11 @@ impl Hog {
     /// One `sh` busy loop per core, each bounded by `limit` in case this process dies.
     pub fn start(limit: Duration) -> anyhow::Result<Hog> {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let mut children = Vec::new();
+        // The guard exists before the first loop starts: a failed spawn stops the
+        // loops already running.
+        let mut hog = Hog {
+            children: Vec::new(),
+        };
         for _ in 0..cores {
             let mut cmd = Command::new("timeout");
             cmd.arg(format!("{}", limit.as_secs().max(1)))
@@ -280,9 +295,9 @@ impl Hog {
                     Ok(())
                 });
             }
-            children.push(cmd.spawn()?);
+            hog.children.push(cmd.spawn()?);
         }
-        Ok(Hog { children })
+        Ok(hog)
     }
 }
 

@@ -461,14 +461,15 @@ async fn client(
     let mut samples = Vec::new();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut note = |e: CallError| {
-        let mut e = e;
-        e.truncate(300);
+        let e: String = e.chars().take(300).collect();
         *errors.entry(e).or_default() += 1;
     };
     let mut k = c;
     while Instant::now() < deadline {
+        // Every sandbox in turn; the operation moves on after each sweep, so each
+        // sandbox sees every operation whatever the two counts are.
         let id = mine[k % mine.len()].as_str();
-        let op = round[k % round.len()];
+        let op = round[(k / mine.len()) % round.len()];
         k += 1;
         let session = if op == Op::Session {
             match sessions.get(id) {

@@ -311,6 +311,18 @@ impl AgentClient {
             hyper::header::HeaderValue::from_static(orchard_protocol::frames::EXEC_FRAMES),
         );
         let resp = Self::streaming_ok(self.forward(request).await?).await?;
+        // An agent that does not know the framing answers NDJSON: refuse to read that
+        // as frames (its first bytes would announce a frame of hundreds of MB).
+        let ct = resp
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if ct != orchard_protocol::frames::EXEC_FRAMES {
+            return Err(ClientError::Decode(format!(
+                "asked for binary frames, the agent answered {ct:?} (an older agent?)"
+            )));
+        }
         Ok(ExecFrames::new(resp.into_body()))
     }
 
@@ -639,6 +651,9 @@ pub fn encode(value: &str) -> String {
     out
 }
 
+/// Largest event (or unknown) frame a reader puts together; events are small JSON.
+const MAX_EVENT_FRAME: usize = 16 << 20;
+
 /// One frame of a binary exec stream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
@@ -707,6 +722,12 @@ impl ExecFrames {
                         .saturating_sub(self.partial.len())
                         .min(self.pending.len());
                     self.partial.extend_from_slice(&self.pending.split_to(take));
+                }
+                if need(&self.partial) > MAX_EVENT_FRAME {
+                    return Err(ClientError::Decode(format!(
+                        "an event frame of {} bytes: the stream is not in this framing",
+                        need(&self.partial)
+                    )));
                 }
                 if self.partial.len() >= need(&self.partial) {
                     if let Some((kind, len)) = parse_header(&self.partial) {

@@ -59,7 +59,7 @@ impl FrameKind {
 }
 
 /// The header of a frame of `kind` with `len` payload bytes (`len` must fit in 32
-/// bits: output chunks are at most 64 KiB).
+/// bits: output chunks are at most 256 KiB).
 pub fn header(kind: FrameKind, len: usize) -> [u8; HEADER_LEN] {
     let n = u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes();
     [kind.byte(), n[0], n[1], n[2], n[3]]

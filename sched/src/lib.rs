@@ -88,8 +88,8 @@ pub fn set_thread_slice(slice: Duration) -> io::Result<()> {
     Ok(())
 }
 
-/// The calling thread's slice as the kernel reports it (`None` where it reports none:
-/// kernels before custom slices answer 0).
+/// The calling thread's slice as the kernel reports it: the default slice when none was
+/// asked for; `None` where the kernel reports none (before custom slices, it answers 0).
 pub fn thread_slice() -> io::Result<Option<Duration>> {
     let attr = get_attr()?;
     Ok((attr.sched_runtime > 0).then(|| Duration::from_nanos(attr.sched_runtime)))

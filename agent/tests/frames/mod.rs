@@ -112,3 +112,44 @@ async fn the_timeout_line_is_a_stderr_frame_and_ndjson_stays_the_default() {
     assert_eq!(out, b"hi\n");
     sb.stop();
 }
+
+/// Regression: an output frame went out as two channel messages (header, then
+/// payload), so another sender (the other stream's pump, or the keepalive task) could
+/// put a message between them and corrupt the stream. Stdout and stderr at once, a
+/// reader slow enough to keep the queue full, keepalives every 10 ms: every byte must
+/// arrive in well-formed frames.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_frame_is_never_split_from_its_payload() {
+    orchard_test_support::require_runc!();
+    let sb = Sandbox::start(
+        RootfsKind::Busybox,
+        SandboxOpts::agent_args(&["--keepalive-ms", "10"]),
+    );
+    let mb = 16;
+    let req = shell(&format!(
+        "head -c {n} /dev/zero & head -c {n} /dev/zero >&2; wait",
+        n = mb << 20
+    ));
+    let mut stream = ok("exec_frames", sb.client().exec_frames(&req)).await;
+    let (mut out, mut err, mut n) = (0usize, 0usize, 0u64);
+    let mut last = None;
+    while let Some(f) = ok("next frame", stream.next()).await {
+        n += 1;
+        if n % 8 == 0 {
+            // A slow reader: the agent's queue fills and its senders wait.
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        match &f {
+            Frame::Stdout(b) => out += b.len(),
+            Frame::Stderr(b) => err += b.len(),
+            Frame::Event(_) => {}
+        }
+        last = Some(f);
+    }
+    assert_eq!((out, err), (mb << 20, mb << 20));
+    assert!(
+        matches!(&last, Some(Frame::Event(ExecEvent::Exit { exit, .. })) if exit.exit_code == Some(0)),
+        "{last:?}"
+    );
+    sb.stop();
+}
