@@ -22,6 +22,7 @@
 
 pub mod archive;
 pub mod buffer;
+pub mod chunks;
 pub mod config;
 pub mod error;
 pub mod exec;

@@ -22,6 +22,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::Notify;
 use tokio::time::{timeout, Instant};
 
+use crate::chunks::ChunkPool;
 use crate::reaper::Exit;
 use crate::spawn::{kill_group, Spawned};
 
@@ -149,26 +150,33 @@ async fn pump<S: Sink>(mut rx: pipe::Receiver, stream: Stream, sink: S, counters
         Stream::Stderr => &counters.stderr,
     };
     // Start small: most commands print little, and a fresh 64 KiB buffer costs page
-    // faults on every exec. Grow when a read fills it.
-    let mut buf = vec![0u8; FIRST_READ_CHUNK];
+    // faults on every exec. Grow when a read fills it. Large reads become chunks
+    // without a copy and their buffers come back here ([`ChunkPool`]).
+    let pool = ChunkPool::new();
+    let mut buf = pool.take(FIRST_READ_CHUNK);
     let mut consumer_alive = true;
     loop {
-        match rx.read(&mut buf).await {
+        // The read fills the buffer's spare capacity, without zeroing it first.
+        match rx.read_buf(&mut buf).await {
             Ok(0) => break,
             Ok(n) => {
-                if n == buf.len() && buf.len() < BIG_READ_CHUNK {
-                    if buf.len() >= READ_CHUNK {
+                counter.fetch_add(n as u64, Ordering::Relaxed);
+                let filled = n >= buf.capacity();
+                if consumer_alive {
+                    consumer_alive = sink.write(stream, pool.chunk(&mut buf).await).await;
+                } else {
+                    buf.clear();
+                }
+                if filled && buf.capacity() < BIG_READ_CHUNK {
+                    let grown = if buf.capacity() >= READ_CHUNK {
                         // Best effort: past the per-user pipe budget the kernel
                         // refuses, and the pipe keeps its size.
                         let _ = rustix::pipe::fcntl_setpipe_size(&rx, BIG_READ_CHUNK);
-                        buf.resize(BIG_READ_CHUNK, 0);
+                        BIG_READ_CHUNK
                     } else {
-                        buf.resize(READ_CHUNK, 0);
-                    }
-                }
-                counter.fetch_add(n as u64, Ordering::Relaxed);
-                if consumer_alive {
-                    consumer_alive = sink.write(stream, Bytes::copy_from_slice(&buf[..n])).await;
+                        READ_CHUNK
+                    };
+                    buf = pool.take(grown);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

@@ -117,4 +117,25 @@ mod tests {
         .join()
         .unwrap();
     }
+
+    #[test]
+    fn threads_and_children_spawned_after_the_request_inherit_the_slice() {
+        std::thread::spawn(|| {
+            set_thread_slice(Duration::from_micros(300)).unwrap();
+            let Some(_) = thread_slice().unwrap() else {
+                eprintln!("this kernel has no custom slices");
+                return;
+            };
+            let child = std::thread::spawn(|| thread_slice().unwrap())
+                .join()
+                .unwrap();
+            assert_eq!(
+                child,
+                Some(Duration::from_micros(300)),
+                "a new thread inherits the slice"
+            );
+        })
+        .join()
+        .unwrap();
+    }
 }
