@@ -32,6 +32,7 @@ pub mod fsuser;
 pub mod git;
 pub mod health;
 pub mod kept;
+pub mod placement;
 pub mod process;
 pub mod procfs;
 pub mod pty;

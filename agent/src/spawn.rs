@@ -19,6 +19,7 @@ use rustix::process::{Gid, Pid, Uid};
 use tokio::net::unix::pipe;
 
 use crate::error::ApiError;
+use crate::placement::Pin;
 use crate::reaper::{ExitWaiter, Reaper};
 
 /// Shell used for string commands when the request names none.
@@ -233,7 +234,14 @@ fn start(
 ) -> Result<(std::process::Child, ExitWaiter), SpawnError> {
     let guard = reaper.spawn_guard();
     let window = OomWindow::open();
+    // When no CPU is idle, the child starts on this thread's CPU and gets the full
+    // mask back once it has exec'd ([`crate::placement`]).
+    let pin = Pin::when_busy();
     let spawned = cmd.spawn();
+    if let (Some(pin), Ok(child)) = (&pin, &spawned) {
+        pin.release(child.id() as i32);
+    }
+    drop(pin);
     drop(window);
     let child = spawned.map_err(|err| spawn_error(&spec.argv[0], spec, &err))?;
     let exit = guard.register(child.id() as i32);

@@ -10,6 +10,7 @@
 
 mod frames;
 mod kept;
+mod placement;
 mod session_state;
 mod terminal;
 mod util;
