@@ -208,18 +208,29 @@ pub fn frame(event: &ExecEvent) -> Bytes {
     Bytes::from(line)
 }
 
-/// One chunk of output in the response's framing: binary frames carry the bytes as read
-/// (header and data in one buffer: one write per chunk), NDJSON lines as base64.
+/// The binary frame kind of an output stream.
+fn frame_kind(stream: Stream) -> FrameKind {
+    match stream {
+        Stream::Stdout => FrameKind::Stdout,
+        Stream::Stderr => FrameKind::Stderr,
+    }
+}
+
+/// A whole binary frame, header and payload in one buffer (see
+/// [`orchard_protocol::frames`]).
+fn binary_frame(kind: FrameKind, payload: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(frames::HEADER_LEN + payload.len());
+    out.extend_from_slice(&frames::header(kind, payload.len()));
+    out.extend_from_slice(payload);
+    Bytes::from(out)
+}
+
+/// Output in the response's framing, copied into one buffer: a binary frame, or an
+/// NDJSON line with base64. (In binary streams this is only the agent's own timeout
+/// line: [`StreamSink`] sends a command's output after its header without a copy.)
 fn encode_output(binary: bool, stream: Stream, data: &[u8]) -> Bytes {
     if binary {
-        let kind = match stream {
-            Stream::Stdout => FrameKind::Stdout,
-            Stream::Stderr => FrameKind::Stderr,
-        };
-        let mut out = Vec::with_capacity(frames::HEADER_LEN + data.len());
-        out.extend_from_slice(&frames::header(kind, data.len()));
-        out.extend_from_slice(data);
-        return Bytes::from(out);
+        return binary_frame(frame_kind(stream), data);
     }
     let data = b64_encode(data);
     frame(&match stream {
@@ -228,17 +239,16 @@ fn encode_output(binary: bool, stream: Stream, data: &[u8]) -> Bytes {
     })
 }
 
-/// An event in the response's framing: an NDJSON line, or a binary frame (see
-/// [`orchard_protocol::frames`]) holding the event's JSON.
+/// An event in the response's framing: an NDJSON line, or a binary frame holding the
+/// event's JSON.
 fn framed(event: &ExecEvent, binary: bool) -> Bytes {
     if !binary {
         return frame(event);
     }
-    let json = serde_json::to_vec(event).unwrap_or_default();
-    let mut out = Vec::with_capacity(frames::HEADER_LEN + json.len());
-    out.extend_from_slice(&frames::header(FrameKind::Event, json.len()));
-    out.extend_from_slice(&json);
-    Bytes::from(out)
+    binary_frame(
+        FrameKind::Event,
+        &serde_json::to_vec(event).unwrap_or_default(),
+    )
 }
 
 #[derive(Clone)]
@@ -254,11 +264,7 @@ impl Sink for StreamSink {
         let sent = if self.binary {
             // The header and the chunk as two buffers: the chunk (up to 256 KiB) is not
             // copied again.
-            let kind = match stream {
-                Stream::Stdout => FrameKind::Stdout,
-                Stream::Stderr => FrameKind::Stderr,
-            };
-            let header = Bytes::copy_from_slice(&frames::header(kind, data.len()));
+            let header = Bytes::copy_from_slice(&frames::header(frame_kind(stream), data.len()));
             // Both places are taken at once, so nothing (a keepalive from its own task)
             // can come between a header and its payload.
             match self.tx.reserve_many(2).await {

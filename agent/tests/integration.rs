@@ -2015,58 +2015,70 @@ async fn fill_body(
             ("PUT", "/v1/files/archive") => Some((tar_gz(&[("f.txt", b"f")]), media.into())),
             _ => None,
         },
-        Body::Json(_) | Body::OptionalJson(_) | Body::Ndjson(_) => match (method, path) {
-            ("POST", "/v1/exec" | "/v1/exec/stream" | "/v1/processes") => {
-                json(serde_json::json!({"command": ["true"]}))
-            }
-            ("POST", "/v1/processes/{id}/stdin") => json(serde_json::json!({"data": "x"})),
-            ("POST", "/v1/processes/{id}/signal") => json(serde_json::json!({"signal": "TERM"})),
-            ("POST", "/v1/sessions") => json(serde_json::json!({})),
-            ("POST", "/v1/pty") => json(serde_json::json!({"command": ["cat"]})),
-            ("POST", "/v1/pty/{id}/resize") => json(serde_json::json!({"rows": 30, "cols": 90})),
-            ("POST", "/v1/sessions/{id}/run") => json(serde_json::json!({"command": "true"})),
-            ("POST", "/v1/files/mkdir") => json(serde_json::json!({"path": "/tmp/routes/made"})),
-            ("POST", path) if path.starts_with("/v1/git/") => {
-                // A repository made through the API itself: no git binary in the image.
-                let repo = "/tmp/routes/repo";
-                if sb.client().stat(&format!("{repo}/.git")).await.is_err() {
-                    sb.client()
-                        .write_file(&format!("{repo}/.git/HEAD"), "ref: refs/heads/main\n", None)
-                        .await
-                        .unwrap();
-                    for dir in ["objects", "refs/heads"] {
+        Body::Json(_) | Body::OptionalJson(_) | Body::Ndjson(_) | Body::NdjsonOrFrames(_) => {
+            match (method, path) {
+                ("POST", "/v1/exec" | "/v1/exec/stream" | "/v1/processes") => {
+                    json(serde_json::json!({"command": ["true"]}))
+                }
+                ("POST", "/v1/processes/{id}/stdin") => json(serde_json::json!({"data": "x"})),
+                ("POST", "/v1/processes/{id}/signal") => {
+                    json(serde_json::json!({"signal": "TERM"}))
+                }
+                ("POST", "/v1/sessions") => json(serde_json::json!({})),
+                ("POST", "/v1/pty") => json(serde_json::json!({"command": ["cat"]})),
+                ("POST", "/v1/pty/{id}/resize") => {
+                    json(serde_json::json!({"rows": 30, "cols": 90}))
+                }
+                ("POST", "/v1/sessions/{id}/run") => json(serde_json::json!({"command": "true"})),
+                ("POST", "/v1/files/mkdir") => {
+                    json(serde_json::json!({"path": "/tmp/routes/made"}))
+                }
+                ("POST", path) if path.starts_with("/v1/git/") => {
+                    // A repository made through the API itself: no git binary in the image.
+                    let repo = "/tmp/routes/repo";
+                    if sb.client().stat(&format!("{repo}/.git")).await.is_err() {
                         sb.client()
-                            .mkdir(&format!("{repo}/.git/{dir}"))
+                            .write_file(
+                                &format!("{repo}/.git/HEAD"),
+                                "ref: refs/heads/main\n",
+                                None,
+                            )
+                            .await
+                            .unwrap();
+                        for dir in ["objects", "refs/heads"] {
+                            sb.client()
+                                .mkdir(&format!("{repo}/.git/{dir}"))
+                                .await
+                                .unwrap();
+                        }
+                        sb.client()
+                            .write_file(&format!("{repo}/a.txt"), "a\n", None)
                             .await
                             .unwrap();
                     }
-                    sb.client()
-                        .write_file(&format!("{repo}/a.txt"), "a\n", None)
-                        .await
-                        .unwrap();
-                }
-                match path {
-                    "/v1/git/status" | "/v1/git/diff" | "/v1/git/reset" => {
-                        json(serde_json::json!({"repo": repo}))
+                    match path {
+                        "/v1/git/status" | "/v1/git/diff" | "/v1/git/reset" => {
+                            json(serde_json::json!({"repo": repo}))
+                        }
+                        "/v1/git/commit" => json(
+                            serde_json::json!({"repo": repo, "message": "routes", "allow_empty": true}),
+                        ),
+                        "/v1/git/apply" => json(
+                            serde_json::json!({"repo": repo, "patch": "diff --git a/b.txt b/b.txt\nnew file mode 100644\n--- /dev/null\n+++ b/b.txt\n@@ -0,0 +1 @@\n+b\n", "check_only": true}),
+                        ),
+                        _ => None,
                     }
-                    "/v1/git/commit" => json(
-                        serde_json::json!({"repo": repo, "message": "routes", "allow_empty": true}),
-                    ),
-                    "/v1/git/apply" => json(
-                        serde_json::json!({"repo": repo, "patch": "diff --git a/b.txt b/b.txt\nnew file mode 100644\n--- /dev/null\n+++ b/b.txt\n@@ -0,0 +1 @@\n+b\n", "check_only": true}),
-                    ),
-                    _ => None,
                 }
+                ("POST", "/v1/files/move") => {
+                    sb.sh("mkdir -p /tmp/routes && touch /tmp/routes/move-src")
+                        .await;
+                    json(
+                        serde_json::json!({"from": "/tmp/routes/move-src", "to": "/tmp/routes/move-dst"}),
+                    )
+                }
+                _ => None,
             }
-            ("POST", "/v1/files/move") => {
-                sb.sh("mkdir -p /tmp/routes && touch /tmp/routes/move-src")
-                    .await;
-                json(
-                    serde_json::json!({"from": "/tmp/routes/move-src", "to": "/tmp/routes/move-dst"}),
-                )
-            }
-            _ => None,
-        },
+        }
     }
 }
 

@@ -32,6 +32,9 @@ pub enum Body {
     OptionalJson(fn(&mut SchemaGenerator) -> Schema),
     /// One JSON value per line of a wire type.
     Ndjson(fn(&mut SchemaGenerator) -> Schema),
+    /// NDJSON of a wire type by default; binary frames ([`crate::frames`]) for a
+    /// client whose `Accept` asks for them.
+    NdjsonOrFrames(fn(&mut SchemaGenerator) -> Schema),
     /// Raw bytes of the given media type.
     Bytes(&'static str),
     /// The route is a WebSocket: a GET with an upgrade, then frames as its summary says.
@@ -112,11 +115,11 @@ pub const AGENT_ROUTES: &[Route] = &[
     Route {
         method: "POST",
         path: "/v1/exec/stream",
-        summary: "Run a command and stream its output as NDJSON frames.",
+        summary: "Run a command and stream its output: NDJSON events, or binary frames with `Accept: application/vnd.orchard.exec-frames`.",
         auth: true,
         query: &[],
         request: Body::Json(schema::<ExecRequest>),
-        response: Body::Ndjson(schema::<ExecEvent>),
+        response: Body::NdjsonOrFrames(schema::<ExecEvent>),
     },
     Route {
         method: "GET",
@@ -469,6 +472,12 @@ fn content(gen: &mut SchemaGenerator, body: Body) -> Option<Value> {
             ("application/json", serde_json::to_value(f(gen)).ok()?)
         }
         Body::Ndjson(f) => (crate::NDJSON, serde_json::to_value(f(gen)).ok()?),
+        Body::NdjsonOrFrames(f) => {
+            return Some(json!({
+                crate::NDJSON: { "schema": serde_json::to_value(f(gen)).ok()? },
+                crate::frames::EXEC_FRAMES: { "schema": {"type": "string", "format": "binary"} },
+            }));
+        }
         Body::Bytes(media) => (media, json!({"type": "string", "format": "binary"})),
     };
     Some(json!({ media: { "schema": schema } }))

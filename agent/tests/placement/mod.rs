@@ -46,16 +46,22 @@ async fn regression_commands_started_while_every_cpu_is_busy_keep_no_one_cpu_mas
         // The shell, two processes it starts at once, and a grandchild: all must
         // have the agent's mask.
         let r = sb
-            .sh("sleep 2 & a=$!; sh -c 'sleep 2 & echo $!; wait' > /tmp/g & b=$!; \
+            .sh(
+                "sleep 2 & a=$!; sh -c 'sleep 2 & echo $!; wait' > /tmp/g & b=$!; \
                  while [ ! -s /tmp/g ]; do :; done; \
                  for p in $$ $a $b $(cat /tmp/g); do grep Cpus_allowed_list /proc/$p/status; done; \
-                 kill $a $b $(cat /tmp/g); rm /tmp/g")
+                 kill $a $b $(cat /tmp/g); rm /tmp/g",
+            )
             .await;
         let out = r.stdout.text_lossy();
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 4, "{out} {r:?}");
         for line in lines {
-            assert_eq!(format!("{line}\n"), agent, "a command's process kept a pinned mask");
+            assert_eq!(
+                format!("{line}\n"),
+                agent,
+                "a command's process kept a pinned mask"
+            );
         }
     }
 }
