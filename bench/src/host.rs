@@ -35,7 +35,21 @@ impl Server {
         std::fs::create_dir_all(&data)?;
         let key = format!("scale-{}", std::process::id());
         let log = std::fs::File::create(data.join("server.log"))?;
-        let child = Command::new(orchard)
+        let mut cmd = Command::new(orchard);
+        // A session of its own, as a service started by systemd would be: with
+        // autogroup scheduling a session is its own scheduling group, and sharing the
+        // bench's (whose floor spawns and clients are busy) would charge the server for
+        // the bench's CPU time.
+        // SAFETY: `setsid` is a single async-signal-safe system call; nothing is
+        // allocated between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                let _ = rustix::process::setsid();
+                Ok(())
+            });
+        }
+        let child = cmd
             .args(["serve", "--listen", "127.0.0.1:0", "--log-level", "warn"])
             .arg("--data-dir")
             .arg(&data)
@@ -261,8 +275,8 @@ impl Drop for FloorBundle {
     }
 }
 
-/// A busy loop on every core, at the default nice level, policy and slice, in a session
-/// of its own; stopped on drop.
+/// A busy loop on every core (one pinned to each), at the default nice level, policy and
+/// slice, in a session of its own; stopped on drop.
 pub struct Hog {
     children: Vec<Child>,
 }
@@ -276,7 +290,7 @@ impl Hog {
         let mut hog = Hog {
             children: Vec::new(),
         };
-        for _ in 0..cores {
+        for core in 0..cores {
             let mut cmd = Command::new("timeout");
             cmd.arg(format!("{}", limit.as_secs().max(1)))
                 .args(["sh", "-c", "while :; do :; done"])
@@ -289,9 +303,16 @@ impl Hog {
             // group, so the hog does not share this process's group with the server.
             unsafe {
                 use std::os::unix::process::CommandExt;
-                cmd.pre_exec(|| {
+                cmd.pre_exec(move || {
                     let _ = orchard_sched::set_thread_slice(Duration::ZERO);
                     let _ = rustix::process::setsid();
+                    // One loop on each core, kept there: left alone, the kernel
+                    // sometimes puts both loops on one core (by weight that is
+                    // balanced: each loop is a group of its own) and the other core
+                    // is then free for the measured calls, which is no hog at all.
+                    let mut one = rustix::thread::CpuSet::new();
+                    one.set(core);
+                    let _ = rustix::thread::sched_setaffinity(None, &one);
                     Ok(())
                 });
             }
@@ -327,6 +348,41 @@ pub fn spawn_floor(n: usize) -> anyhow::Result<Vec<Duration>> {
         }
     }
     Ok(out)
+}
+
+/// Like [`spawn_floor`], from `orchard-floor` (next to this program) in a session of
+/// its own. Why: with autogroup scheduling a session is one scheduling group, and a
+/// client that spawns the floor's children itself is charged for their CPU time and
+/// then waits longer to be woken for its own calls, which measured the floor into the
+/// client's latency.
+pub fn spawn_floor_apart(n: usize) -> anyhow::Result<Vec<Duration>> {
+    let exe = std::env::current_exe()?.with_file_name("orchard-floor");
+    let mut cmd = Command::new(&exe);
+    cmd.arg(n.to_string()).stdin(Stdio::null());
+    // SAFETY: `setsid` is a single async-signal-safe system call; nothing is
+    // allocated between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            let _ = rustix::process::setsid();
+            Ok(())
+        });
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            exe.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .map(Duration::from_nanos)
+        .collect())
 }
 
 /// Spawn-and-wait of `true` per second with `tasks` concurrent spawners for `dur`:

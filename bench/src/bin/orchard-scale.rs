@@ -630,7 +630,7 @@ async fn under_hog(api: &Api, id: &str, calls: usize, n: &mut Numbers) -> anyhow
         command: Cmd::Argv(vec!["true".into()]),
         ..Default::default()
     };
-    let mut md = String::from("## Exec `true` latency, with and without a CPU hog\n\nOne client (a single-threaded runtime on its own thread), calls one after another on one sandbox (of the live ones), the four series interleaved in blocks of 50; the hog is one `sh` busy loop per core at the default nice level and slice, started after the quiet series and stopped after. The floor is a spawn-and-wait of `true` on the host from this process.\n\n| series | hog | p50 µs | p90 µs | p99 µs | p99/p50 | p50 vs floor | target | prev p99 µs |\n|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("## Exec `true` latency, with and without a CPU hog\n\nOne client (a single-threaded runtime on its own thread), calls one after another on one sandbox (of the live ones), the four series interleaved in blocks of 50; the hog is one `sh` busy loop per core at the default nice level and slice, started after the quiet series and stopped after. The floor is a spawn-and-wait of `true` on the host by `orchard-floor`, a process in a session of its own (spawning from the client would charge the client's scheduling group for the children). The hog loops are pinned one to each core.\n\n| series | hog | p50 µs | p90 µs | p99 µs | p99/p50 | p50 vs floor | target | prev p99 µs |\n|---|---|---|---|---|---|---|---|---|\n");
     for hog in [false, true] {
         let _guard = if hog {
             Some(Hog::start(Duration::from_secs(600))?)
@@ -641,7 +641,7 @@ async fn under_hog(api: &Api, id: &str, calls: usize, n: &mut Numbers) -> anyhow
         let block = 50;
         for _ in 0..calls.div_ceil(block) {
             s[0].extend(
-                ms_all(&host::spawn_floor(block)?)
+                ms_all(&host::spawn_floor_apart(block)?)
                     .iter()
                     .map(|m| m * 1000.0),
             );
