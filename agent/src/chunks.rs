@@ -13,8 +13,9 @@
 //! - a buffer in the pool is empty (`len == 0`) and keeps its capacity;
 //! - at most [`MAX_LOANED`] buffers are out as chunks at once: the reader waits for one
 //!   to come back before handing over another (backpressure, like a full queue), so a
-//!   stream holds at most `MAX_LOANED` × 256 KiB however slow its consumer, and the
-//!   pool never needs to allocate past that;
+//!   stream holds at most `MAX_LOANED` + 1 buffers (the loans and the one being read
+//!   into: 2.25 MiB at 256 KiB) however slow its consumer, and the pool never needs to
+//!   allocate past that; the pool lives as long as its reader;
 //! - the pool keeps at most [`MAX_LOANED`] empty buffers;
 //! - a small read is copied out (see [`ChunkPool::chunk`]) so that a short line never
 //!   pins a 256 KiB buffer while it waits in a queue.
@@ -74,10 +75,10 @@ impl ChunkPool {
 
     /// Turns the bytes read into `buf` into a chunk. A large read hands `buf` over (it
     /// comes back to this pool when the chunk's last clone is dropped) and `buf` is
-    /// replaced by an empty buffer of the same capacity; a small one is copied and `buf`
-    /// is emptied for the next read. Handing over waits while [`MAX_LOANED`] chunks
-    /// are out.
-    pub async fn chunk(self: &Arc<Self>, buf: &mut Vec<u8>) -> Bytes {
+    /// replaced by an empty buffer of at least `next` bytes; a small one is copied and
+    /// `buf` is emptied for the next read. Handing over waits while [`MAX_LOANED`]
+    /// chunks are out.
+    pub async fn chunk(self: &Arc<Self>, buf: &mut Vec<u8>, next: usize) -> Bytes {
         let permit = if buf.len() < HAND_OVER_AT {
             None
         } else {
@@ -89,8 +90,7 @@ impl ChunkPool {
             buf.clear();
             return out;
         };
-        let next = self.take(buf.capacity());
-        let full = std::mem::replace(buf, next);
+        let full = std::mem::replace(buf, self.take(next));
         Bytes::from_owner(Pooled {
             buf: full,
             pool: self.clone(),
@@ -131,7 +131,7 @@ mod tests {
         let mut buf = pool.take(64 * 1024);
         buf.extend(std::iter::repeat_n(7u8, 40_000));
         let first = buf.as_ptr();
-        let chunk = pool.chunk(&mut buf).await;
+        let chunk = pool.chunk(&mut buf, 64 * 1024).await;
         assert_eq!(chunk.len(), 40_000);
         assert!(chunk.iter().all(|b| *b == 7));
         assert_eq!(chunk.as_ptr(), first, "the chunk is the buffer, not a copy");
@@ -153,7 +153,7 @@ mod tests {
         let mut buf = pool.take(256 * 1024);
         buf.extend_from_slice(b"one line\n");
         let kept = buf.as_ptr();
-        let chunk = pool.chunk(&mut buf).await;
+        let chunk = pool.chunk(&mut buf, 64 * 1024).await;
         assert_eq!(&chunk[..], b"one line\n");
         assert_ne!(chunk.as_ptr(), kept);
         assert_eq!(buf.as_ptr(), kept);
@@ -167,15 +167,19 @@ mod tests {
         for _ in 0..MAX_LOANED {
             let mut buf = pool.take(HAND_OVER_AT);
             buf.resize(HAND_OVER_AT, 1);
-            out.push(pool.chunk(&mut buf).await);
+            out.push(pool.chunk(&mut buf, 64 * 1024).await);
         }
         let mut buf = pool.take(HAND_OVER_AT);
         buf.resize(HAND_OVER_AT, 2);
-        let waiting = tokio::time::timeout(Duration::from_millis(50), pool.chunk(&mut buf)).await;
+        let waiting = tokio::time::timeout(
+            Duration::from_millis(50),
+            pool.chunk(&mut buf, HAND_OVER_AT),
+        )
+        .await;
         assert!(waiting.is_err(), "a ninth chunk must wait");
         assert_eq!(buf.len(), HAND_OVER_AT, "nothing was taken from the buffer");
         drop(out.pop());
-        let ninth = pool.chunk(&mut buf).await;
+        let ninth = pool.chunk(&mut buf, 64 * 1024).await;
         assert!(ninth.iter().all(|b| *b == 2));
         drop(out);
         drop(ninth);

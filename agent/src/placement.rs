@@ -9,9 +9,10 @@
 //! (negative lag): it is not eligible to preempt the task running there, and waits
 //! for that task's slice to end, which is noticed at the tick. On the CPU the agent
 //! thread is on, the sandbox's entity is the one running and the child runs as soon as
-//! the agent waits for it. Measured with a busy loop on both cores, exec `true` p99
-//! went from 4–12x p50 to 1.4–1.6x; the same spawn from an unpinned host process
-//! stays at 8–13x.
+//! the agent waits for it. Measured on one sandbox with a busy loop pinned to each of
+//! the two cores, exec `true` p99 went from 4–8x p50 (a third of the calls over 2 ms)
+//! to 1.5x (one or two calls in 600). What remains in the full scale bench (4–5x) is
+//! the agent's and the server's own wake-ups (`docs/scale.md`).
 //!
 //! Only when no CPU is idle: when one is, the kernel's choice is right (the child starts
 //! there at once, in parallel with the agent), and pinning cost 0.2 ms at p50.
@@ -21,18 +22,25 @@
 //! it). Once the spawn returns (the child has exec'd), the child gets the thread's
 //! original mask back, and so does the thread.
 //!
-//! Invariant: nothing a command starts keeps the one-CPU mask. A thread or process the
-//! command created before its mask came back would have inherited it, so after the
-//! child, its threads and descendants are checked too: each task is restored before
-//! its own children are listed, so a task created meanwhile inherits a restored mask,
-//! and passes repeat until one restores nothing. Only tasks whose mask is exactly the
-//! one-CPU mask are touched (a command's own choice made in those microseconds is not
-//! plausible). Usually the child has not run yet when it is restored (the agent thread
-//! is woken by the exec on the same CPU and runs first), and the check is one
-//! directory listing and one read.
+//! Keeping commands off the one-CPU mask: a thread or process the command created
+//! before its mask came back would have inherited it, so after the child, its threads
+//! and descendants are checked too: each task is restored before its own children are
+//! listed, so a task created meanwhile inherits a restored mask, and passes repeat
+//! until one restores nothing. Only descendants whose mask is exactly the one-CPU mask
+//! are touched. Usually the child has not run yet when it is restored (the agent
+//! thread is woken by the exec on the same CPU and runs first), and a pass is one
+//! directory listing and a read per thread. Known gap: a process whose parent exits in
+//! those microseconds is reparented to the agent and not found. Commands run as
+//! another user are never pinned (giving their mask back needs CAP_SYS_NICE), and if
+//! giving a mask back ever fails, pinning stops for the agent's life.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::process::Pid;
 use rustix::thread::{sched_getaffinity, sched_getcpu, sched_setaffinity, CpuSet};
+
+/// Set when a command's mask could not be given back: pinning stops for good.
+static DISABLED: AtomicBool = AtomicBool::new(false);
 
 /// Tasks checked at most when restoring a command's tree (a fork bomb in the window of
 /// a few microseconds is not worth more).
@@ -49,6 +57,9 @@ impl Pin {
     /// Pins the calling thread to the CPU it is on when no CPU is idle; `None`
     /// (nothing changed) otherwise.
     pub fn when_busy() -> Option<Pin> {
+        if DISABLED.load(Ordering::Relaxed) {
+            return None;
+        }
         let cpus = sched_getaffinity(None).ok()?.count();
         if cpus <= 1 || !all_busy(cpus) {
             return None;
@@ -75,9 +86,16 @@ impl Pin {
         let Some(pid) = Pid::from_raw(child) else {
             return;
         };
-        // Gone already is fine: nothing of it can keep the mask.
-        if sched_setaffinity(Some(pid), &self.saved).is_err() {
-            return;
+        match sched_setaffinity(Some(pid), &self.saved) {
+            Ok(()) => {}
+            // Gone already is fine: nothing of it can keep the mask.
+            Err(rustix::io::Errno::SRCH) => return,
+            Err(e) => {
+                // The command keeps the one-CPU mask: never pin again.
+                DISABLED.store(true, Ordering::Relaxed);
+                tracing::warn!(error = %e, pid = child, "cannot give a command its CPU mask back; commands now start where the kernel puts them");
+                return;
+            }
         }
         let mut budget = MAX_TASKS;
         while budget > 0 && self.restore_descendants(child, &mut budget) > 0 {}

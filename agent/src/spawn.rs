@@ -235,17 +235,21 @@ fn start(
     let guard = reaper.spawn_guard();
     let window = OomWindow::open();
     // When no CPU is idle, the child starts on this thread's CPU and gets the full
-    // mask back once it has exec'd ([`crate::placement`]).
-    let pin = Pin::when_busy();
+    // mask back once it has exec'd ([`crate::placement`]). Not for commands run as
+    // another user: without CAP_SYS_NICE the agent could not give their mask back.
+    let pin = if RUN_AS.get().is_none() {
+        Pin::when_busy()
+    } else {
+        None
+    };
     let spawned = cmd.spawn();
-    if let (Some(pin), Ok(child)) = (&pin, &spawned) {
-        pin.release(child.id() as i32);
-    }
-    drop(pin);
     drop(window);
     let child = spawned.map_err(|err| spawn_error(&spec.argv[0], spec, &err))?;
     let exit = guard.register(child.id() as i32);
     drop(guard);
+    if let Some(pin) = pin {
+        pin.release(child.id() as i32);
+    }
     Ok((child, exit))
 }
 

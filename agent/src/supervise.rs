@@ -161,14 +161,10 @@ async fn pump<S: Sink>(mut rx: pipe::Receiver, stream: Stream, sink: S, counters
             Ok(0) => break,
             Ok(n) => {
                 counter.fetch_add(n as u64, Ordering::Relaxed);
-                let filled = n >= buf.capacity();
-                if consumer_alive {
-                    consumer_alive = sink.write(stream, pool.chunk(&mut buf).await).await;
-                } else {
-                    buf.clear();
-                }
-                if filled && buf.capacity() < BIG_READ_CHUNK {
-                    let grown = if buf.capacity() >= READ_CHUNK {
+                // A read that filled the buffer asks for a bigger one next.
+                let mut next = buf.capacity();
+                if n >= next && next < BIG_READ_CHUNK {
+                    next = if next >= READ_CHUNK {
                         // Best effort: past the per-user pipe budget the kernel
                         // refuses, and the pipe keeps its size.
                         let _ = rustix::pipe::fcntl_setpipe_size(&rx, BIG_READ_CHUNK);
@@ -176,7 +172,14 @@ async fn pump<S: Sink>(mut rx: pipe::Receiver, stream: Stream, sink: S, counters
                     } else {
                         READ_CHUNK
                     };
-                    buf = pool.take(grown);
+                }
+                if consumer_alive {
+                    consumer_alive = sink.write(stream, pool.chunk(&mut buf, next).await).await;
+                } else {
+                    buf.clear();
+                }
+                if buf.capacity() < next {
+                    buf = pool.take(next);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

@@ -40,12 +40,17 @@ impl Server {
         // autogroup scheduling a session is its own scheduling group, and sharing the
         // bench's (whose floor spawns and clients are busy) would charge the server for
         // the bench's CPU time.
-        // SAFETY: `setsid` is a single async-signal-safe system call; nothing is
+        // SAFETY: `setsid` and `prctl` are async-signal-safe system calls; nothing is
         // allocated between fork and exec.
         unsafe {
             use std::os::unix::process::CommandExt;
             cmd.pre_exec(|| {
                 let _ = rustix::process::setsid();
+                // Out of the terminal's process group, Ctrl-C no longer reaches the
+                // server: it ends with this process instead.
+                let _ = rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::TERM,
+                ));
                 Ok(())
             });
         }
@@ -290,7 +295,13 @@ impl Hog {
         let mut hog = Hog {
             children: Vec::new(),
         };
-        for core in 0..cores {
+        // The CPUs this process may use, by number (not 0..cores: they need not be).
+        let allowed = rustix::thread::sched_getaffinity(None)?;
+        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|c| allowed.is_set(*c))
+            .take(cores)
+            .collect();
+        for core in cpus {
             let mut cmd = Command::new("timeout");
             cmd.arg(format!("{}", limit.as_secs().max(1)))
                 .args(["sh", "-c", "while :; do :; done"])

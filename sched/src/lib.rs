@@ -119,7 +119,7 @@ mod tests {
     }
 
     #[test]
-    fn threads_and_children_spawned_after_the_request_inherit_the_slice() {
+    fn threads_spawned_after_the_request_inherit_the_slice() {
         std::thread::spawn(|| {
             set_thread_slice(Duration::from_micros(300)).unwrap();
             let Some(_) = thread_slice().unwrap() else {
