@@ -60,17 +60,22 @@ impl Pin {
         if DISABLED.load(Ordering::Relaxed) {
             return None;
         }
-        let cpus = sched_getaffinity(None).ok()?.count();
+        let saved = sched_getaffinity(None).ok()?;
+        let cpus = saved.count();
         if cpus <= 1 || !all_busy(cpus) {
             return None;
         }
-        Pin::current_cpu()
+        Pin::on_current_cpu(saved)
     }
 
     /// Pins the calling thread to the CPU it is on; `None` (nothing changed) when it
     /// may run on one CPU only anyway or the kernel refuses.
     pub fn current_cpu() -> Option<Pin> {
-        let saved = sched_getaffinity(None).ok()?;
+        Pin::on_current_cpu(sched_getaffinity(None).ok()?)
+    }
+
+    /// Pins the calling thread, whose mask is `saved`, to the CPU it is on.
+    fn on_current_cpu(saved: CpuSet) -> Option<Pin> {
         if saved.count() <= 1 {
             return None;
         }

@@ -8,7 +8,11 @@
 //!   the grace period;
 //! - once the leader has exited, pipes still held open by a background grandchild are
 //!   read for at most the drain period, then let go, so the call returns within
-//!   timeout + grace + drain even when `sleep 1000 &` keeps stdout open.
+//!   timeout + grace + drain even when `sleep 1000 &` keeps stdout open;
+//! - but whatever was written before the leader's exit is all delivered, however long
+//!   a slow consumer takes: the drain period bounds waiting for *more* output, never
+//!   the delivery of output already in the pipe or in hand (cutting it lost the tail
+//!   of a large output whenever the consumer was slower than the drain period).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +23,7 @@ use bytes::Bytes;
 use orchard_protocol::exec::ExitInfo;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::{timeout, Instant};
 
 use crate::chunks::ChunkPool;
@@ -93,8 +97,16 @@ pub async fn supervise<S: Sink>(
     } = child;
     let started = Instant::from_std(started);
     let deadline = started + timing.timeout;
-    let out = tokio::spawn(pump(stdout, Stream::Stdout, sink.clone(), counters.clone()));
-    let err = tokio::spawn(pump(stderr, Stream::Stderr, sink, counters));
+    // Set to the drain deadline once the leader is gone (see [`pump`]).
+    let (ended, ended_rx) = watch::channel(None);
+    let out = tokio::spawn(pump(
+        stdout,
+        Stream::Stdout,
+        sink.clone(),
+        counters.clone(),
+        ended_rx.clone(),
+    ));
+    let err = tokio::spawn(pump(stderr, Stream::Stderr, sink, counters, ended_rx));
 
     let killed = async {
         match &kill {
@@ -125,12 +137,11 @@ pub async fn supervise<S: Sink>(
     let duration = started.elapsed();
     let exit = exit.unwrap_or(Exit::Signal(libc::SIGKILL));
 
-    let drain_deadline = Instant::now() + timing.drain;
+    // The pumps end by themselves: at end of file, or once what was in the pipes is
+    // delivered and the drain period has passed.
+    let _ = ended.send(Some(Instant::now() + timing.drain));
     for task in [out, err] {
-        let abort = task.abort_handle();
-        if timeout_at_or_abort(drain_deadline, task).await.is_none() {
-            abort.abort();
-        }
+        let _ = task.await;
     }
     ExitInfo {
         exit_code: exit.code(),
@@ -140,11 +151,25 @@ pub async fn supervise<S: Sink>(
     }
 }
 
-async fn timeout_at_or_abort<T>(deadline: Instant, task: tokio::task::JoinHandle<T>) -> Option<T> {
-    tokio::time::timeout_at(deadline, task).await.ok()?.ok()
+/// When a pump may stop: once it has read `owed` bytes in all (what the pipe held when
+/// the leader exited, on top of what was read before) and a read would wait past
+/// `deadline`.
+#[derive(Debug, Clone, Copy)]
+struct Drain {
+    owed: u64,
+    deadline: Instant,
 }
 
-async fn pump<S: Sink>(mut rx: pipe::Receiver, stream: Stream, sink: S, counters: Arc<Counters>) {
+/// Reads one stream into `sink` to its end, or, once `ended` holds the drain deadline
+/// (the leader exited), until what the pipe held then is delivered and no more comes
+/// before the deadline.
+async fn pump<S: Sink>(
+    mut rx: pipe::Receiver,
+    stream: Stream,
+    sink: S,
+    counters: Arc<Counters>,
+    mut ended: watch::Receiver<Option<Instant>>,
+) {
     let counter = match stream {
         Stream::Stdout => &counters.stdout,
         Stream::Stderr => &counters.stderr,
@@ -155,11 +180,36 @@ async fn pump<S: Sink>(mut rx: pipe::Receiver, stream: Stream, sink: S, counters
     let pool = ChunkPool::new();
     let mut buf = pool.take(FIRST_READ_CHUNK);
     let mut consumer_alive = true;
+    let mut read = 0u64;
+    let mut drain: Option<Drain> = None;
     loop {
-        // The read fills the buffer's spare capacity, without zeroing it first.
-        match rx.read_buf(&mut buf).await {
+        // The read fills the buffer's spare capacity, without zeroing it first (and is
+        // cancel-safe: a read given up on took nothing).
+        let got = match drain {
+            None => tokio::select! {
+                r = rx.read_buf(&mut buf) => r,
+                _ = ended.changed() => {
+                    // Also when the sender is gone: stop waiting for it either way.
+                    let deadline = (*ended.borrow()).unwrap_or_else(Instant::now);
+                    let pending = rustix::io::ioctl_fionread(&rx).unwrap_or(0);
+                    drain = Some(Drain { owed: read + pending, deadline });
+                    continue;
+                }
+            },
+            // Output written before the exit: read it whatever the time.
+            Some(d) if read < d.owed => rx.read_buf(&mut buf).await,
+            // More, from a background grandchild: only until the deadline, even while it
+            // keeps writing (a read that is ready would win over an elapsed timeout).
+            Some(d) if Instant::now() >= d.deadline => break,
+            Some(d) => match tokio::time::timeout_at(d.deadline, rx.read_buf(&mut buf)).await {
+                Ok(r) => r,
+                Err(_) => break,
+            },
+        };
+        match got {
             Ok(0) => break,
             Ok(n) => {
+                read += n as u64;
                 counter.fetch_add(n as u64, Ordering::Relaxed);
                 // A read that filled the buffer asks for a bigger one next.
                 let mut next = buf.capacity();
@@ -220,7 +270,29 @@ mod tests {
         }
     }
 
+    /// A consumer that takes `0` per chunk: slower than the drain period.
+    #[derive(Clone, Default)]
+    struct Slow(Duration, Collect);
+
+    impl Sink for Slow {
+        async fn write(&self, stream: Stream, data: Bytes) -> bool {
+            tokio::time::sleep(self.0).await;
+            self.1.write(stream, data).await
+        }
+    }
+
     async fn run(script: &str, timeout_ms: u64) -> (ExitInfo, Vec<u8>, i32, Duration) {
+        let sink = Collect::default();
+        let (exit, pid, took) = run_into(script, timeout_ms, sink.clone()).await;
+        let out = sink.0.lock().unwrap().clone();
+        (exit, out, pid, took)
+    }
+
+    async fn run_into<S: Sink>(
+        script: &str,
+        timeout_ms: u64,
+        sink: S,
+    ) -> (ExitInfo, i32, Duration) {
         let req = ExecRequest {
             command: Command::Shell(script.into()),
             ..Default::default()
@@ -233,11 +305,32 @@ mod tests {
             grace: Duration::from_millis(200),
             drain: Duration::from_millis(100),
         };
-        let sink = Collect::default();
         let start = std::time::Instant::now();
-        let exit = supervise(child, timing, sink.clone(), Arc::default(), None).await;
-        let out = sink.0.lock().unwrap().clone();
-        (exit, out, pid, start.elapsed())
+        let exit = supervise(child, timing, sink, Arc::default(), None).await;
+        (exit, pid, start.elapsed())
+    }
+
+    /// Regression: once the leader exited, the pumps were cut after the drain period
+    /// even while they still delivered what it had written, so a consumer slower than
+    /// that period lost the end of the output (128 KiB of a 16 MiB stream in the frames
+    /// test, now and then).
+    #[tokio::test]
+    async fn regression_a_slow_consumer_gets_all_output_written_before_the_exit() {
+        let sink = Slow(Duration::from_millis(150), Collect::default());
+        let n = 512 * 1024;
+        let (exit, _, _) = run_into(&format!("head -c {n} /dev/zero"), 10_000, sink.clone()).await;
+        assert_eq!(exit.exit_code, Some(0));
+        assert_eq!(sink.1 .0.lock().unwrap().len(), n);
+    }
+
+    #[tokio::test]
+    async fn a_grandchild_that_keeps_writing_does_not_hold_the_call() {
+        let ran = tokio::time::timeout(Duration::from_secs(10), run("yes & echo started", 10_000));
+        let (exit, out, pid, took) = ran.await.expect("the call returned");
+        kill_group(pid, libc::SIGKILL);
+        assert_eq!(exit.exit_code, Some(0));
+        assert!(!out.is_empty());
+        assert!(took < Duration::from_secs(2), "took {took:?}");
     }
 
     #[tokio::test]
