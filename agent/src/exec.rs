@@ -72,6 +72,7 @@ pub fn prepare(state: &AppState, req: &ExecRequest, stdin_pipe: bool) -> ApiResu
             timeout: Duration::from_millis(timeout_ms),
             grace: state.config.kill_grace,
             drain: state.config.drain_after_exit,
+            stall: crate::supervise::STALL_LIMIT,
         },
         max_output,
     })

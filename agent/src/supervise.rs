@@ -12,7 +12,10 @@
 //! - but whatever was written before the leader's exit is all delivered, however long
 //!   a slow consumer takes: the drain period bounds waiting for *more* output, never
 //!   the delivery of output already in the pipe or in hand (cutting it lost the tail
-//!   of a large output whenever the consumer was slower than the drain period).
+//!   of a large output whenever the consumer was slower than the drain period); only a
+//!   consumer that takes nothing for the stall limit ([`STALL_LIMIT`]) after the drain period is taken
+//!   for gone, so the call still ends (and its kill-on-disconnect is disarmed) in
+//!   bounded time when a client stops reading but keeps its connection.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +41,10 @@ const READ_CHUNK: usize = 64 * 1024;
 const BIG_READ_CHUNK: usize = 256 * 1024;
 /// First read per pipe read.
 const FIRST_READ_CHUNK: usize = 4096;
+
+/// How long the pumps may read nothing, once the drain period is over, before their
+/// consumer is taken for gone and they are stopped ([`Timing::stall`]'s default).
+pub const STALL_LIMIT: Duration = Duration::from_secs(10);
 
 /// Longest wait for a SIGKILLed leader to be reaped before giving up on it.
 const KILL_REAP_LIMIT: Duration = Duration::from_secs(5);
@@ -67,6 +74,9 @@ pub struct Timing {
     pub grace: Duration,
     /// Reading after the leader exited.
     pub drain: Duration,
+    /// After the drain period, how long a consumer may take nothing before it is taken
+    /// for gone ([`STALL_LIMIT`]).
+    pub stall: Duration,
 }
 
 /// Bytes read per stream so far.
@@ -106,7 +116,13 @@ pub async fn supervise<S: Sink>(
         counters.clone(),
         ended_rx.clone(),
     ));
-    let err = tokio::spawn(pump(stderr, Stream::Stderr, sink, counters, ended_rx));
+    let err = tokio::spawn(pump(
+        stderr,
+        Stream::Stderr,
+        sink,
+        counters.clone(),
+        ended_rx,
+    ));
 
     let killed = async {
         match &kill {
@@ -138,10 +154,20 @@ pub async fn supervise<S: Sink>(
     let exit = exit.unwrap_or(Exit::Signal(libc::SIGKILL));
 
     // The pumps end by themselves: at end of file, or once what was in the pipes is
-    // delivered and the drain period has passed.
-    let _ = ended.send(Some(Instant::now() + timing.drain));
-    for task in [out, err] {
-        let _ = task.await;
+    // delivered and the drain period has passed; or they are stopped when their
+    // consumer has taken nothing for the stall limit.
+    let drained = Instant::now() + timing.drain;
+    let _ = ended.send(Some(drained));
+    let read = || counters.stdout.load(Ordering::Relaxed) + counters.stderr.load(Ordering::Relaxed);
+    let (mut seen, mut until) = (read(), drained + timing.stall);
+    for mut task in [out, err] {
+        while tokio::time::timeout_at(until, &mut task).await.is_err() {
+            if read() == seen {
+                task.abort();
+                break;
+            }
+            (seen, until) = (read(), Instant::now() + timing.stall);
+        }
     }
     ExitInfo {
         exit_code: exit.code(),
@@ -182,20 +208,28 @@ async fn pump<S: Sink>(
     let mut consumer_alive = true;
     let mut read = 0u64;
     let mut drain: Option<Drain> = None;
+    let mut watching = true;
     loop {
         // The read fills the buffer's spare capacity, without zeroing it first (and is
         // cancel-safe: a read given up on took nothing).
         let got = match drain {
-            None => tokio::select! {
+            None if watching => tokio::select! {
                 r = rx.read_buf(&mut buf) => r,
-                _ = ended.changed() => {
-                    // Also when the sender is gone: stop waiting for it either way.
-                    let deadline = (*ended.borrow()).unwrap_or_else(Instant::now);
-                    let pending = rustix::io::ioctl_fionread(&rx).unwrap_or(0);
-                    drain = Some(Drain { owed: read + pending, deadline });
+                changed = ended.changed() => {
+                    let deadline = *ended.borrow();
+                    match (changed, deadline) {
+                        (Ok(()), Some(deadline)) => {
+                            let pending = rustix::io::ioctl_fionread(&rx).unwrap_or(0);
+                            drain = Some(Drain { owed: read + pending, deadline });
+                        }
+                        // The supervision itself was dropped (a sync exec's caller went
+                        // away): read to the end, as a command left running expects.
+                        _ => watching = false,
+                    }
                     continue;
                 }
             },
+            None => rx.read_buf(&mut buf).await,
             // Output written before the exit: read it whatever the time.
             Some(d) if read < d.owed => rx.read_buf(&mut buf).await,
             // More, from a background grandchild: only until the deadline, even while it
@@ -270,7 +304,7 @@ mod tests {
         }
     }
 
-    /// A consumer that takes `0` per chunk: slower than the drain period.
+    /// A consumer that takes its `.0` per chunk: slower than the drain period.
     #[derive(Clone, Default)]
     struct Slow(Duration, Collect);
 
@@ -304,6 +338,7 @@ mod tests {
             timeout: Duration::from_millis(timeout_ms),
             grace: Duration::from_millis(200),
             drain: Duration::from_millis(100),
+            stall: Duration::from_millis(500),
         };
         let start = std::time::Instant::now();
         let exit = supervise(child, timing, sink, Arc::default(), None).await;
@@ -323,14 +358,49 @@ mod tests {
         assert_eq!(sink.1 .0.lock().unwrap().len(), n);
     }
 
+    /// Counts what it is given, keeping nothing.
+    #[derive(Clone, Default)]
+    struct Count(Arc<AtomicU64>);
+
+    impl Sink for Count {
+        async fn write(&self, _: Stream, data: Bytes) -> bool {
+            self.0.fetch_add(data.len() as u64, Ordering::Relaxed);
+            true
+        }
+    }
+
     #[tokio::test]
     async fn a_grandchild_that_keeps_writing_does_not_hold_the_call() {
-        let ran = tokio::time::timeout(Duration::from_secs(10), run("yes & echo started", 10_000));
-        let (exit, out, pid, took) = ran.await.expect("the call returned");
+        let sink = Count::default();
+        let ran = run_into("yes & echo started", 10_000, sink.clone());
+        let (exit, pid, took) = tokio::time::timeout(Duration::from_secs(10), ran)
+            .await
+            .expect("the call returned");
         kill_group(pid, libc::SIGKILL);
         assert_eq!(exit.exit_code, Some(0));
-        assert!(!out.is_empty());
+        assert!(sink.0.load(Ordering::Relaxed) > 0);
         assert!(took < Duration::from_secs(2), "took {took:?}");
+    }
+
+    /// A consumer that stops taking output but stays connected.
+    #[derive(Clone, Default)]
+    struct Stuck;
+
+    impl Sink for Stuck {
+        async fn write(&self, _: Stream, _: Bytes) -> bool {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_consumer_that_stops_reading_does_not_hold_the_call_forever() {
+        let ran = run_into("echo one; echo two >&2", 10_000, Stuck);
+        let (exit, _, took) = tokio::time::timeout(Duration::from_secs(10), ran)
+            .await
+            .expect("the call returned");
+        assert_eq!(exit.exit_code, Some(0));
+        // The drain period and the stall limit (500 ms in these tests), not sooner.
+        assert!(took >= Duration::from_millis(600), "took {took:?}");
     }
 
     #[tokio::test]
@@ -380,6 +450,7 @@ mod tests {
             timeout: Duration::from_secs(30),
             grace: Duration::from_millis(200),
             drain: Duration::from_millis(100),
+            stall: Duration::from_millis(500),
         };
         let exit = supervise(
             child,
