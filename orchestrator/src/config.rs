@@ -162,6 +162,14 @@ pub struct ServeArgs {
     /// the `orchard-sched` crate); 0 keeps the kernel's default [default: 100].
     #[arg(long, env = "ORCHARD_LATENCY_SLICE_US")]
     pub latency_slice_us: Option<u64>,
+    /// Nice level asked for the server's scheduling group (its session's autogroup;
+    /// only when the server leads its own session, as `make run` and `setsid` start
+    /// it) [default: -10]. The local backend's sandboxes are scheduled beside it, each
+    /// with the default weight: without it, a hundred busy sandboxes left the server,
+    /// through which every call passes, a hundredth of the CPU (docs/scale.md). 0
+    /// keeps the kernel's default.
+    #[arg(long, env = "ORCHARD_GROUP_NICE", allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
+    pub group_nice: Option<i32>,
     /// Creates running at the backend at once; more wait in the queue [default: 64].
     #[arg(long, env = "ORCHARD_MAX_CONCURRENT_CREATES")]
     pub max_concurrent_creates: Option<usize>,

@@ -53,6 +53,14 @@ fn main() -> anyhow::Result<()> {
                 eprintln!("orchard: could not ask for a short scheduler slice: {e}");
             }
         }
+        let nice = args.group_nice.unwrap_or(orchard_sched::SERVER_GROUP_NICE);
+        if nice != 0 {
+            if let Err(e) = orchard_sched::set_autogroup_nice(nice) {
+                eprintln!(
+                    "orchard: could not set the server's scheduling group to nice {nice}: {e}"
+                );
+            }
+        }
     }
     let runtime = builder.enable_all().build()?;
     let code = runtime.block_on(async move {
