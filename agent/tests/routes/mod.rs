@@ -10,18 +10,7 @@ async fn fill_id(sb: &Sandbox, path: &str) -> Option<String> {
         return Some(p.id);
     }
     if path.starts_with("/v1/sessions/{id}") {
-        let raw = ok(
-            "start a session",
-            sb.client().send(
-                Method::POST,
-                "/v1/sessions",
-                Bytes::from("{}"),
-                "application/json",
-            ),
-        )
-        .await;
-        let v: serde_json::Value = serde_json::from_slice(&raw.body).unwrap_or_default();
-        return v["id"].as_str().map(String::from);
+        return Some(crate::session::session_create(sb).await.id);
     }
     if path.starts_with("/v1/pty/{id}") {
         let req = orchard_protocol::pty::PtyCreate {

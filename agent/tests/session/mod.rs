@@ -2,7 +2,7 @@
 
 use super::*;
 
-async fn session_create(sb: &Sandbox) -> SessionInfo {
+pub(crate) async fn session_create(sb: &Sandbox) -> SessionInfo {
     let raw = ok(
         "create session",
         sb.client().send(
