@@ -118,8 +118,7 @@ const AUTOGROUP: &str = "/proc/self/autogroup";
 /// it: answers `Ok(false)` and changes nothing otherwise, or when the kernel has no
 /// autogroups.
 pub fn set_autogroup_nice(nice: i32) -> io::Result<bool> {
-    let me = rustix::process::getpid();
-    if rustix::process::getsid(None).ok() != Some(me) {
+    if !is_session_leader() {
         return Ok(false);
     }
     match std::fs::write(AUTOGROUP, nice.to_string()) {
@@ -127,6 +126,18 @@ pub fn set_autogroup_nice(nice: i32) -> io::Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Whether the calling process leads its session.
+///
+/// `getsid` answers 0 when the session's leader lives outside the caller's PID namespace
+/// (a server in a container started by a runtime that did not make it a leader), so the
+/// answer is read raw: rustix's `getsid` takes it for a `Pid`, which must not be 0, and
+/// panicked there in debug builds (every `orchard serve` of the CI's containers).
+fn is_session_leader() -> bool {
+    // SAFETY: getsid(0) only reads the caller's session id.
+    let sid = unsafe { libc::getsid(0) };
+    sid > 0 && sid == rustix::process::getpid().as_raw_nonzero().get()
 }
 
 /// The nice level of the calling process's autogroup (`/autogroup-N nice K`), if the
@@ -183,7 +194,7 @@ mod tests {
     #[test]
     fn only_a_session_leader_sets_its_autogroups_nice_level() {
         // The test harness is not a session leader (it runs under cargo): nothing changes.
-        if rustix::process::getsid(None).ok() != Some(rustix::process::getpid()) {
+        if !is_session_leader() {
             let before = autogroup_nice();
             assert!(!set_autogroup_nice(5).unwrap());
             assert_eq!(
@@ -216,5 +227,39 @@ mod tests {
         rustix::process::setsid().unwrap();
         assert!(set_autogroup_nice(7).unwrap());
         println!("autogroup nice {}", autogroup_nice().unwrap());
+    }
+
+    #[test]
+    fn regression_a_process_whose_session_leader_is_outside_its_pid_namespace_is_no_leader() {
+        // This test binary again, as the first process of a new PID namespace: its
+        // session's leader (this process's session) is outside, so getsid answers 0.
+        let out = match std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "--"])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", "tests::outside_namespace_helper", "--nocapture"])
+            .env("ORCHARD_SCHED_HELPER", "1")
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) => return eprintln!("unshare cannot run here: {e}"),
+        };
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("Operation not permitted") {
+            return eprintln!("no new PID namespaces here: {err}");
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("no leader, nothing set"), "{text}\n{err}");
+    }
+
+    /// Run by the test above only.
+    #[test]
+    fn outside_namespace_helper() {
+        if std::env::var_os("ORCHARD_SCHED_HELPER").is_none() {
+            return;
+        }
+        // SAFETY: getsid(0) only reads the caller's session id.
+        assert_eq!(unsafe { libc::getsid(0) }, 0, "the leader is outside");
+        assert!(!set_autogroup_nice(7).unwrap());
+        println!("no leader, nothing set");
     }
 }
