@@ -71,14 +71,16 @@ impl Pin {
     /// Pins the calling thread to the CPU it is on; `None` (nothing changed) when it
     /// may run on one CPU only anyway or the kernel refuses.
     pub fn current_cpu() -> Option<Pin> {
-        Pin::on_current_cpu(sched_getaffinity(None).ok()?)
-    }
-
-    /// Pins the calling thread, whose mask is `saved`, to the CPU it is on.
-    fn on_current_cpu(saved: CpuSet) -> Option<Pin> {
+        let saved = sched_getaffinity(None).ok()?;
         if saved.count() <= 1 {
             return None;
         }
+        Pin::on_current_cpu(saved)
+    }
+
+    /// Pins the calling thread, whose mask `saved` allows more than one CPU, to the CPU
+    /// it is on.
+    fn on_current_cpu(saved: CpuSet) -> Option<Pin> {
         let mut pinned = CpuSet::new();
         pinned.set(sched_getcpu());
         sched_setaffinity(None, &pinned).ok()?;

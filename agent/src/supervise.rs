@@ -206,7 +206,8 @@ async fn pump<S: Sink>(
     let pool = ChunkPool::new();
     let mut buf = pool.take(FIRST_READ_CHUNK);
     let mut consumer_alive = true;
-    let mut read = 0u64;
+    // Only this pump adds to its stream's counter: it is what this pump has read.
+    let read = || counter.load(Ordering::Relaxed);
     let mut drain: Option<Drain> = None;
     let mut watching = true;
     loop {
@@ -220,7 +221,7 @@ async fn pump<S: Sink>(
                     match (changed, deadline) {
                         (Ok(()), Some(deadline)) => {
                             let pending = rustix::io::ioctl_fionread(&rx).unwrap_or(0);
-                            drain = Some(Drain { owed: read + pending, deadline });
+                            drain = Some(Drain { owed: read() + pending, deadline });
                         }
                         // The supervision itself was dropped (a sync exec's caller went
                         // away): read to the end, as a command left running expects.
@@ -231,7 +232,7 @@ async fn pump<S: Sink>(
             },
             None => rx.read_buf(&mut buf).await,
             // Output written before the exit: read it whatever the time.
-            Some(d) if read < d.owed => rx.read_buf(&mut buf).await,
+            Some(d) if read() < d.owed => rx.read_buf(&mut buf).await,
             // More, from a background grandchild: only until the deadline, even while it
             // keeps writing (a read that is ready would win over an elapsed timeout).
             Some(d) if Instant::now() >= d.deadline => break,
@@ -243,7 +244,6 @@ async fn pump<S: Sink>(
         match got {
             Ok(0) => break,
             Ok(n) => {
-                read += n as u64;
                 counter.fetch_add(n as u64, Ordering::Relaxed);
                 // A read that filled the buffer asks for a bigger one next.
                 let mut next = buf.capacity();
