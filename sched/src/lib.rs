@@ -191,6 +191,22 @@ mod tests {
         .unwrap();
     }
 
+    /// Runs this test binary's helper test `name` (with `wrap` before it, if any).
+    fn run_helper(wrap: &[&str], name: &str) -> std::io::Result<std::process::Output> {
+        let exe = std::env::current_exe()?;
+        let mut cmd = match wrap.split_first() {
+            Some((first, rest)) => {
+                let mut cmd = std::process::Command::new(first);
+                cmd.args(rest).arg(exe);
+                cmd
+            }
+            None => std::process::Command::new(exe),
+        };
+        cmd.args(["--exact", &format!("tests::{name}"), "--nocapture"])
+            .env("ORCHARD_SCHED_HELPER", "1")
+            .output()
+    }
+
     #[test]
     fn only_a_session_leader_sets_its_autogroups_nice_level() {
         // The test harness is not a session leader (it runs under cargo): nothing changes.
@@ -209,11 +225,7 @@ mod tests {
         }
         // A leader of its own session does: this test binary again, running the helper
         // below in a new session (a lower priority needs no privilege).
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "tests::session_leader_helper", "--nocapture"])
-            .env("ORCHARD_SCHED_HELPER", "1")
-            .output()
-            .unwrap();
+        let out = run_helper(&[], "session_leader_helper").unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("autogroup nice 7"), "{text}");
     }
@@ -233,13 +245,8 @@ mod tests {
     fn regression_a_process_whose_session_leader_is_outside_its_pid_namespace_is_no_leader() {
         // This test binary again, as the first process of a new PID namespace: its
         // session's leader (this process's session) is outside, so getsid answers 0.
-        let out = match std::process::Command::new("unshare")
-            .args(["--pid", "--fork", "--kill-child", "--"])
-            .arg(std::env::current_exe().unwrap())
-            .args(["--exact", "tests::outside_namespace_helper", "--nocapture"])
-            .env("ORCHARD_SCHED_HELPER", "1")
-            .output()
-        {
+        let wrap = ["unshare", "--pid", "--fork", "--kill-child", "--"];
+        let out = match run_helper(&wrap, "outside_namespace_helper") {
             Ok(out) => out,
             Err(e) => return eprintln!("unshare cannot run here: {e}"),
         };
