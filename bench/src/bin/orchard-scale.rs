@@ -202,9 +202,10 @@ async fn create_latency(
     eprintln!("create latency: {rounds} rounds, then {burst} at once");
     let (mut f, mut v1, mut compat) = (Vec::new(), Vec::new(), Vec::new());
     // The order turns each round (floor, /v1, compatible; then /v1, compatible, floor;
-    // ...), so that each series follows each of the others as often: a create just
-    // after a sandbox's delete runs beside the kernel's deferred teardown of it (its
-    // network namespace, its cgroup), which a fixed order charged to one series only.
+    // ...), so that each series follows each of the others as often. In a fixed order
+    // the compatible create always came right after a /v1 sandbox's delete and the /v1
+    // create after the floor, and whatever a predecessor leaves behind was charged to
+    // one series only (quick runs: compatible 1.23x `runc run` fixed, 1.09-1.17x turned).
     for round in 0..rounds {
         for series in (0..3).map(|k| (k + round) % 3) {
             if series == 0 {
