@@ -465,6 +465,10 @@ impl Service {
             let (service, rec) = (self.clone(), rec.clone());
             tokio::spawn(
                 async move {
+                    // The image first, outside the slots: a pull waits on its registry,
+                    // not on this machine, and while it held a slot, creates of cached
+                    // images queued behind it (a stalled registry held one for a minute).
+                    let image = service.sandbox_image(&image, &parts).await?;
                     // Creates beyond the concurrency limit wait here, in arrival order
                     // (tokio's semaphore is fair); the readiness limit counts the wait.
                     let _slot = service
@@ -543,27 +547,36 @@ impl Service {
         matches!(self.store().sandbox(&rec.id).await, Ok(Some(r)) if r.value.uid == rec.uid)
     }
 
+    /// What the backend gets for `image`: the reference, for a backend that pulls
+    /// itself (and for a fork, whose layers the snapshot names), or the local store's
+    /// image, pulled first when it is not there yet.
+    async fn sandbox_image(
+        &self,
+        image: &str,
+        parts: &CreateSpecParts,
+    ) -> Result<SandboxImage, String> {
+        if self.backend().pulls_images() || parts.snapshot.is_some() {
+            let reference =
+                crate::image::Reference::parse(image).map_err(|e| format!("image {image}: {e}"))?;
+            return Ok(SandboxImage::Reference(reference.to_string()));
+        }
+        let store = self.images().clone();
+        Ok(SandboxImage::Local(match store.get(image) {
+            Ok(Some(i)) => i,
+            Ok(None) => store
+                .ensure(image, |_| {})
+                .await
+                .map_err(|e| format!("image {image}: {e}"))?,
+            Err(e) => return Err(format!("image {image}: {e}")),
+        }))
+    }
+
     async fn start(
         &self,
         rec: &SandboxRecord,
-        image: String,
+        image: SandboxImage,
         parts: CreateSpecParts,
     ) -> Result<AgentRecord, String> {
-        let image = if self.backend().pulls_images() || parts.snapshot.is_some() {
-            let reference = crate::image::Reference::parse(&image)
-                .map_err(|e| format!("image {image}: {e}"))?;
-            SandboxImage::Reference(reference.to_string())
-        } else {
-            let store = self.images().clone();
-            SandboxImage::Local(match store.get(&image) {
-                Ok(Some(i)) => i,
-                Ok(None) => store
-                    .ensure(&image, |_| {})
-                    .await
-                    .map_err(|e| format!("image {image}: {e}"))?,
-                Err(e) => return Err(format!("image {image}: {e}")),
-            })
-        };
         let spec = CreateSpec {
             id: rec.id.clone(),
             image,

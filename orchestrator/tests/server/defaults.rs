@@ -19,11 +19,17 @@ fn options(f: impl Fn(&mut orchard::config::Config) + Send + Sync + 'static) -> 
 }
 
 async fn compat_sandbox(srv: &TestServer, body: Value) -> (String, Value) {
+    compat_sandbox_within(srv, body, 60).await
+}
+
+async fn compat_sandbox_within(srv: &TestServer, body: Value, secs: u64) -> (String, Value) {
     let (s, created) = srv.post("/sandboxes", body).await;
     assert_eq!(s, 200, "{created}");
     let id = created["sandbox_id"].as_str().unwrap().to_string();
-    let (s, ready) = srv.get(&format!("/sandboxes/{id}/wait?timeout=60")).await;
-    assert_eq!(s, 200, "{ready}");
+    let (s, ready) = srv
+        .get(&format!("/sandboxes/{id}/wait?timeout={secs}"))
+        .await;
+    assert_eq!((s, &ready["ready"]), (200, &json!(true)), "{ready}");
     (id, created)
 }
 
@@ -181,6 +187,44 @@ async fn creates_beyond_the_concurrency_limit_wait_in_the_queue() {
         assert_eq!((s, &ready["status"]), (200, &json!("ready")), "{ready}");
     }
     srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_pull_from_a_stalled_registry_holds_no_create_slot() {
+    orchard_test_support::require_runc!();
+    // A registry that accepts connections and never answers: the pull waits for the
+    // registry client's read limit (60 s).
+    let stalled = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = stalled.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for c in stalled.incoming().take(4).flatten() {
+            conns.push(c);
+        }
+        std::thread::sleep(Duration::from_secs(90));
+        drop(conns);
+    });
+    let srv = TestServer::with(options(|c| c.max_concurrent_creates = 1)).await;
+    let (s, pulling) = srv
+        .post(
+            "/sandboxes",
+            json!({"image": format!("127.0.0.1:{port}/stalled:latest")}),
+        )
+        .await;
+    assert_eq!(s, 200, "{pulling}");
+    // With the pull inside the one slot, this cached image waited behind it.
+    let started = Instant::now();
+    let (id, _) = compat_sandbox_within(&srv, json!({"image": "busybox:latest"}), 20).await;
+    assert!(started.elapsed() < Duration::from_secs(20), "{id}");
+    let (_, still) = srv
+        .get(&format!(
+            "/sandboxes/{}",
+            pulling["sandbox_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_ne!(still["status"], "ready", "{still}");
+    drop(srv);
+    drop(held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
