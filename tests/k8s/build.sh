@@ -127,7 +127,8 @@ mv "$dest.tmp" "$dest"
 # other (a checkout on an older pin, or a switch back), remove the rest and the leftovers
 # of interrupted builds. Only here, under the lock, so never while another build runs; and
 # never a build whose binaries are running.
-running=$(find /proc -mindepth 2 -maxdepth 2 -name exe -printf '%l\n' 2>/dev/null)
+# find exits 1 when it meets a process that ended or an exe it may not read: not an error.
+running=$(find /proc -mindepth 2 -maxdepth 2 -name exe -printf '%l\n' 2>/dev/null || true)
 kept=0
 # shellcheck disable=SC2045 # the names are v<version>-<hex key>, no blanks
 for old in $(ls -1dt "$cache"/v*-*/ 2>/dev/null); do
