@@ -6,6 +6,13 @@ use clap::{Parser, Subcommand};
 use orchard::cli::{self, Connect, ImageCommand, SandboxCommand, SnapshotCommand};
 use orchard::config::{Config, ServeArgs};
 
+/// mimalloc rather than glibc's malloc: under exec load the server's allocations
+/// (request and job records, HTTP buffers, futures) freed on other threads than they
+/// were made on cost glibc about 15% of the server's CPU in `malloc`, `free` and their
+/// arena locks and consolidation (measured with perf, `docs/scale.md`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Orchard Env: sandboxes from any container image, driven turn by turn.
 #[derive(Parser, Debug)]
 #[command(name = "orchard", version)]
