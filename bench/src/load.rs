@@ -325,6 +325,15 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
+    /// Adds the calls, time and errors of `other` (a later run of the same series).
+    pub fn absorb(&mut self, other: LoadReport) {
+        self.samples.extend(other.samples);
+        self.secs += other.secs;
+        for (k, v) in other.errors {
+            *self.errors.entry(k).or_default() += v;
+        }
+    }
+
     /// Calls of `op` (all when `None`) per second over the run.
     pub fn per_s(&self, op: Option<Op>) -> f64 {
         let n = self

@@ -22,11 +22,15 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use orchard_bench::host::{self, FloorBundle, Hog, Server};
-use orchard_bench::load::{self, Api, LoadConfig, Op};
+use orchard_bench::load::{self, Api, LoadConfig, LoadReport, Op};
 use orchard_bench::stats::Pcts;
 use orchard_client::{AgentClient, Endpoint};
 use orchard_protocol::{Command as Cmd, ExecRequest};
 use serde_json::{json, Value};
+
+/// Rounds of the exec throughput series (each series runs a share of `--seconds` in
+/// each round).
+const THROUGHPUT_ROUNDS: usize = 4;
 
 #[derive(Parser, Debug)]
 #[command(name = "orchard-scale")]
@@ -462,31 +466,70 @@ async fn throughput(
     n: &mut Numbers,
 ) -> anyhow::Result<String> {
     eprintln!("throughput: {clients} clients over {} sandboxes", ids.len());
-    let dur = Duration::from_secs_f64(secs);
+    // The series take turns in THROUGHPUT_ROUNDS rounds (the order turned each round),
+    // so that a drift of the machine's speed during the run (seen here: 20% within a
+    // minute) falls on every series alike instead of on whichever ran last.
+    let block = Duration::from_secs_f64(secs / THROUGHPUT_ROUNDS as f64);
     let mut agents = Vec::new();
     for id in ids {
         agents.push(Arc::new(agent_of(api, id).await?));
     }
-    let floor = host::spawn_throughput(clients, dur).await;
-    let (direct, direct_err) = direct_throughput(&agents, &["true"], clients, dur).await;
+    let cfg = |mix: &str| LoadConfig {
+        clients,
+        duration: block,
+        mix: mix.parse().expect("a valid mix"),
+        file_bytes: 0,
+    };
     // What the compatible route runs for the command string "true": the image's shell
     // (busybox `sh`) with `-c`, by the compatibility contract. Its ratio is against
     // the same command sent straight to the agents, so that it measures the route and
     // not the shell's start (a third of the CPU in that series).
-    let (direct_sh, direct_sh_err) =
-        direct_throughput(&agents, &["/bin/sh", "-c", "true"], clients, dur).await;
-    let cfg = |mix: &str| LoadConfig {
-        clients,
-        duration: dur,
-        mix: mix.parse().expect("a valid mix"),
-        file_bytes: 0,
+    let sh = ["/bin/sh", "-c", "true"];
+    let (mut floor, mut direct, mut direct_sh) = (0.0, 0.0, 0.0);
+    let (mut direct_err, mut direct_sh_err) = (0, 0);
+    let (mut v1, mut compat) = (LoadReport::default(), LoadReport::default());
+    let mut compat_ratios = Vec::new();
+    for round in 0..THROUGHPUT_ROUNDS {
+        let (mut sh_rate, mut compat_rate) = (0.0, 0.0);
+        for k in 0..5 {
+            match (round + k) % 5 {
+                0 => floor += host::spawn_throughput(clients, block).await,
+                1 => {
+                    let (r, e) = direct_throughput(&agents, &["true"], clients, block).await;
+                    direct += r;
+                    direct_err += e;
+                }
+                2 => {
+                    let (r, e) = direct_throughput(&agents, &sh, clients, block).await;
+                    (sh_rate, direct_sh) = (r, direct_sh + r);
+                    direct_sh_err += e;
+                }
+                3 => v1.absorb(load::run(api, ids, &cfg("v1")).await),
+                _ => {
+                    let r = load::run(api, ids, &cfg("exec")).await;
+                    compat_rate = r.per_s(None);
+                    compat.absorb(r);
+                }
+            }
+        }
+        if sh_rate > 0.0 {
+            compat_ratios.push(compat_rate / sh_rate);
+        }
+    }
+    let rounds = THROUGHPUT_ROUNDS as f64;
+    let (floor, direct, direct_sh) = (floor / rounds, direct / rounds, direct_sh / rounds);
+    let spread = match (
+        compat_ratios.iter().copied().reduce(f64::min),
+        compat_ratios.iter().copied().reduce(f64::max),
+    ) {
+        (Some(lo), Some(hi)) => format!("{lo:.2}x to {hi:.2}x"),
+        _ => "none".to_string(),
     };
-    let v1 = load::run(api, ids, &cfg("v1")).await;
-    let compat = load::run(api, ids, &cfg("exec")).await;
     let pressure = host::pressure();
     let mut md = format!(
-        "## Exec throughput: {clients} clients over {} sandboxes\n\nEach series {secs:.0} s; client `i` calls sandboxes `i`, `i+{clients}`, ... in turn. Floor: {clients} concurrent spawn-and-wait loops of `true` on the host. \"vs direct\" compares a route with the same command sent straight to the agents: the compatible route runs every command string through the image's shell, by the compatibility contract.\n\n| route | execs/s | vs direct | p50 ms | p99 ms | errors | target | prev execs/s |\n|---|---|---|---|---|---|---|---|\n",
-        ids.len()
+        "## Exec throughput: {clients} clients over {} sandboxes\n\nEach series {secs:.0} s in all, in {THROUGHPUT_ROUNDS} rounds of {:.1} s in which the series take turns (the order turned each round); the compatible route's ratio to the direct `sh -c` ranged from {spread} across the rounds. Client `i` calls sandboxes `i`, `i+{clients}`, ... in turn. Floor: {clients} concurrent spawn-and-wait loops of `true` on the host. \"vs direct\" compares a route with the same command sent straight to the agents: the compatible route runs every command string through the image's shell, by the compatibility contract.\n\n| route | execs/s | vs direct | p50 ms | p99 ms | errors | target | prev execs/s |\n|---|---|---|---|---|---|---|---|\n",
+        ids.len(),
+        block.as_secs_f64()
     );
     n.set("tp_floor", floor);
     n.set("tp_direct", direct);
