@@ -325,9 +325,14 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
-    /// Adds the calls, time and errors of `other` (a later run of the same series).
+    /// Adds the calls, time and errors of `other` (a later run of the same series);
+    /// its samples' times are shifted to follow this report's.
     pub fn absorb(&mut self, other: LoadReport) {
-        self.samples.extend(other.samples);
+        let offset = self.secs;
+        self.samples.extend(other.samples.into_iter().map(|mut s| {
+            s.at_s += offset;
+            s
+        }));
         self.secs += other.secs;
         for (k, v) in other.errors {
             *self.errors.entry(k).or_default() += v;

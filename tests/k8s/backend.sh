@@ -49,6 +49,7 @@ out=$(mktemp)
 # (minutes, and 1.3 GB of disk). The agent's integration binary runs too, with nothing
 # matching the filter.
 (cd "$ROOT" && cargo test -q --workspace --test integration kubernetes:: 2>&1) | tee "$out"
+cargo_status=${PIPESTATUS[0]}
 n=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' "$out" |
   awk 'NF == 2 { p += $1; f += $2; n++ } END { if (n) print p, f }')
 rm -f "$out"
@@ -56,7 +57,8 @@ rm -f "$out"
 # summary counts its other checks (and a test binary that did not build).
 if [ -z "$n" ]; then
   failed=$((failed + 1)); echo "k8s backend: FAILED: the Rust tests did not run"
-elif [ "${n#* }" != 0 ]; then
+elif [ "${n#* }" != 0 ] || [ "$cargo_status" != 0 ]; then
+  # A test binary that crashed prints no `test result:` line of its own.
   cargo_failed=1
 fi
 

@@ -76,12 +76,15 @@ start=$(date +%s)
 rm -rf "$dest.tmp"
 mkdir -p "$dest.tmp/bin"
 export CGO_ENABLED=0 GOFLAGS="-mod=mod -modcacherw" GOTOOLCHAIN=local
-# Go's build and module caches live in the build's own directory and go when it is done:
-# a cold build fills them with about 6.5 GB (5 GB of compiled packages, 1.4 GB of module
-# sources) that nothing reads once the binaries exist, and CI's disk is shared and small
-# (a run failed on "No space left on device" while these sat next to cargo's targets).
+# Go's build and module caches live in the build's own directory and go as soon as
+# nothing needs them (the build cache after Kubernetes, the largest part; the rest at
+# the end, or when the build fails): a cold build fills them with about 6.5 GB (5 GB of
+# compiled packages, 1.4 GB of module sources) that nothing reads once the binaries
+# exist, and CI's disk is shared and small (a run failed on "No space left on device"
+# while they sat next to cargo's targets). Every build therefore starts cold.
 # -modcacherw keeps the module sources writable so `rm -rf` removes them as any user.
 export GOCACHE="$dest.tmp/go-build" GOMODCACHE="$dest.tmp/go-mod"
+trap 'rm -rf "$GOCACHE" "$GOMODCACHE"' EXIT
 
 minor=${K8S_VERSION#v1.}
 minor=${minor%%.*}
@@ -93,6 +96,7 @@ log "building Kubernetes $K8S_VERSION (cold: about 20 min on 2 cores)"
 (cd "$here/gomod/k8s" && go build -trimpath -ldflags "$ldflags" -o "$dest.tmp/bin/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl)
+rm -rf "$GOCACHE"
 log "building etcd $ETCD_VERSION"
 (cd "$here/gomod/etcd" && go build -trimpath -ldflags "-s -w" -o "$dest.tmp/bin/etcd" \
   go.etcd.io/etcd/server/v3)
