@@ -74,7 +74,7 @@ impl Service {
             fence: None,
         };
         // Refused when a delete came since the read above: the queue's worker may already
-        // have drained it, and a job queued now would wait forever.
+        // have ended it, and a job queued now would wait forever.
         match self.store().insert_job(record, &rec.uid).await {
             Err(StoreError::NotFound(_)) => return Err(Error::no_sandbox(id)),
             other => other?,

@@ -227,7 +227,7 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
         let rec = match service.store().sandbox(id).await {
             Ok(Some(r)) if r.value.uid == uid => r.value,
             Ok(_) => {
-                fail_queued(&service, id, "the sandbox was deleted").await;
+                fail_queued(&service, id, "the sandbox was deleted", lease).await;
                 let _ = service.store().release_lease(lease).await;
                 return Held::Gone;
             }
@@ -241,12 +241,12 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
             Phase::Pending => None,
             Phase::Failed { message } => {
                 let why = format!("the sandbox failed to start: {message}");
-                fail_queued(&service, id, &why).await;
+                fail_queued(&service, id, &why, lease).await;
                 if unsure {
                     if let Ok(seen) = taken_unseen(&service, id, lease).await {
                         unsure = false;
                         if let Some(job) = seen {
-                            fail(&service, job, why).await;
+                            fail(&service, job, why, lease).await;
                         }
                     }
                 }
@@ -298,7 +298,7 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
         let live = match service.agent_of(&rec) {
             Ok(live) => live,
             Err(e) => {
-                fail(&service, job, e.public_message()).await;
+                fail(&service, job, e.public_message(), lease).await;
                 continue;
             }
         };
@@ -338,17 +338,22 @@ async fn renew(service: &Service, lease: &Lease) -> bool {
     !matches!(service.store().renew_lease(lease, ttl).await, Ok(false))
 }
 
-/// Fails every queued job of sandbox `id` with `why`.
-async fn fail_queued(service: &Service, id: &str, why: &str) {
-    for job in service.store().drain_jobs(id).await.unwrap_or_default() {
-        fail(service, job, why.to_string()).await;
+/// Fails every queued job of sandbox `id` with `why`, one at a time: each leaves the
+/// queue as it is written failed, so a replica that stops half-way leaves the rest
+/// queued, and the next worker (the sandbox is unattended then) ends them.
+async fn fail_queued(service: &Service, id: &str, why: &str, lease: &Lease) {
+    let queued = crate::state::until_answered(|| service.store().queued_jobs(id)).await;
+    for job in queued.unwrap_or_default() {
+        fail(service, job, why.to_string(), lease).await;
     }
 }
 
-async fn fail(service: &Service, job: JobRecord, error: String) {
+/// Ends `job` failed with `error`, unless a newer grant of `lease` exists (its holder
+/// ends the job then).
+async fn fail(service: &Service, job: JobRecord, error: String, lease: &Lease) {
     let outcome = Outcome {
         error: Some(error),
         ..Outcome::default()
     };
-    service.finish_job(job, outcome, None).await;
+    service.finish_job(job, outcome, Some(lease)).await;
 }

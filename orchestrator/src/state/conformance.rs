@@ -76,6 +76,10 @@ pub fn finished(mut j: JobRecord, exit: i32, stdout: &str, finished_ms: u64) -> 
 pub async fn all(store: &dyn StateStore, tag: &str) {
     versions_and_incarnations(store, tag).await;
     jobs_in_order_once(store, tag).await;
+    regression_a_worker_stopped_while_ending_a_deleted_sandboxs_jobs_leaves_the_rest_queued(
+        store, tag,
+    )
+    .await;
     fencing(store, tag).await;
     no_job_behind_a_delete(store, tag).await;
     unattended(store, tag).await;
@@ -200,11 +204,106 @@ pub async fn jobs_in_order_once(store: &dyn StateStore, tag: &str) {
     assert!(store.take_job(&sb, &lease).await.unwrap().is_none());
     let c = format!("{tag}-job-c");
     store.insert_job(job(&c, &sb), "u1").await.unwrap();
-    let drained = store.drain_jobs(&sb).await.unwrap();
-    assert_eq!(drained.len(), 1);
-    assert_eq!(drained[0].job.job_id, c);
+    let queued = store.queued_jobs(&sb).await.unwrap();
+    assert_eq!(
+        queued
+            .iter()
+            .map(|j| j.job.job_id.as_str())
+            .collect::<Vec<_>>(),
+        [c.as_str()]
+    );
+    assert_eq!(
+        store.queued_jobs(&sb).await.unwrap().len(),
+        1,
+        "a read leaves them queued"
+    );
+    let now = crate::time::now_ms();
+    assert!(store
+        .finish_job(finished(queued[0].clone(), 1, "", now), Some(&lease))
+        .await
+        .unwrap());
+    assert!(
+        store.queued_jobs(&sb).await.unwrap().is_empty(),
+        "a finished job left the queue"
+    );
     assert!(store.take_job(&sb, &lease).await.unwrap().is_none());
     store.release_lease(&lease).await.unwrap();
+}
+
+/// Regression (the chaos test's jobs `queued` for good): a worker ending the queued
+/// jobs of a deleted sandbox took them all out of the queue in one step, then wrote
+/// each failed; its replica killed in between left the rest `queued` in no queue, where
+/// no worker would ever look. Now each leaves the queue as it is written: what a worker
+/// did not end stays queued, and the sandbox unattended, for the next one.
+pub async fn regression_a_worker_stopped_while_ending_a_deleted_sandboxs_jobs_leaves_the_rest_queued(
+    store: &dyn StateStore,
+    tag: &str,
+) {
+    let sb = format!("{tag}-halfway");
+    store.insert_sandbox(record(&sb, "u1")).await.unwrap();
+    let ids: Vec<String> = (0..3).map(|n| format!("{tag}-job-halfway-{n}")).collect();
+    for id in &ids {
+        store.insert_job(job(id, &sb), "u1").await.unwrap();
+    }
+    store.remove_sandbox(&sb, "u1").await.unwrap();
+    let name = format!("sandbox/{sb}");
+    let lease = store
+        .acquire_lease(&name, "first", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let queued = store.queued_jobs(&sb).await.unwrap();
+    assert_eq!(queued.len(), 3);
+    let now = crate::time::now_ms();
+    let mut first = queued[0].clone();
+    first.job.error = Some("the sandbox was deleted".into());
+    assert!(store
+        .finish_job(finished(first, 1, "", now), Some(&lease))
+        .await
+        .unwrap());
+    // The worker's replica dies here: its lease is never renewed.
+    store.release_lease(&lease).await.unwrap();
+    assert!(
+        store
+            .unattended_sandboxes("sandbox/")
+            .await
+            .unwrap()
+            .contains(&sb),
+        "the jobs left need a worker"
+    );
+    let next = store
+        .acquire_lease(&name, "next", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let left = store.queued_jobs(&sb).await.unwrap();
+    assert_eq!(
+        left.iter()
+            .map(|j| j.job.job_id.as_str())
+            .collect::<Vec<_>>(),
+        [ids[1].as_str(), ids[2].as_str()]
+    );
+    for j in left {
+        assert!(store
+            .finish_job(finished(j, 1, "", now), Some(&next))
+            .await
+            .unwrap());
+    }
+    for id in &ids {
+        assert_eq!(
+            store.job(id).await.unwrap().unwrap().job.status,
+            JobStatus::Failed
+        );
+    }
+    store.release_lease(&next).await.unwrap();
+    assert!(
+        !store
+            .unattended_sandboxes("sandbox/")
+            .await
+            .unwrap()
+            .contains(&sb),
+        "nothing left to attend to"
+    );
 }
 
 /// A newer grant of a lease fences off the old holder's job writes.
@@ -313,7 +412,7 @@ pub async fn no_job_behind_a_delete(store: &dyn StateStore, tag: &str) {
         Err(StoreError::NotFound(_))
     ));
     assert!(store.job(&late).await.unwrap().is_none());
-    assert!(store.drain_jobs(&sb).await.unwrap().is_empty());
+    assert!(store.queued_jobs(&sb).await.unwrap().is_empty());
 }
 
 /// A sandbox with queued or running jobs and no holder of its worker lease is

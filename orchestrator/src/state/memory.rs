@@ -458,13 +458,16 @@ impl StateStore for MemoryStore {
         ready(Ok(unattended))
     }
 
-    fn drain_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>> {
-        let mut maps = self.lock();
-        let ids = maps.queues.remove(sandbox).unwrap_or_default();
-        let jobs = ids
+    fn queued_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>> {
+        let maps = self.lock();
+        let jobs = maps
+            .queues
+            .get(sandbox)
             .into_iter()
-            .filter_map(|id| maps.jobs.get(&id).cloned())
-            .filter(|j| !j.job.status.is_finished())
+            .flatten()
+            .filter_map(|id| maps.jobs.get(id))
+            .filter(|j| j.job.status == JobStatus::Queued)
+            .cloned()
             .collect();
         ready(Ok(jobs))
     }
@@ -479,6 +482,15 @@ impl StateStore for MemoryStore {
             match maps.jobs.get(&id) {
                 None => return ready(Ok(false)),
                 Some(j) if j.job.status.is_finished() => return ready(Ok(false)),
+                Some(j) if j.job.status == JobStatus::Queued => {
+                    let sandbox = j.job.sandbox_id.clone();
+                    if let Some(q) = maps.queues.get_mut(&sandbox) {
+                        q.retain(|queued| *queued != id);
+                        if q.is_empty() {
+                            maps.queues.remove(&sandbox);
+                        }
+                    }
+                }
                 Some(_) => {}
             }
             maps.held += output_len(&job);
@@ -749,7 +761,7 @@ mod tests {
         assert!(refused(&store, "job-late", "u1"), "deleted");
         assert!(now(store.job("job-late")).is_none());
         assert!(
-            now(store.drain_jobs("sb-1")).is_empty(),
+            now(store.queued_jobs("sb-1")).is_empty(),
             "nothing was queued"
         );
     }

@@ -285,8 +285,8 @@ pub trait StateStore: Send + Sync + 'static {
 
     /// Stores a new job, queued last in its sandbox's queue, if that sandbox's record
     /// is still incarnation `sandbox_uid` (`NotFound` otherwise). Checked with the insert
-    /// in one step: a job can never be queued behind a delete that already drained the
-    /// queue, so the caller needs no second read.
+    /// in one step: a job can never be queued behind a delete whose worker already ended
+    /// the queue, so the caller needs no second read.
     fn insert_job<'a>(&'a self, job: JobRecord, sandbox_uid: &'a str) -> StoreFuture<'a, ()>;
     /// The job `id`.
     fn job<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<JobRecord>>;
@@ -304,10 +304,14 @@ pub trait StateStore: Send + Sync + 'static {
     /// jobs and no holder of the lease `{lease_prefix}{id}`: no worker attends to
     /// them (the replica whose worker did died). The policy loop starts one.
     fn unattended_sandboxes<'a>(&'a self, lease_prefix: &'a str) -> StoreFuture<'a, Vec<String>>;
-    /// Takes every queued job of `sandbox` out of its queue (the sandbox is gone).
-    fn drain_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>>;
-    /// Writes a finished job, unless it finished already (answers whether it wrote);
-    /// with `lease`, refused (`Conflict`) once a newer grant of that lease exists.
+    /// The queued jobs of `sandbox`, oldest first. They stay queued: a worker ending
+    /// them (the sandbox is gone) finishes them one by one, and a replica that stops
+    /// half-way leaves the rest queued, so the sandbox stays unattended and the next
+    /// worker ends them (taken out in one step, they would stay `queued` for good).
+    fn queued_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>>;
+    /// Writes a finished job, unless it finished already (answers whether it wrote),
+    /// and takes it out of its sandbox's queue if it was queued; with `lease`, refused
+    /// (`Conflict`) once a newer grant of that lease exists.
     fn finish_job<'a>(&'a self, job: JobRecord, lease: Option<&'a Lease>) -> StoreFuture<'a, bool>;
     /// Removes jobs that finished before `before_ms`; answers how many.
     fn purge_jobs(&self, before_ms: u64) -> StoreFuture<'_, usize>;

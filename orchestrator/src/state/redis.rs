@@ -68,7 +68,7 @@ struct Scripts {
     phase_counts: Script,
     insert_job: Script,
     take_job: Script,
-    drain_jobs: Script,
+    queued_jobs: Script,
     unattended: Script,
     running_jobs: Script,
     finish_job: Script,
@@ -163,13 +163,11 @@ impl Scripts {
                 end
                 return out",
             ),
-            drain_jobs: Script::new(
+            queued_jobs: Script::new(
                 r"local out = {}
-                local ids = redis.call('LRANGE', KEYS[1], 0, -1)
-                redis.call('DEL', KEYS[1])
-                for _, id in ipairs(ids) do
+                for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
                   local cur = redis.call('HMGET', ARGV[1] .. id, 'r', 'st')
-                  if cur[1] and cur[2] ~= 'd' then out[#out + 1] = cur[1] end
+                  if cur[1] and cur[2] == 'q' then out[#out + 1] = cur[1] end
                 end
                 return out",
             ),
@@ -192,6 +190,7 @@ impl Scripts {
                 end
                 local st = redis.call('HGET', KEYS[1], 'st')
                 if (not st) or st == 'd' then return 0 end
+                if st == 'q' then redis.call('LREM', KEYS[5], 0, ARGV[5]) end
                 redis.call('HSET', KEYS[1], 'r', ARGV[3], 'st', 'd')
                 redis.call('HDEL', KEYS[1], 'fence')
                 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[5])
@@ -733,9 +732,9 @@ impl StateStore for RedisStore {
         })
     }
 
-    fn drain_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>> {
+    fn queued_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>> {
         Box::pin(async move {
-            let mut inv = self.scripts.drain_jobs.key(self.key("q", sandbox));
+            let mut inv = self.scripts.queued_jobs.key(self.key("q", sandbox));
             inv.arg(self.kind_prefix("job"));
             let rs: Vec<String> = self.run(inv).await?;
             rs.iter()
@@ -756,6 +755,7 @@ impl StateStore for RedisStore {
             inv.key(fence_key)
                 .key(self.key("done", "all"))
                 .key(self.key("run", &job.job.sandbox_id))
+                .key(self.key("q", &job.job.sandbox_id))
                 .arg(if lease.is_some() { "1" } else { "0" })
                 .arg(lease.map_or(0, |l| l.fence))
                 .arg(json)
