@@ -459,16 +459,25 @@ impl StateStore for MemoryStore {
     }
 
     fn queued_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>> {
-        let maps = self.lock();
-        let jobs = maps
-            .queues
-            .get(sandbox)
-            .into_iter()
-            .flatten()
+        let mut guard = self.lock();
+        let maps = &mut *guard;
+        let Some(queue) = maps.queues.get_mut(sandbox) else {
+            return ready(Ok(Vec::new()));
+        };
+        // Ids of jobs no longer queued have nothing to do here.
+        queue.retain(|id| {
+            maps.jobs
+                .get(id)
+                .is_some_and(|j| j.job.status == JobStatus::Queued)
+        });
+        let jobs = queue
+            .iter()
             .filter_map(|id| maps.jobs.get(id))
-            .filter(|j| j.job.status == JobStatus::Queued)
             .cloned()
             .collect();
+        if queue.is_empty() {
+            maps.queues.remove(sandbox);
+        }
         ready(Ok(jobs))
     }
 

@@ -304,7 +304,8 @@ pub trait StateStore: Send + Sync + 'static {
     /// jobs and no holder of the lease `{lease_prefix}{id}`: no worker attends to
     /// them (the replica whose worker did died). The policy loop starts one.
     fn unattended_sandboxes<'a>(&'a self, lease_prefix: &'a str) -> StoreFuture<'a, Vec<String>>;
-    /// The queued jobs of `sandbox`, oldest first. They stay queued: a worker ending
+    /// The queued jobs of `sandbox`, oldest first (ids in the queue whose job is no
+    /// longer queued are dropped from it). They stay queued: a worker ending
     /// them (the sandbox is gone) finishes them one by one, and a replica that stops
     /// half-way leaves the rest queued, so the sandbox stays unattended and the next
     /// worker ends them (taken out in one step, they would stay `queued` for good).

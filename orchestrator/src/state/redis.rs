@@ -167,7 +167,11 @@ impl Scripts {
                 r"local out = {}
                 for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
                   local cur = redis.call('HMGET', ARGV[1] .. id, 'r', 'st')
-                  if cur[1] and cur[2] == 'q' then out[#out + 1] = cur[1] end
+                  if cur[1] and cur[2] == 'q' then
+                    out[#out + 1] = cur[1]
+                  else
+                    redis.call('LREM', KEYS[1], 0, id)
+                  end
                 end
                 return out",
             ),
