@@ -227,6 +227,26 @@ pub async fn jobs_in_order_once(store: &dyn StateStore, tag: &str) {
         "a finished job left the queue"
     );
     assert!(store.take_job(&sb, &lease).await.unwrap().is_none());
+    // Read while queued, then taken: the read copy no longer ends it.
+    let d = format!("{tag}-job-d");
+    store.insert_job(job(&d, &sb), "u1").await.unwrap();
+    let read = store.queued_jobs(&sb).await.unwrap().remove(0);
+    let taken = store.take_job(&sb, &lease).await.unwrap().unwrap();
+    assert!(
+        !store
+            .finish_job(finished(read, 1, "", now), Some(&lease))
+            .await
+            .unwrap(),
+        "a job taken since it was read from the queue is its taker's to end"
+    );
+    assert_eq!(
+        store.job(&d).await.unwrap().unwrap().job.status,
+        JobStatus::Running
+    );
+    assert!(store
+        .finish_job(finished(taken, 0, "d", now), Some(&lease))
+        .await
+        .unwrap());
     store.release_lease(&lease).await.unwrap();
 }
 

@@ -491,6 +491,10 @@ impl StateStore for MemoryStore {
             match maps.jobs.get(&id) {
                 None => return ready(Ok(false)),
                 Some(j) if j.job.status.is_finished() => return ready(Ok(false)),
+                // Never taken (read from the queue), and taken since: its worker ends it.
+                Some(j) if job.fence.is_none() && j.job.status != JobStatus::Queued => {
+                    return ready(Ok(false))
+                }
                 Some(j) if j.job.status == JobStatus::Queued => {
                     let sandbox = j.job.sandbox_id.clone();
                     if let Some(q) = maps.queues.get_mut(&sandbox) {

@@ -312,7 +312,10 @@ pub trait StateStore: Send + Sync + 'static {
     fn queued_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>>;
     /// Writes a finished job, unless it finished already (answers whether it wrote),
     /// and takes it out of its sandbox's queue if it was queued; with `lease`, refused
-    /// (`Conflict`) once a newer grant of that lease exists.
+    /// (`Conflict`) once a newer grant of that lease exists. A job without a fence (read
+    /// from the queue, never taken) is written only while it is still queued: once a
+    /// worker took it, that worker ends it (a worker of a deleted incarnation must not
+    /// fail a job the next incarnation's worker, with the same holder and grant, runs).
     fn finish_job<'a>(&'a self, job: JobRecord, lease: Option<&'a Lease>) -> StoreFuture<'a, bool>;
     /// Removes jobs that finished before `before_ms`; answers how many.
     fn purge_jobs(&self, before_ms: u64) -> StoreFuture<'_, usize>;

@@ -194,6 +194,7 @@ impl Scripts {
                 end
                 local st = redis.call('HGET', KEYS[1], 'st')
                 if (not st) or st == 'd' then return 0 end
+                if ARGV[8] == '1' and st ~= 'q' then return 0 end
                 if st == 'q' then redis.call('LREM', KEYS[5], 0, ARGV[5]) end
                 redis.call('HSET', KEYS[1], 'r', ARGV[3], 'st', 'd')
                 redis.call('HDEL', KEYS[1], 'fence')
@@ -766,7 +767,9 @@ impl StateStore for RedisStore {
                 .arg(finished)
                 .arg(&id)
                 .arg(&self.events)
-                .arg(event(&topic));
+                .arg(event(&topic))
+                // Never taken (read from the queue): written only while still queued.
+                .arg(if job.fence.is_none() { "1" } else { "0" });
             match self.run::<i64>(inv).await? {
                 -1 => Err(StoreError::Conflict(format!("job {id}"))),
                 0 => Ok(false),
