@@ -97,6 +97,22 @@ impl Maps {
         self.next_version
     }
 
+    /// Drops from `sandbox`'s queue the ids of jobs no longer queued (finished, taken
+    /// or gone), and the queue itself once empty.
+    fn prune_queue(&mut self, sandbox: &str) {
+        let Some(queue) = self.queues.get_mut(sandbox) else {
+            return;
+        };
+        let jobs = &self.jobs;
+        queue.retain(|id| {
+            jobs.get(id)
+                .is_some_and(|j| j.job.status == JobStatus::Queued)
+        });
+        if queue.is_empty() {
+            self.queues.remove(sandbox);
+        }
+    }
+
     /// Whether `lease` is the newest grant of its name.
     fn fenced_ok(&self, lease: &Lease) -> bool {
         self.leases
@@ -459,25 +475,16 @@ impl StateStore for MemoryStore {
     }
 
     fn queued_jobs<'a>(&'a self, sandbox: &'a str) -> StoreFuture<'a, Vec<JobRecord>> {
-        let mut guard = self.lock();
-        let maps = &mut *guard;
-        let Some(queue) = maps.queues.get_mut(sandbox) else {
-            return ready(Ok(Vec::new()));
-        };
-        // Ids of jobs no longer queued have nothing to do here.
-        queue.retain(|id| {
-            maps.jobs
-                .get(id)
-                .is_some_and(|j| j.job.status == JobStatus::Queued)
-        });
-        let jobs = queue
-            .iter()
+        let mut maps = self.lock();
+        maps.prune_queue(sandbox);
+        let jobs = maps
+            .queues
+            .get(sandbox)
+            .into_iter()
+            .flatten()
             .filter_map(|id| maps.jobs.get(id))
             .cloned()
             .collect();
-        if queue.is_empty() {
-            maps.queues.remove(sandbox);
-        }
         ready(Ok(jobs))
     }
 
@@ -488,29 +495,23 @@ impl StateStore for MemoryStore {
             if lease.is_some_and(|l| !maps.fenced_ok(l)) {
                 return ready(Err(StoreError::Conflict(format!("job {id}"))));
             }
-            match maps.jobs.get(&id) {
+            let was_queued = match maps.jobs.get(&id) {
                 None => return ready(Ok(false)),
                 Some(j) if j.job.status.is_finished() => return ready(Ok(false)),
                 // Never taken (read from the queue), and taken since: its worker ends it.
                 Some(j) if job.fence.is_none() && j.job.status != JobStatus::Queued => {
                     return ready(Ok(false))
                 }
-                Some(j) if j.job.status == JobStatus::Queued => {
-                    let sandbox = j.job.sandbox_id.clone();
-                    if let Some(q) = maps.queues.get_mut(&sandbox) {
-                        q.retain(|queued| *queued != id);
-                        if q.is_empty() {
-                            maps.queues.remove(&sandbox);
-                        }
-                    }
-                }
-                Some(_) => {}
-            }
+                Some(j) => j.job.status == JobStatus::Queued,
+            };
             maps.held += output_len(&job);
             maps.next_finish += 1;
             let seq = maps.next_finish;
             maps.finish_seq.insert(id.clone(), seq);
             maps.jobs.insert(id.clone(), job.clone());
+            if was_queued {
+                maps.prune_queue(&job.job.sandbox_id);
+            }
             self.enforce_budget(&mut maps)
         };
         let mut lines = vec![Line::Job(Box::new(job))];
