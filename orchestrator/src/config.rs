@@ -16,6 +16,10 @@ use serde::Deserialize;
 use crate::image::credentials::{self, CredentialsError};
 use crate::image::gc::{Budget, GcPolicy};
 use crate::image::Credentials;
+use crate::server::listen::{
+    ConnLimits, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT, DEFAULT_MAX_HEADER_BYTES,
+};
 use crate::service::{Policy, Quotas, SandboxDefaults, DEFAULT_JOB_OUTPUT_CAP};
 
 /// A list of keys as Orchard's `API_KEYS` takes them: separated by commas, spaces or
@@ -178,6 +182,24 @@ pub struct ServeArgs {
     /// Retry-After [default: 4096].
     #[arg(long, env = "ORCHARD_CREATE_QUEUE")]
     pub create_queue: Option<usize>,
+    /// Client connections at once; more are answered 503 and closed [default: 16384,
+    /// kept under the open-file limit less a quarter of it].
+    #[arg(long, env = "ORCHARD_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Client connections at once from one address [default: 2048].
+    #[arg(long, env = "ORCHARD_MAX_CONNECTIONS_PER_CLIENT")]
+    pub max_connections_per_client: Option<usize>,
+    /// Bytes of a request's start line and headers; more is 431 [default: 65536].
+    #[arg(long, env = "ORCHARD_MAX_HEADER_BYTES")]
+    pub max_header_bytes: Option<usize>,
+    /// Seconds a request's head may take to arrive, counted from the connection's start
+    /// or its previous response (so also the idle limit of a keep-alive connection)
+    /// [default: 20].
+    #[arg(long, env = "ORCHARD_HEADER_READ_TIMEOUT_S")]
+    pub header_read_timeout_s: Option<u64>,
+    /// Seconds a request body may go without sending anything [default: 60].
+    #[arg(long, env = "ORCHARD_BODY_TIMEOUT_S")]
+    pub body_timeout_s: Option<u64>,
     /// Keep sandboxes running when the server stops (a restart adopts them)
     /// [default: false: delete them; true with `--state redis://...`, where the
     /// sandboxes belong to every replica and one replica's exit must not end them].
@@ -354,6 +376,11 @@ pub struct FileConfig {
     snapshot_bytes_per_key: Option<String>,
     max_concurrent_creates: Option<usize>,
     create_queue: Option<usize>,
+    max_connections: Option<usize>,
+    max_connections_per_client: Option<usize>,
+    max_header_bytes: Option<usize>,
+    header_read_timeout_s: Option<u64>,
+    body_timeout_s: Option<u64>,
     sandbox_disk: Option<String>,
     sandbox_disk_inodes: Option<u64>,
     keep_sandboxes_on_exit: Option<bool>,
@@ -478,6 +505,8 @@ pub struct Config {
     pub max_concurrent_creates: usize,
     /// Creates waiting for a slot before 503.
     pub create_queue: usize,
+    /// The listener's bounds on client connections.
+    pub connections: ConnLimits,
     /// Per-stream output cap of a compatible job.
     pub job_output_cap: u64,
     /// Output all finished jobs may hold together.
@@ -751,6 +780,30 @@ impl Config {
             defaults,
             max_concurrent_creates,
             create_queue: args.create_queue.or(file.create_queue).unwrap_or(4096),
+            connections: ConnLimits {
+                max_connections: args.max_connections.or(file.max_connections),
+                max_connections_per_client: args
+                    .max_connections_per_client
+                    .or(file.max_connections_per_client)
+                    .unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_CLIENT)
+                    .max(1),
+                max_header_bytes: args
+                    .max_header_bytes
+                    .or(file.max_header_bytes)
+                    .unwrap_or(DEFAULT_MAX_HEADER_BYTES),
+                header_read_timeout: secs(
+                    args.header_read_timeout_s,
+                    file.header_read_timeout_s,
+                    DEFAULT_HEADER_READ_TIMEOUT.as_secs(),
+                )
+                .max(Duration::from_secs(1)),
+                body_timeout: secs(
+                    args.body_timeout_s,
+                    file.body_timeout_s,
+                    DEFAULT_BODY_TIMEOUT.as_secs(),
+                )
+                .max(Duration::from_secs(1)),
+            },
             job_output_cap: args
                 .job_output_cap_bytes
                 .or(file.job_output_cap_bytes)

@@ -309,9 +309,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             _ = tokio::signal::ctrl_c() => {}
         }
     };
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    crate::server::listen::serve(listener, router, config.connections.clone(), shutdown).await;
     if config.keep_sandboxes_on_exit {
         tracing::info!("stopping; sandboxes are kept for the next start");
     } else {

@@ -83,8 +83,14 @@ impl FakeBackend {
 
     /// Marks a sandbox stopped (its agent keeps answering), as a crashed init.
     pub fn stop(&self, id: &str) {
+        self.set_liveness(id, crate::backend::Liveness::Stopped);
+    }
+
+    /// Sets what the list says of a sandbox's init (`Unknown`: as a failed read of
+    /// `/proc` when the server is out of descriptors).
+    pub fn set_liveness(&self, id: &str, liveness: crate::backend::Liveness) {
         if let Some(s) = self.lock().get_mut(id) {
-            s.info.running = false;
+            s.info.liveness = liveness;
         }
     }
 
@@ -173,7 +179,7 @@ impl Backend for FakeBackend {
                 created_at: crate::time::rfc3339(crate::time::now_ms()),
                 agent,
                 token,
-                running: true,
+                liveness: crate::backend::Liveness::Running,
                 labels: spec.labels.clone(),
             };
             self.lock().insert(

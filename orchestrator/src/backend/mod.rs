@@ -227,10 +227,24 @@ pub struct BackendSandbox {
     pub agent: AgentEndpoint,
     /// The agent's token.
     pub token: String,
-    /// Its init is alive.
-    pub running: bool,
+    /// Whether its init is alive, as far as the backend can tell.
+    pub liveness: Liveness,
     /// Labels given at create.
     pub labels: BTreeMap<String, String>,
+}
+
+/// Whether a sandbox's init is alive. Only positive evidence says `Stopped`; a check
+/// that failed (out of descriptors, `EIO`, a time-out) is `Unknown`, and nothing is
+/// failed or deleted on `Unknown` (issue 30: a descriptor flood made every read of
+/// `/proc` fail, and reconciliation deleted every sandbox as dead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// It runs.
+    Running,
+    /// It stopped: its init was reaped, is gone or a zombie, or the runtime says so.
+    Stopped,
+    /// The check itself failed; neither can be said.
+    Unknown,
 }
 
 /// The most one sandbox can be given: the host's (or the largest node's) CPUs and

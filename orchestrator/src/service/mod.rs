@@ -211,6 +211,9 @@ struct Inner {
     started: Instant,
     /// This process's name as a lease holder.
     holder: String,
+    /// Reconciliations in a row that held back a mass failure (see `policy::reconcile`);
+    /// only the policy loop (one pass at a time) touches it.
+    held_reconciles: AtomicU64,
 }
 
 /// The service. Cheap to clone.
@@ -320,6 +323,7 @@ impl Service {
                 create_slots: tokio::sync::Semaphore::new(slots),
                 started: Instant::now(),
                 holder: format!("orchard-{}-{}", std::process::id(), crate::random::hex(4)?),
+                held_reconciles: AtomicU64::new(0),
             }),
         };
         service.adopt().await?;

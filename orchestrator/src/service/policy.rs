@@ -6,13 +6,31 @@
 //! record failed.
 //! Reconciliation is skipped when the backend cannot list: a backend that cannot answer
 //! must not make the server forget or delete anything.
+//!
+//! Never delete on doubt (issue 30: a descriptor flood made every `/proc` read fail and
+//! reconciliation deleted every tenant's sandboxes): a record fails only on evidence (the
+//! backend says its sandbox stopped, or lists without it); `Liveness::Unknown` is left
+//! alone. And a pass that would fail more than [`MASS_FAILURE_SHARE`] of the ready fleet
+//! (and more than [`MASS_FAILURE_MIN`] sandboxes) holds back and logs instead; only when
+//! [`MASS_FAILURE_CONFIRMATIONS`] passes in a row see it does it go ahead (a host that
+//! really lost its sandboxes is still cleaned up, a few intervals later).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
+use std::sync::atomic::Ordering;
+
 use super::{now_ms, Inner, Phase, Service};
+use crate::backend::Liveness;
 use crate::state::SandboxRecord;
+
+/// A pass failing more than this share of the ready sandboxes is a mass failure.
+pub const MASS_FAILURE_SHARE: f64 = 0.2;
+/// ... when it fails more than this many (a small fleet losing two is no alarm).
+pub const MASS_FAILURE_MIN: usize = 3;
+/// Passes in a row that must see a mass failure before it is carried out.
+pub const MASS_FAILURE_CONFIRMATIONS: u64 = 3;
 
 /// How long the policy lease lasts: one replica runs the loop at a time.
 const POLICY_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(15);
@@ -146,7 +164,8 @@ pub(super) async fn reconcile(service: &Service) -> bool {
             return false;
         }
     };
-    let in_backend: HashMap<&str, bool> = list.iter().map(|s| (s.id.as_str(), s.running)).collect();
+    let in_backend: HashMap<&str, Liveness> =
+        list.iter().map(|s| (s.id.as_str(), s.liveness)).collect();
     let Ok(records) = service.all().await else {
         return false;
     };
@@ -160,16 +179,14 @@ pub(super) async fn reconcile(service: &Service) -> bool {
                 tracing::warn!(sandbox_id = %r.id, "removing what a failed sandbox left");
                 let _ = service.backend().delete(&r.id).await;
             }
-            continue;
         }
-        if r.phase != Phase::Ready {
-            continue;
-        }
-        let message = match in_backend.get(r.id.as_str()) {
-            Some(true) => continue,
-            Some(false) => "the sandbox stopped on its own",
-            None => "the sandbox disappeared from the backend",
-        };
+    }
+    let ready = records.iter().filter(|r| r.phase == Phase::Ready).count();
+    let lost = lost_sandboxes(&records, &in_backend);
+    if !carry_out(service, lost.len(), ready) {
+        return true;
+    }
+    for (r, message) in lost {
         let failed = service
             .update(None, &r.id, Some(&r.uid), |rec| {
                 rec.phase = Phase::Failed {
@@ -192,6 +209,59 @@ pub(super) async fn reconcile(service: &Service) -> bool {
             let _ = service.backend().delete(&sb.id).await;
         }
     }
+    true
+}
+
+/// The ready records the backend gives evidence against, with why: it says their
+/// sandbox stopped, or does not list it. `Unknown` is no evidence.
+fn lost_sandboxes<'a>(
+    records: &'a [SandboxRecord],
+    in_backend: &HashMap<&str, Liveness>,
+) -> Vec<(&'a SandboxRecord, &'static str)> {
+    records
+        .iter()
+        .filter(|r| r.phase == Phase::Ready)
+        .filter_map(|r| {
+            let why = match in_backend.get(r.id.as_str()) {
+                Some(Liveness::Running) => return None,
+                Some(Liveness::Unknown) => {
+                    tracing::warn!(sandbox_id = %r.id, "cannot tell whether the sandbox runs; left as it is");
+                    return None;
+                }
+                Some(Liveness::Stopped) => "the sandbox stopped on its own",
+                None => "the sandbox disappeared from the backend",
+            };
+            Some((r, why))
+        })
+        .collect()
+}
+
+/// Whether failing `lost` of `ready` sandboxes may go ahead: a mass failure holds back
+/// until [`MASS_FAILURE_CONFIRMATIONS`] passes in a row have seen one.
+fn carry_out(service: &Service, lost: usize, ready: usize) -> bool {
+    let held = &service.inner.held_reconciles;
+    let mass = lost > MASS_FAILURE_MIN && lost as f64 > ready as f64 * MASS_FAILURE_SHARE;
+    if !mass {
+        held.store(0, Ordering::Relaxed);
+        return true;
+    }
+    let seen = held.fetch_add(1, Ordering::Relaxed) + 1;
+    if seen < MASS_FAILURE_CONFIRMATIONS {
+        tracing::error!(
+            lost,
+            ready,
+            seen,
+            needed = MASS_FAILURE_CONFIRMATIONS,
+            "reconciliation held back: it would fail a large share of the sandboxes at once; nothing is failed until later passes see the same"
+        );
+        return false;
+    }
+    tracing::error!(
+        lost,
+        ready,
+        "reconciliation fails a large share of the sandboxes, seen in {seen} passes in a row"
+    );
+    held.store(0, Ordering::Relaxed);
     true
 }
 

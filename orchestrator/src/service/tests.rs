@@ -428,6 +428,75 @@ async fn ttl_and_stopped_heartbeats_delete_sandboxes() {
 }
 
 #[tokio::test]
+async fn regression_a_sandbox_whose_liveness_cannot_be_read_is_never_failed() {
+    // Issue 30: a descriptor flood made every read of /proc fail, the backend listed
+    // every sandbox as stopped, and reconciliation deleted them all.
+    let h = Harness::new(FakeBackend::tcp()).await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let id = h.ready_sandbox().await;
+        h.backend
+            .set_liveness(&id, crate::backend::Liveness::Unknown);
+        ids.push(id);
+    }
+    for _ in 0..super::policy::MASS_FAILURE_CONFIRMATIONS + 2 {
+        assert!(h.service.reconcile_now().await);
+    }
+    for id in &ids {
+        assert_eq!(
+            h.service.get(&tenant(), id).await.unwrap().phase,
+            Phase::Ready
+        );
+    }
+    assert_eq!(h.backend.ids().len(), ids.len(), "nothing deleted on doubt");
+}
+
+#[tokio::test]
+async fn reconciliation_holds_back_a_mass_failure_until_passes_in_a_row_confirm_it() {
+    let h = Harness::new(FakeBackend::tcp()).await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(h.ready_sandbox().await);
+    }
+    let (stopped, kept) = ids.split_at(4);
+    for id in stopped {
+        h.backend.stop(id);
+    }
+    let phase = |id: String| {
+        let s = h.service.clone();
+        async move { s.get(&tenant(), &id).await.unwrap().phase }
+    };
+    for _ in 1..super::policy::MASS_FAILURE_CONFIRMATIONS {
+        assert!(h.service.reconcile_now().await);
+        for id in &ids {
+            assert_eq!(phase(id.clone()).await, Phase::Ready, "held back");
+        }
+    }
+    // A pass without the mass failure in between starts the count again.
+    for id in stopped {
+        h.backend
+            .set_liveness(id, crate::backend::Liveness::Running);
+    }
+    assert!(h.service.reconcile_now().await);
+    for id in stopped {
+        h.backend.stop(id);
+    }
+    for _ in 1..super::policy::MASS_FAILURE_CONFIRMATIONS {
+        assert!(h.service.reconcile_now().await);
+        assert_eq!(
+            phase(stopped[0].clone()).await,
+            Phase::Ready,
+            "count restarted"
+        );
+    }
+    assert!(h.service.reconcile_now().await);
+    for id in stopped {
+        assert!(matches!(phase(id.clone()).await, Phase::Failed { .. }));
+    }
+    assert_eq!(phase(kept[0].clone()).await, Phase::Ready);
+}
+
+#[tokio::test]
 async fn reconciliation_fails_lost_sandboxes_but_not_when_the_backend_cannot_list() {
     let h = Harness::new(FakeBackend::tcp()).await;
     let lost = h.ready_sandbox().await;

@@ -233,7 +233,9 @@ async fn busybox_python_and_an_image_with_no_shell_all_run_the_injected_agent() 
 
     let listed = Backend::list(&b).await.unwrap();
     assert_eq!(listed.len(), 3);
-    assert!(listed.iter().all(|s| s.running && !s.token.is_empty()));
+    assert!(listed
+        .iter()
+        .all(|s| s.liveness == orchard::backend::Liveness::Running && !s.token.is_empty()));
     assert_eq!(
         listed.iter().find(|s| s.id == "py").unwrap().token,
         py.token

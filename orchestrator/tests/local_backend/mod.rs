@@ -419,7 +419,10 @@ async fn egress_is_allowed_through_slirp4netns_when_asked() {
     assert!(!slirps.is_empty());
     tb.finish().await;
     for pid in slirps {
-        assert!(process::stat(pid).is_none(), "slirp4netns {pid} survived");
+        assert!(
+            process::stat(pid).unwrap().is_none(),
+            "slirp4netns {pid} survived"
+        );
     }
 }
 
@@ -427,7 +430,12 @@ async fn egress_is_allowed_through_slirp4netns_when_asked() {
 fn slirp_pids() -> Vec<i32> {
     process::all_pids()
         .into_iter()
-        .filter(|p| process::stat(*p).is_some_and(|s| s.comm == "slirp4netns" && s.state != 'Z'))
+        .filter(|p| {
+            process::stat(*p)
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.comm == "slirp4netns" && s.state != 'Z')
+        })
         .collect()
 }
 

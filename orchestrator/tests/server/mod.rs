@@ -6,6 +6,7 @@ mod bad_input;
 mod bench;
 mod bench_snapshots;
 mod defaults;
+mod hostile_load;
 mod lifecycle;
 mod login_shell;
 mod registry_gc;

@@ -202,9 +202,13 @@ impl TestServer {
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
-        });
+        let limits = config.connections.clone();
+        let task = tokio::spawn(orchard::server::listen::serve(
+            listener,
+            router,
+            limits,
+            std::future::pending(),
+        ));
         TestServer {
             url,
             service,
@@ -347,6 +351,26 @@ impl ServerProcess {
         env: &[(&str, &str)],
         extra: &[&str],
     ) -> ServerProcess {
+        Self::start_limited(data_dir, keys, env, extra, None)
+    }
+
+    /// [`ServerProcess::start`] under an open-file limit of `open_files` (soft and
+    /// hard: the server cannot raise it), for the descriptor-flood tests.
+    pub fn start_with_open_files(
+        data_dir: &Path,
+        open_files: u64,
+        extra: &[&str],
+    ) -> ServerProcess {
+        Self::start_limited(data_dir, &[KEY, OTHER_KEY], &[], extra, Some(open_files))
+    }
+
+    fn start_limited(
+        data_dir: &Path,
+        keys: &[&str],
+        env: &[(&str, &str)],
+        extra: &[&str],
+        open_files: Option<u64>,
+    ) -> ServerProcess {
         let ready = data_dir.join("ready-url");
         let _ = std::fs::remove_file(&ready);
         std::fs::create_dir_all(data_dir).unwrap();
@@ -355,7 +379,25 @@ impl ServerProcess {
             .append(true)
             .open(data_dir.join("server.log"))
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_orchard"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_orchard"));
+        if let Some(n) = open_files {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork
+            // and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(keys.iter().flat_map(|k| ["--api-key", k]))
             // The first key imports the test images.

@@ -295,7 +295,7 @@ impl KubeBackend {
                 created_at: created_at(&made),
                 agent: AgentEndpoint::Http(addr),
                 token,
-                running: true,
+                liveness: crate::backend::Liveness::Running,
                 labels: spec.labels,
             }),
             Err(e) => {
@@ -513,9 +513,13 @@ impl KubeBackend {
             .get(objects::LABELS_ANNOTATION)
             .and_then(|j| serde_json::from_str(j).ok())
             .unwrap_or_default();
-        let (ip, running) = match pod_state(pod) {
-            PodState::Running(ip) => (ip, true),
-            _ => (std::net::Ipv4Addr::UNSPECIFIED.into(), false),
+        let unspecified = std::net::Ipv4Addr::UNSPECIFIED.into();
+        let (ip, liveness) = match pod_state(pod) {
+            PodState::Running(ip) => (ip, crate::backend::Liveness::Running),
+            PodState::Failed(_) => (unspecified, crate::backend::Liveness::Stopped),
+            // Not running yet, or again, or its node not reporting (phase Unknown):
+            // no evidence that it ended.
+            PodState::Starting(_) => (unspecified, crate::backend::Liveness::Unknown),
         };
         Some(BackendSandbox {
             image: annotations
@@ -525,7 +529,7 @@ impl KubeBackend {
             created_at: created_at(pod),
             agent: AgentEndpoint::Http(SocketAddr::new(ip, self.cfg.agent_port)),
             token: tokens.get(&id).cloned().unwrap_or_default(),
-            running,
+            liveness,
             labels,
             id,
         })

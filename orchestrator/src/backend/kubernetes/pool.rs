@@ -299,7 +299,7 @@ impl PoolApi {
             created_at: crate::time::now_rfc3339(),
             agent: AgentEndpoint::Http(addr),
             token,
-            running: true,
+            liveness: crate::backend::Liveness::Running,
             labels: spec.labels.clone(),
         }))
     }

@@ -270,7 +270,7 @@ async fn an_expired_watch_relists_and_sees_what_changed_meanwhile() {
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].id, "sb-late");
     assert_eq!(list[0].token, "token");
-    assert!(list[0].running);
+    assert_eq!(list[0].liveness, crate::backend::Liveness::Running);
     assert_eq!(list[0].labels["orchard.tenant"], "t");
     assert_eq!(list[0].agent.to_string(), "http://10.0.0.9:7070");
     assert!(script.lock().unwrap().lists_done >= 2);

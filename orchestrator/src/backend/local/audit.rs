@@ -179,7 +179,7 @@ pub(super) async fn audit(inner: &Inner) -> Result<AuditReport, LocalError> {
     let marker_prefix = format!("{}/", inner.tag);
     let mut namespaces = Vec::new();
     for pid in process::all_pids() {
-        let Some(stat) = process::stat(pid) else {
+        let Ok(Some(stat)) = process::stat(pid) else {
             continue;
         };
         // A zombie holds no resources; one re-parented to a PID 1 that reaps late is

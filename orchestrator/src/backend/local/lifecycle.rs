@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use orchard_client::{AgentClient, Endpoint};
 
 use crate::backend::local::error::io_err;
-use crate::backend::local::process::ProcRef;
+use crate::backend::local::process::{Liveness, ProcRef};
 use crate::backend::local::request::{build_env, valid_hostname, validate_labels};
 use crate::backend::local::spec::ResourceLimits;
 use crate::backend::local::state::{self, Phase, SandboxState};
@@ -409,7 +409,8 @@ impl Inner {
                     Err(_) => last = "health did not answer within 2s".into(),
                 }
             }
-            if !init.is_running() {
+            // Only evidence ends the wait early; an unreadable /proc waits for the deadline.
+            if init.liveness() == Liveness::Stopped {
                 return Err(not_ready(format!("the agent (pid {}) exited", init.pid)));
             }
             if Instant::now() >= deadline {
@@ -662,13 +663,31 @@ impl Inner {
                 None
             };
             let paths = self.paths(&id);
-            let state = state::load(&paths.state).ok();
-            let adoptable = match &state {
-                Some(s) => self.adoptable(s).await,
-                None => false,
+            let state = match state::load(&paths.state) {
+                Ok(s) => Some(s),
+                // No state file: a create that never finished writing it.
+                Err(state::StateError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    None
+                }
+                Err(e @ state::StateError::Io { .. }) => {
+                    // Unreadable is not absent: left alone, for the next start to see.
+                    problems.push(format!("left as it is: {e}"));
+                    report.skipped.push(id);
+                    continue;
+                }
+                Err(_) => None,
             };
-            match (adoptable, state) {
-                (true, Some(s)) => {
+            let adoption = match &state {
+                Some(s) => self.adoptable(s).await,
+                None => Adoption::Remove,
+            };
+            if let Adoption::Doubt(why) = &adoption {
+                tracing::warn!(sandbox_id = %id, reason = %why, "adopting a sandbox whose state could not be checked: it is not removed on doubt");
+            }
+            match (adoption, state) {
+                (Adoption::Adopt | Adoption::Doubt(_), Some(s)) => {
                     let mut table = self.lock_table();
                     if table.contains_key(&id) {
                         continue;
@@ -686,19 +705,28 @@ impl Inner {
         Ok(report)
     }
 
-    /// Whether a sandbox left by a previous backend is whole and healthy.
-    async fn adoptable(&self, s: &SandboxState) -> bool {
+    /// Whether a sandbox left by a previous backend is whole and healthy, known to be
+    /// broken, or cannot be told (a check that failed is no evidence).
+    async fn adoptable(&self, s: &SandboxState) -> Adoption {
         if s.phase != Phase::Running || !valid_id(&s.id) {
-            return false;
+            return Adoption::Remove;
         }
-        let Some(init) = s.init else { return false };
-        if !init.is_running() {
-            return false;
+        let Some(init) = s.init else {
+            return Adoption::Remove;
+        };
+        match init.liveness() {
+            Liveness::Running => {}
+            Liveness::Stopped => return Adoption::Remove,
+            Liveness::Unknown => return Adoption::Doubt("its init's /proc entry is unreadable"),
         }
-        if matches!(s.network, NetworkMode::Egress { .. })
-            && !s.slirp.is_some_and(|p| p.is_running())
-        {
-            return false;
+        if matches!(s.network, NetworkMode::Egress { .. }) {
+            match s.slirp.map_or(Liveness::Stopped, |p| p.liveness()) {
+                Liveness::Running => {}
+                Liveness::Stopped => return Adoption::Remove,
+                Liveness::Unknown => {
+                    return Adoption::Doubt("its network helper's /proc entry is unreadable")
+                }
+            }
         }
         match self.runc.state(&s.id).await {
             Ok(Some(c)) if c.status == "running" && c.pid == init.pid => {}
@@ -707,27 +735,29 @@ impl Inner {
             // instead of removing it for an agent that cannot answer while frozen.
             Ok(Some(c)) if c.status == "paused" && c.pid == init.pid => {
                 if self.config.shared {
-                    return true;
+                    return Adoption::Adopt;
                 }
                 if let Err(e) = self.runc.resume(&s.id).await {
                     tracing::warn!(sandbox_id = %s.id, error = %e, "cannot resume a paused sandbox to adopt it");
-                    return false;
+                    return Adoption::Remove;
                 }
                 tracing::warn!(sandbox_id = %s.id, "a paused sandbox was resumed to be adopted");
             }
-            _ => return false,
+            // runc could not be asked: no evidence either way.
+            Err(_) => return Adoption::Doubt("runc state failed"),
+            _ => return Adoption::Remove,
         }
         if self.config.shared {
             // Another live replica's sandbox, whole and running: a slow answer (a busy
             // machine) is no reason to tear it down under that replica. A broken agent
             // is the service's to find (its calls fail, reconciliation fails the record).
-            return true;
+            return Adoption::Adopt;
         }
         let client = AgentClient::new(Endpoint::Unix(self.paths(&s.id).socket), s.token.clone());
-        matches!(
-            tokio::time::timeout(RECOVER_HEALTH_LIMIT, client.health()).await,
-            Ok(Ok(h)) if h.status == "ok"
-        )
+        match tokio::time::timeout(RECOVER_HEALTH_LIMIT, client.health()).await {
+            Ok(Ok(h)) if h.status == "ok" => Adoption::Adopt,
+            _ => Adoption::Remove,
+        }
     }
 
     /// Deletes everything, then the root.
@@ -779,4 +809,15 @@ impl Inner {
             })
         }
     }
+}
+
+/// What a restart does with a sandbox a previous backend left.
+#[derive(Debug)]
+enum Adoption {
+    /// Whole and healthy: adopted.
+    Adopt,
+    /// Known broken or half-made: removed.
+    Remove,
+    /// A check failed (the reason): adopted, since a failed read is no evidence.
+    Doubt(&'static str),
 }

@@ -80,6 +80,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::backend::Liveness;
 use serde::{Deserialize, Serialize};
 
 pub use audit::AuditReport;
@@ -518,7 +519,7 @@ impl Inner {
             socket: paths.socket,
             token: s.token.clone(),
             init_pid: s.init.map_or(0, |p| p.pid),
-            running: s.init.is_some_and(|p| p.is_running()),
+            liveness: s.init.map_or(Liveness::Stopped, |p| p.liveness()),
             bundle: paths.dir,
             cgroup_dirs: s.cgroup_dirs.clone(),
         }
@@ -546,7 +547,7 @@ fn backend_sandbox(info: SandboxInfo) -> crate::backend::BackendSandbox {
         created_at: info.created_at,
         agent: crate::backend::AgentEndpoint::Unix(info.socket),
         token: info.token,
-        running: info.running,
+        liveness: info.liveness,
         labels: info.labels,
     }
 }

@@ -7,6 +7,11 @@
 //! machine's PID 1, so we can reap it the moment it dies. A process whose parent we are
 //! not (a sandbox adopted after a restart whose init went to PID 1) is waited for by
 //! watching `/proc` until it is gone or a zombie; reaping it is then its parent's job.
+//!
+//! Invariant (issue 30, a connection flood deleted every sandbox): a failed read of
+//! `/proc` (out of descriptors, `EIO`) is never taken for a dead process. Only
+//! `ENOENT`/`ESRCH` (no such pid), another process under the pid, or a zombie is
+//! evidence that a process stopped; anything else is [`Liveness::Unknown`].
 
 use std::fs;
 use std::io;
@@ -14,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitOptions};
 use serde::{Deserialize, Serialize};
+
+pub use crate::backend::Liveness;
 
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(5);
@@ -57,10 +64,26 @@ pub struct Stat {
     pub start_time: u64,
 }
 
-/// Reads `/proc/PID/stat`; `None` when the process does not exist.
-pub fn stat(pid: i32) -> Option<Stat> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text)
+/// Reads `/proc/PID/stat`: `Ok(None)` only when the process does not exist; a read
+/// that failed for any other reason (no descriptor left, `EIO`, an unparsable answer)
+/// is an error, which callers must not take for "gone".
+pub fn stat(pid: i32) -> io::Result<Option<Stat>> {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(text) => parse_stat(&text).map(Some).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("/proc/{pid}/stat: unparsable"),
+            )
+        }),
+        Err(e) if is_no_such_process(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a failed read of `/proc/PID/...` says the process is gone: the directory is
+/// missing (`ENOENT`), or it went away while being read (`ESRCH`).
+fn is_no_such_process(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }
 
 fn parse_stat(text: &str) -> Option<Stat> {
@@ -89,36 +112,58 @@ pub struct ProcRef {
 }
 
 impl ProcRef {
-    /// The running process `pid`, if there is one.
+    /// The running process `pid`, if there is one (and `/proc` could be read).
     pub fn of(pid: i32) -> Option<ProcRef> {
-        stat(pid).map(|s| ProcRef {
+        stat(pid).ok().flatten().map(|s| ProcRef {
             pid,
             start_time: s.start_time,
         })
     }
 
-    /// Whether this very process still exists and has not exited (a zombie has).
+    /// Whether this very process still runs, has stopped (gone, another process under
+    /// its pid, or a zombie), or cannot be told (the read of `/proc` failed).
+    pub fn liveness(&self) -> Liveness {
+        match stat(self.pid) {
+            Ok(Some(s)) if s.start_time == self.start_time && s.state != 'Z' => Liveness::Running,
+            Ok(_) => Liveness::Stopped,
+            Err(e) => {
+                tracing::warn!(pid = self.pid, error = %e, "cannot tell whether a process runs");
+                Liveness::Unknown
+            }
+        }
+    }
+
+    /// Whether this very process is known to run (an unreadable `/proc` says no: for
+    /// callers that only act on a running process; see [`ProcRef::liveness`]).
     pub fn is_running(&self) -> bool {
-        stat(self.pid).is_some_and(|s| s.start_time == self.start_time && s.state != 'Z')
+        self.liveness() == Liveness::Running
     }
 
-    /// Whether this very process still exists, zombie or not.
-    fn exists(&self) -> bool {
-        stat(self.pid).is_some_and(|s| s.start_time == self.start_time)
+    /// Whether this very process still exists, zombie or not; `None` when `/proc`
+    /// could not be read.
+    fn exists(&self) -> Option<bool> {
+        match stat(self.pid) {
+            Ok(s) => Some(s.is_some_and(|s| s.start_time == self.start_time)),
+            Err(_) => None,
+        }
     }
 
-    /// Sends `signal` if this is still the same process.
+    /// Sends `signal` if this is still the same process (not when that cannot be told:
+    /// the pid may have been recycled).
     pub fn signal(&self, signal: Signal) {
-        if let (true, Some(pid)) = (self.exists(), Pid::from_raw(self.pid.max(0))) {
+        if let (Some(true), Some(pid)) = (self.exists(), Pid::from_raw(self.pid.max(0))) {
             let _ = rustix::process::kill_process(pid, signal);
         }
     }
 
     /// Reaps the process if it is our child and has exited; answers whether it is gone
-    /// (reaped, or exited and not ours to reap, or no longer this process).
+    /// (reaped, or exited and not ours to reap, or no longer this process). When
+    /// `/proc` cannot be read, it is not known to be gone.
     pub fn try_reap(&self) -> bool {
-        if !self.exists() {
-            return true;
+        match self.exists() {
+            Some(false) => return true,
+            Some(true) => {}
+            None => return false,
         }
         let Some(pid) = Pid::from_raw(self.pid.max(0)) else {
             return true;
@@ -128,7 +173,7 @@ impl ProcRef {
             // Not exited yet.
             Ok(None) => false,
             // ECHILD: not our child; it is gone for us once it stopped running.
-            Err(_) => !self.is_running(),
+            Err(_) => self.liveness() == Liveness::Stopped,
         }
     }
 
@@ -221,7 +266,7 @@ mod tests {
             .unwrap();
         let p = ProcRef::of(child.id() as i32).unwrap();
         p.wait_exit(Duration::from_secs(10), "sleep").await.unwrap();
-        assert!(!matches!(stat(p.pid), Some(s) if s.start_time == p.start_time));
+        assert!(!matches!(stat(p.pid), Ok(Some(s)) if s.start_time == p.start_time));
         let child = std::process::Command::new("/bin/busybox")
             .args(["sleep", "100"])
             .spawn()

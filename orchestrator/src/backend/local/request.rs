@@ -208,8 +208,8 @@ pub struct SandboxInfo {
     pub token: String,
     /// Host pid of the agent (the container's init).
     pub init_pid: i32,
-    /// Whether the agent process is still running.
-    pub running: bool,
+    /// Whether the agent process is still running (as far as can be told).
+    pub liveness: crate::backend::Liveness,
     /// The bundle directory.
     pub bundle: PathBuf,
     /// Its cgroup directories on the host (one per hierarchy).
@@ -228,7 +228,7 @@ impl std::fmt::Debug for SandboxInfo {
             .field("labels", &self.labels)
             .field("socket", &self.socket)
             .field("init_pid", &self.init_pid)
-            .field("running", &self.running)
+            .field("liveness", &self.liveness)
             .finish_non_exhaustive()
     }
 }

@@ -1,0 +1,321 @@
+//! Hostile load against the real server binary (issue 30): floods of connections
+//! without a key, slow and oversized requests. Each test is the attack it stops and
+//! asserts that no tenant's sandbox is lost and that the server keeps serving others.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::util::server::{send, ServerProcess, KEY, OTHER_KEY};
+
+/// Imports the busybox test image through the API (KEY is the operator).
+async fn import_busybox(url: &str) {
+    let layout = crate::util::server::image_layout("busybox");
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.append_dir_all(".", &layout).unwrap();
+    let (s, v) = send(
+        reqwest::Client::new()
+            .post(format!("{url}/v1/images/import?name=busybox:latest"))
+            .header("X-API-Key", KEY)
+            .body(tar.into_inner().unwrap()),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+}
+
+/// A ready busybox sandbox of `key`.
+async fn sandbox(http: &reqwest::Client, url: &str, key: &str, id: &str) {
+    let (s, v) = send(
+        http.post(format!("{url}/v1/sandboxes"))
+            .header("X-API-Key", key)
+            .json(&json!({"image": "busybox:latest", "id": id})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+}
+
+/// Runs `echo ok` in `id` through the compatible API; answers the job.
+async fn echo(http: &reqwest::Client, url: &str, key: &str, id: &str) -> (u16, Value) {
+    send(
+        http.post(format!("{url}/sandboxes/{id}/exec"))
+            .header("X-API-Key", key)
+            .json(&json!({"command": "echo ok", "wait": true})),
+    )
+    .await
+}
+
+/// Occurrences of `needle` in the server's log.
+fn log_count(srv: &ServerProcess, needle: &str) -> usize {
+    std::fs::read_to_string(srv.data_dir.join("server.log"))
+        .unwrap_or_default()
+        .matches(needle)
+        .count()
+}
+
+/// Waits until the server's log holds `needle` `n` times; panics after `limit`.
+async fn await_log(srv: &ServerProcess, needle: &str, n: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while log_count(srv, needle) < n {
+        assert!(
+            Instant::now() < deadline,
+            "the server's log never held {needle:?} {n} times"
+        );
+        // A log file has nothing to subscribe to.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Opens `n` idle connections (nothing sent) to `addr`.
+fn flood(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    (0..n)
+        .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok())
+        .collect()
+}
+
+/// A blocking connection to `addr` from the loopback address `from` (a client other
+/// than the flood's 127.0.0.1, which holds its whole per-client cap).
+fn connect_from(from: &str, addr: SocketAddr) -> TcpStream {
+    let handle = tokio::runtime::Handle::current();
+    let from: SocketAddr = format!("{from}:0").parse().unwrap();
+    let stream = handle.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(from).unwrap();
+        socket.connect(addr).await.unwrap()
+    });
+    let stream = stream.into_std().unwrap();
+    stream.set_nonblocking(false).unwrap();
+    stream
+}
+
+fn addr_of(url: &str) -> SocketAddr {
+    url.trim_start_matches("http://").parse().unwrap()
+}
+
+/// Regression (issue 30, point 1): 20,000 idle connections exhausted the server's
+/// descriptors; every read of `/proc` failed with EMFILE, the failed read was taken for
+/// a dead process, and reconciliation failed and removed every tenant's sandboxes. Here
+/// the connection caps are lifted and the open-file limit lowered so the flood does
+/// exhaust the descriptors: reconciliation must run under it and lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_descriptor_flood_without_a_key_deletes_no_sandbox() {
+    orchard_test_support::require_runc!();
+    let data = tempfile::Builder::new()
+        .prefix("orchard-flood-")
+        .tempdir()
+        .unwrap();
+    let srv = ServerProcess::start_with_open_files(
+        data.path(),
+        400,
+        &[
+            "--max-connections",
+            "100000",
+            "--max-connections-per-client",
+            "100000",
+            "--reconcile-interval-s",
+            "1",
+            "--policy-interval-ms",
+            "100",
+        ],
+    );
+    import_busybox(&srv.url).await;
+    let http = reqwest::Client::new();
+    let ids = [
+        (KEY, "flood-a1"),
+        (KEY, "flood-a2"),
+        (OTHER_KEY, "flood-b1"),
+        (OTHER_KEY, "flood-b2"),
+    ];
+    for (key, id) in ids {
+        sandbox(&http, &srv.url, key, id).await;
+    }
+    let addr = addr_of(&srv.url);
+    let conns = tokio::task::spawn_blocking(move || flood(addr, 600))
+        .await
+        .unwrap();
+    assert!(
+        conns.len() >= 500,
+        "the flood opened {} connections",
+        conns.len()
+    );
+    await_log(&srv, "accept failed", 1, Duration::from_secs(30)).await;
+    // Reconciliations that could not read any sandbox's /proc entry: two of them, or
+    // (without the fix, which never says so) 30 s of reconciliations under the flood.
+    let unsure = "cannot tell whether the sandbox runs";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while log_count(&srv, unsure) < 2 * ids.len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(conns);
+    for (key, id) in ids {
+        let (s, job) = echo(&http, &srv.url, key, id).await;
+        assert_eq!(
+            (s, job["status"].as_str()),
+            (200, Some("succeeded")),
+            "{id}: {job}"
+        );
+        assert_eq!(job["stdout"], "ok\n");
+    }
+    for (key, id) in ids {
+        let (s, _) = send(
+            http.delete(format!("{}/sandboxes/{id}", srv.url))
+                .header("X-API-Key", key),
+        )
+        .await;
+        assert_eq!(s, 200);
+    }
+}
+
+/// Reads what the server sends on `c` until it closes or `limit` passes; answers the
+/// bytes and whether it closed.
+fn read_until_closed(c: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    c.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return (got, true),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (got, true),
+            Err(_) => return (got, false),
+        }
+    }
+}
+
+/// Issue 30, point 2: one address's flood is capped (the rest answered 503 at once),
+/// idle and half-sent connections are closed by the header time-out, a stalled body by
+/// the body time-out, an oversized head is 431, and a client from another address is
+/// served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_is_capped_and_slow_clients_are_closed_while_others_are_served() {
+    let data = tempfile::Builder::new()
+        .prefix("orchard-caps-")
+        .tempdir()
+        .unwrap();
+    let srv = ServerProcess::start(
+        data.path(),
+        &[
+            "--max-connections-per-client",
+            "100",
+            "--header-read-timeout-s",
+            "2",
+            "--body-timeout-s",
+            "2",
+        ],
+    );
+    let addr = addr_of(&srv.url);
+    let (idle, over) = tokio::task::spawn_blocking(move || {
+        let idle = flood(addr, 100);
+        let over = flood(addr, 50);
+        (idle, over)
+    })
+    .await
+    .unwrap();
+    let refused = tokio::task::spawn_blocking(move || {
+        over.into_iter()
+            .filter(|c| {
+                let mut c = c.try_clone().unwrap();
+                let (got, closed) = read_until_closed(&mut c, Duration::from_secs(10));
+                closed && got.starts_with(b"HTTP/1.1 503")
+            })
+            .count()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        refused, 50,
+        "every connection over the per-client cap is answered 503"
+    );
+    // Another address is served while the first one's connections are all held.
+    let other = reqwest::Client::builder()
+        .local_address(Some("127.0.0.2".parse().unwrap()))
+        .build()
+        .unwrap();
+    let (s, v) = send(other.get(format!("{}/health", srv.url))).await;
+    assert_eq!(s, 200, "{v}");
+
+    let (slowloris, big_head, stalled_body, keep_alive, idle_closed) =
+        tokio::task::spawn_blocking(move || {
+            let connect = |addr| connect_from("127.0.0.3", addr);
+            let started = Instant::now();
+            // Half a head, then a byte every half second: never finished.
+            let mut slow = connect(addr);
+            slow.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+            slow.set_nonblocking(true).unwrap();
+            let mut closed_slow = false;
+            for _ in 0..50 {
+                std::thread::sleep(Duration::from_millis(300)); // the attacker's pace
+                let mut b = [0u8; 64];
+                // Closed: the write fails or the peek sees the end (or the reset).
+                if slow.write_all(b"X").is_err()
+                    || matches!(slow.peek(&mut b), Ok(0))
+                    || matches!(slow.peek(&mut b), Err(e) if e.kind() != std::io::ErrorKind::WouldBlock)
+                {
+                    closed_slow = true;
+                    break;
+                }
+            }
+            let slowloris = (closed_slow, started.elapsed());
+
+            let mut big = connect(addr);
+            let head = format!(
+                "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+                "a".repeat(200 << 10)
+            );
+            let _ = big.write_all(head.as_bytes());
+            let (got, _) = read_until_closed(&mut big, Duration::from_secs(10));
+            let big_head = String::from_utf8_lossy(&got).lines().next().unwrap_or("").to_string();
+
+            let mut body = connect(addr);
+            body.write_all(
+                b"POST /sandboxes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ima",
+            )
+            .unwrap();
+            let t = Instant::now();
+            let (_, closed) = read_until_closed(&mut body, Duration::from_secs(15));
+            let stalled_body = (closed, t.elapsed());
+
+            let mut ka = connect(addr);
+            ka.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            ka.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut b = [0u8; 4096];
+            let n = ka.read(&mut b).unwrap();
+            let answered = b[..n].starts_with(b"HTTP/1.1 200");
+            let t = Instant::now();
+            let (_, closed) = read_until_closed(&mut ka, Duration::from_secs(15));
+            let keep_alive = (answered, closed, t.elapsed());
+
+            let idle_closed = idle
+                .into_iter()
+                .filter(|c| {
+                    let mut c = c.try_clone().unwrap();
+                    read_until_closed(&mut c, Duration::from_secs(10)).1
+                })
+                .count();
+            (slowloris, big_head, stalled_body, keep_alive, idle_closed)
+        })
+        .await
+        .unwrap();
+    assert!(slowloris.0, "a slowloris head was never closed");
+    assert!(slowloris.1 < Duration::from_secs(10), "{:?}", slowloris.1);
+    assert!(big_head.contains("431"), "an oversized head: {big_head:?}");
+    assert!(stalled_body.0, "a stalled body was never closed");
+    assert!(
+        stalled_body.1 < Duration::from_secs(10),
+        "{:?}",
+        stalled_body.1
+    );
+    assert!(
+        keep_alive.0 && keep_alive.1,
+        "an idle keep-alive connection: {keep_alive:?}"
+    );
+    assert!(keep_alive.2 < Duration::from_secs(10), "{:?}", keep_alive.2);
+    assert_eq!(
+        idle_closed, 100,
+        "idle connections closed by the header time-out"
+    );
+    // The slots came back: the first address is served again.
+    let (s, _) = send(reqwest::Client::new().get(format!("{}/health", srv.url))).await;
+    assert_eq!(s, 200);
+}
