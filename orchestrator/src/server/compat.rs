@@ -20,7 +20,10 @@ use orchard_protocol::output::b64_encode;
 use orchard_protocol::pty::close_code;
 use serde::Deserialize;
 
-use super::{ApiJson, ApiPath, AppState, Auth, MAX_UPLOAD_JSON};
+use super::{
+    ApiJson, ApiPath, AppState, Auth, MAX_PATCH_BYTES, MAX_PATCH_JSON, MAX_UPLOAD_JSON,
+    MAX_WS_MESSAGE,
+};
 use crate::service::{iso, CreateRequest, Error, JobOptions, Phase, SandboxRecord, Service};
 
 /// Longest server-side wait a request may ask for.
@@ -356,8 +359,14 @@ async fn apply_patch(
     State(state): State<AppState>,
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
-    ApiJson(req): ApiJson<ApplyPatch, MAX_UPLOAD_JSON>,
+    ApiJson(req): ApiJson<ApplyPatch, MAX_PATCH_JSON>,
 ) -> Result<Json<PatchResult>, Error> {
+    if req.patch.len() > MAX_PATCH_BYTES {
+        return Err(Error::TooLarge(format!(
+            "the patch is {} bytes; at most {MAX_PATCH_BYTES}",
+            req.patch.len()
+        )));
+    }
     let live = state.service.ready(&tenant, &id).await?;
     let apply = GitApplyRequest {
         repo: Service::default_dir(&live).to_string(),
@@ -765,6 +774,9 @@ async fn pty(
         }
     };
     let (key, protocol) = ws_key(&headers, uri.query());
+    let ws = ws
+        .max_message_size(MAX_WS_MESSAGE)
+        .max_frame_size(MAX_WS_MESSAGE);
     let ws = match protocol {
         Some(p) => ws.protocols([p]),
         None => ws,

@@ -36,6 +36,15 @@ use crate::service::{Error, Keys, Service, Tenant};
 pub const MAX_JSON: usize = 16 << 20;
 /// Largest body of the compatible file upload (base64 inflates by a third).
 pub const MAX_UPLOAD_JSON: usize = 512 << 20;
+/// Largest patch of `apply_patch`: the agent takes request bodies of at most 16 MiB.
+pub const MAX_PATCH_BYTES: usize = 16 << 20;
+/// Largest body of `apply_patch`: [`MAX_PATCH_BYTES`] of patch with room for JSON's
+/// escapes (issue 30: four 450 MiB patches took the server to 5 GB).
+pub const MAX_PATCH_JSON: usize = 2 * MAX_PATCH_BYTES + (64 << 10);
+/// Largest WebSocket message (and frame) a client may send: a terminal's input or a
+/// stream's stdin comes in pieces far below it (tungstenite's default, 64 MiB, let 16
+/// connections take 1.8 GB).
+pub const MAX_WS_MESSAGE: usize = 4 << 20;
 
 /// What every handler gets.
 #[derive(Clone)]

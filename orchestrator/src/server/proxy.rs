@@ -109,7 +109,9 @@ async fn forward(
         let (_, protocol) = super::compat::ws_key(&parts.headers, parts.uri.query());
         let mut ws = WebSocketUpgrade::from_request_parts(&mut parts, &state)
             .await
-            .map_err(|e| Error::BadRequest(format!("bad WebSocket upgrade: {}", e.body_text())))?;
+            .map_err(|e| Error::BadRequest(format!("bad WebSocket upgrade: {}", e.body_text())))?
+            .max_message_size(super::MAX_WS_MESSAGE)
+            .max_frame_size(super::MAX_WS_MESSAGE);
         if let Some(p) = protocol {
             // The client offered its key as a subprotocol; the handshake names it back.
             ws = ws.protocols([p]);

@@ -130,6 +130,14 @@ pub enum BadEnv {
     /// A name the orchestrator sets itself.
     #[error("env {0:?} is reserved")]
     Reserved(String),
+    /// More bytes of names and values together than a process can be given.
+    #[error("env: {bytes} bytes of names and values; at most {max}")]
+    TooLarge {
+        /// The bytes given.
+        bytes: usize,
+        /// The most accepted.
+        max: usize,
+    },
 }
 
 /// A label of a create that no sandbox can have.
@@ -159,6 +167,14 @@ pub enum BadLabel {
         key: String,
         /// The reserved prefix.
         prefix: &'static str,
+    },
+    /// More labels than one sandbox or snapshot may carry.
+    #[error("{count} labels: at most {max}")]
+    TooMany {
+        /// The labels given.
+        count: usize,
+        /// The most accepted.
+        max: usize,
     },
 }
 

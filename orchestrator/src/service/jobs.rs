@@ -5,6 +5,7 @@
 //! Where they are kept, how they survive a restart and how their output is bounded
 //! across jobs is the store's business: see [`crate::state::memory`].
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use orchard_protocol::compat::{CompatCommand, Job, JobStatus};
@@ -31,6 +32,11 @@ pub struct Outcome {
     pub truncated: bool,
 }
 
+/// Most bytes of a compatible job's command (a shell string, or the arguments of a
+/// list together). The kernel takes at most 128 KiB in one argument and about 2 MiB in
+/// all.
+pub const MAX_COMMAND_BYTES: usize = 1 << 20;
+
 impl Service {
     /// Queues a compatible job; jobs of one sandbox run one at a time in this order.
     pub async fn submit(
@@ -52,6 +58,18 @@ impl Service {
                 return Err(Error::BadRequest("command must not be empty".into()));
             }
         }
+        let bytes = match &command {
+            CompatCommand::Shell(s) => s.len(),
+            CompatCommand::Argv(v) => v.iter().map(|a| a.len() + 1).sum(),
+        };
+        // A queued job's command is kept (and journaled) until it ends: bounded, far
+        // above what a process can be given anyway.
+        if bytes > MAX_COMMAND_BYTES {
+            return Err(Error::TooLarge(format!(
+                "the command is {bytes} bytes; at most {MAX_COMMAND_BYTES}"
+            )));
+        }
+        super::validate_env_and_labels(&options.env, &BTreeMap::new())?;
         let job = Job {
             job_id: format!("job-{}", crate::random::hex(8)?),
             sandbox_id: id.to_string(),

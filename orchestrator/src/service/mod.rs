@@ -222,12 +222,35 @@ pub struct Service {
     inner: Arc<Inner>,
 }
 
+/// Most labels of one sandbox or snapshot (labels are kept in every record and
+/// listed with it: issue 30 saw 822 MB of them).
+pub const MAX_LABELS: usize = 64;
+/// Most bytes of a create's or a job's environment, names and values together (what
+/// a process can be given is about 2 MiB of arguments and environment in all).
+pub const MAX_ENV_BYTES: usize = 256 << 10;
+
 /// Environment variables and labels as every backend takes them: names without `=` or
-/// NUL, label keys of 1-128 characters of `A-Za-z0-9._-/`, values of at most 1024 bytes.
+/// NUL, at most [`MAX_ENV_BYTES`] in all; at most [`MAX_LABELS`] labels, keys of 1-128
+/// characters of `A-Za-z0-9._-/`, values of at most 1024 bytes.
 fn validate_env_and_labels(
     env: &BTreeMap<String, String>,
     labels: &BTreeMap<String, String>,
 ) -> Result<(), Error> {
+    let env_bytes: usize = env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    if env_bytes > MAX_ENV_BYTES {
+        return Err(BadEnv::TooLarge {
+            bytes: env_bytes,
+            max: MAX_ENV_BYTES,
+        }
+        .into());
+    }
+    if labels.len() > MAX_LABELS {
+        return Err(BadLabel::TooMany {
+            count: labels.len(),
+            max: MAX_LABELS,
+        }
+        .into());
+    }
     for (k, v) in env {
         if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
             return Err(BadEnv::Malformed(k.clone()).into());

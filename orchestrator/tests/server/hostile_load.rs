@@ -319,3 +319,101 @@ async fn a_connection_flood_is_capped_and_slow_clients_are_closed_while_others_a
     let (s, _) = send(reqwest::Client::new().get(format!("{}/health", srv.url))).await;
     assert_eq!(s, 200);
 }
+
+/// Issue 30, point 3: every body past its documented bound is refused with 413 or 400
+/// before it costs the server more than the bound: a patch over 16 MiB, a job command
+/// over 1 MiB, a job or create environment over 256 KiB, more than 64 labels, and a
+/// WebSocket message over 4 MiB (the connection is closed with 1009, "too big").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_past_their_bounds_are_refused() {
+    use futures_util::SinkExt;
+    let srv = crate::util::server::TestServer::start().await;
+    let id = srv.sandbox().await;
+    let (s, v) = srv
+        .post(
+            &format!("/sandboxes/{id}/apply_patch"),
+            json!({"patch": "+".repeat((16 << 20) + 1)}),
+        )
+        .await;
+    assert_eq!(s, 413, "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("at most"), "{v}");
+    // A body past the route's own bound is refused on its declared length: the answer
+    // comes before the body is read (the client may see its write cut instead).
+    let sent = srv
+        .req(
+            reqwest::Method::POST,
+            &format!("/sandboxes/{id}/apply_patch"),
+        )
+        .header("content-type", "application/json")
+        .body(vec![b' '; 40 << 20])
+        .send()
+        .await;
+    if let Ok(r) = sent {
+        assert_eq!(r.status(), 413);
+    }
+    let exec = format!("/sandboxes/{id}/exec");
+    let (s, v) = srv
+        .post(&exec, json!({"command": "x".repeat((1 << 20) + 1)}))
+        .await;
+    assert_eq!(s, 413, "{v}");
+    let (s, v) = srv
+        .post(&exec, json!({"command": ["echo", "y".repeat(1 << 20)]}))
+        .await;
+    assert_eq!(s, 413, "{v}");
+    let (s, v) = srv
+        .post(
+            &exec,
+            json!({"command": "true", "env": {"BIG": "z".repeat(256 << 10)}}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let labels: serde_json::Map<String, Value> =
+        (0..65).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let (s, v) = srv
+        .post(
+            "/v1/sandboxes",
+            json!({"image": "busybox:latest", "labels": labels}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("at most 64"), "{v}");
+    let (s, v) = srv
+        .post(
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            json!({"labels": labels}),
+        )
+        .await;
+    assert_eq!(s, 400, "snapshot labels: {v}");
+    // Under the bounds all is well.
+    let (s, v) = srv
+        .post(&exec, json!({"command": "echo ok", "wait": true}))
+        .await;
+    assert_eq!((s, v["stdout"].as_str()), (200, Some("ok\n")), "{v}");
+
+    let (mut ws, _) = super::v1_routes::ws_connect(
+        &srv,
+        &format!(
+            "/sandboxes/{id}/exec/pty?api_key={}",
+            crate::util::server::KEY
+        ),
+        &[],
+    )
+    .await;
+    let big = tokio_tungstenite::tungstenite::Message::text("x".repeat((4 << 20) + 1));
+    let _ = ws.send(big).await;
+    let mut code = None;
+    while let Some(Ok(msg)) = tokio::time::timeout(
+        Duration::from_secs(15),
+        futures_util::StreamExt::next(&mut ws),
+    )
+    .await
+    .expect("the server neither closed nor answered")
+    {
+        if let tokio_tungstenite::tungstenite::Message::Close(f) = msg {
+            code = f.map(|f| u16::from(f.code));
+            break;
+        }
+    }
+    assert!(matches!(code, None | Some(1009)), "closed with {code:?}");
+    srv.finish().await;
+}
