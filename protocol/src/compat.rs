@@ -51,15 +51,19 @@ pub struct CreatedSandbox {
     /// Egress denied.
     pub block_network: bool,
     /// CPU limit: as asked for, or the server's default (`"4"` unless the operator
-    /// set another).
+    /// set another), lowered to the host's CPUs on the local backend.
     pub cpu: String,
     /// Memory limit: as asked for, or the server's default (`"16Gi"` unless the
-    /// operator set another).
+    /// operator set another), lowered to the host's memory on the local backend.
     pub memory: String,
     /// Readiness time limit in seconds.
     pub timeout: u64,
     /// Always `pending`.
     pub status: String,
+    /// What the create has to say, empty when nothing: a limit above what the host has,
+    /// lowered to it (then `cpu` and `memory` are the lowered values).
+    #[serde(default)]
+    pub status_message: String,
     /// Default working directory of its commands and relative paths (an extra of ours:
     /// the operator's default, `/workspace` unless set otherwise).
     pub working_dir: String,
