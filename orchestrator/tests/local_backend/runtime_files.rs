@@ -99,7 +99,7 @@ async fn an_image_without_etc_gets_the_runtime_files_and_its_snapshot_and_forks_
     let id = unique_id("noetc");
     spec.id = Some(id.clone());
     let sb = tb.create(spec).await;
-    assert_runtime_files(&sb, &id, "127.0.0.1").await;
+    assert_runtime_files(&sb, &id, "127.0.1.1").await;
     // Without egress there is no resolver to name.
     assert_eq!(sh(&sb, "test -e /etc/resolv.conf").await.exit_code, Some(1));
     // Written to, the files stay the sandbox's.
@@ -135,7 +135,7 @@ async fn an_image_without_etc_gets_the_runtime_files_and_its_snapshot_and_forks_
     fork.snapshot = Some(snap.id.clone());
     let forked = tb.create(fork).await;
     assert_eq!(sh_ok(&forked, "cat /etc/mine").await, "data\n");
-    assert_runtime_files(&forked, &fork_id, "127.0.0.1").await;
+    assert_runtime_files(&forked, &fork_id, "127.0.1.1").await;
     let hosts = sh_ok(&forked, "cat /etc/hosts").await;
     assert!(!hosts.contains("extra") && !hosts.contains(&id), "{hosts}");
     tb.backend

@@ -9,6 +9,7 @@ mod defaults;
 mod lifecycle;
 mod login_shell;
 mod registry_gc;
+mod runtime_env;
 mod snapshots;
 mod token;
 mod v1_routes;

@@ -71,11 +71,12 @@ impl RuntimeFile {
 }
 
 /// `/etc/hosts` of a sandbox named `hostname`: localhost for IPv4 and IPv6 (with
-/// Docker's IPv6 names), and the sandbox's name on its own address (loopback when
-/// it has no other).
+/// Docker's IPv6 names), and the sandbox's name on its own address. Without egress
+/// that is 127.0.1.1, as on Debian hosts: on loopback, but not 127.0.0.1, whose reverse
+/// lookup answers `localhost` (so `hostname -f` and Python's `getfqdn()` give the name).
 pub fn hosts(hostname: &str, network: NetworkMode) -> String {
     let own = match network {
-        NetworkMode::None => "127.0.0.1",
+        NetworkMode::None => "127.0.1.1",
         NetworkMode::Egress { .. } => SLIRP_ADDRESS,
     };
     format!(
@@ -163,7 +164,7 @@ mod tests {
     fn hosts_names_localhost_both_ways_and_the_sandbox() {
         let h = hosts("sb-1", NetworkMode::None);
         assert!(h.starts_with("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"));
-        assert!(h.ends_with("127.0.0.1\tsb-1\n"), "{h}");
+        assert!(h.ends_with("127.0.1.1\tsb-1\n"), "{h}");
         assert!(hosts("sb-1", EGRESS).ends_with("10.0.2.100\tsb-1\n"));
     }
 
