@@ -60,9 +60,10 @@ pub struct CreatedSandbox {
     pub timeout: u64,
     /// Always `pending`.
     pub status: String,
-    /// What the create has to say, empty when nothing: a limit above what the host has,
-    /// lowered to it (then `cpu` and `memory` are the lowered values).
-    #[serde(default)]
+    /// What the create has to say (an extra of ours): a limit above what the host has,
+    /// lowered to it (then `cpu` and `memory` are the lowered values). Left out when
+    /// there is nothing to say, so the answer keeps Orchard's exact shape.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub status_message: String,
     /// Default working directory of its commands and relative paths (an extra of ours:
     /// the operator's default, `/workspace` unless set otherwise).

@@ -556,7 +556,7 @@ async fn limits_above_the_capacity_are_lowered_and_said_so_where_the_backend_cla
             Some(serde_json::json!({"image": IMAGE, "cpu": "2"})),
         )
         .await;
-    assert_eq!(small["status_message"], "", "{small}");
+    assert!(small.get("status_message").is_none(), "{small}");
 
     // A backend that refuses (a cluster) keeps refusing.
     let mut refusing = FakeBackend::tcp();
