@@ -51,15 +51,20 @@ pub struct CreatedSandbox {
     /// Egress denied.
     pub block_network: bool,
     /// CPU limit: as asked for, or the server's default (`"4"` unless the operator
-    /// set another).
+    /// set another), lowered to the host's CPUs on the local backend.
     pub cpu: String,
     /// Memory limit: as asked for, or the server's default (`"16Gi"` unless the
-    /// operator set another).
+    /// operator set another), lowered to the host's memory on the local backend.
     pub memory: String,
     /// Readiness time limit in seconds.
     pub timeout: u64,
     /// Always `pending`.
     pub status: String,
+    /// What the create has to say (an extra of ours): a limit above what the host has,
+    /// lowered to it (then `cpu` and `memory` are the lowered values). Left out when
+    /// there is nothing to say, so the answer keeps Orchard's exact shape.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub status_message: String,
     /// Default working directory of its commands and relative paths (an extra of ours:
     /// the operator's default, `/workspace` unless set otherwise).
     pub working_dir: String,

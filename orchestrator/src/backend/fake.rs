@@ -45,6 +45,8 @@ pub struct FakeBackend {
     pub deletes: tokio::sync::watch::Sender<usize>,
     /// How many creates reached the backend.
     pub creates: tokio::sync::watch::Sender<usize>,
+    /// Limits above the capacity are refused, as on a cluster, instead of lowered.
+    pub refuses_over_capacity: bool,
 }
 
 impl FakeBackend {
@@ -60,6 +62,7 @@ impl FakeBackend {
             deleted: Mutex::new(Vec::new()),
             deletes: tokio::sync::watch::Sender::new(0),
             creates: tokio::sync::watch::Sender::new(0),
+            refuses_over_capacity: false,
         }
     }
 
@@ -223,6 +226,10 @@ impl Backend for FakeBackend {
             self.lock().clear();
             Ok(())
         })
+    }
+
+    fn clamps_to_capacity(&self) -> bool {
+        !self.refuses_over_capacity
     }
 
     fn capacity(&self) -> Option<super::Capacity> {

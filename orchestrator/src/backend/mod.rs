@@ -296,9 +296,17 @@ pub trait Backend: Send + Sync + 'static {
     /// Deletes every sandbox (shutdown).
     fn shutdown(&self) -> BackendFuture<'_, ()>;
     /// The most one sandbox can be given, when the backend knows; creates asking for
-    /// more are refused up front (400) instead of failing later.
+    /// more are lowered to it or refused up front, as [`Backend::clamps_to_capacity`]
+    /// says.
     fn capacity(&self) -> Option<Capacity> {
         Capacity::of_host()
+    }
+    /// Whether a limit above [`Backend::capacity`] is lowered to it (the default: on one
+    /// machine a limit is a ceiling, not a reservation, and a sandbox limited to 4 CPUs
+    /// on a 2-CPU host behaves exactly like one limited to 2) rather than refused (a
+    /// cluster, where the limit is also a request the scheduler places).
+    fn clamps_to_capacity(&self) -> bool {
+        true
     }
     /// Freezes every process of a sandbox (its memory kept, no CPU used).
     fn pause<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {

@@ -182,18 +182,26 @@ async fn resources(State(state): State<AppState>, Auth(tenant): Auth) -> Json<se
     }))
 }
 
-/// The compatible status of a phase, and its message (always a string).
-pub fn compat_phase(phase: &Phase) -> (SandboxPhase, String) {
-    match phase {
-        Phase::Pending => (SandboxPhase::Pending, "the sandbox is starting".into()),
-        Phase::Ready => (SandboxPhase::Ready, String::new()),
+/// The compatible status of a record, and its message (always a string): why it
+/// failed, or what its create has to say (limits lowered to the host's size).
+pub fn compat_phase(r: &SandboxRecord) -> (SandboxPhase, String) {
+    let notice = r.notice.as_deref();
+    match &r.phase {
+        Phase::Pending => (
+            SandboxPhase::Pending,
+            match notice {
+                Some(n) => format!("the sandbox is starting; {n}"),
+                None => "the sandbox is starting".into(),
+            },
+        ),
+        Phase::Ready => (SandboxPhase::Ready, notice.unwrap_or_default().to_string()),
         Phase::Failed { message } => (SandboxPhase::Failed, message.clone()),
     }
 }
 
 /// The compatible view of a record.
 pub fn sandbox_status(service: &Service, r: &SandboxRecord) -> SandboxStatus {
-    let (status, status_message) = compat_phase(&r.phase);
+    let (status, status_message) = compat_phase(r);
     SandboxStatus {
         sandbox_id: r.id.clone(),
         namespace: service.backend().name().to_string(),
@@ -242,6 +250,7 @@ async fn create(
         memory: record.memory.clone(),
         timeout: record.ready_timeout().as_secs(),
         status: "pending".into(),
+        status_message: record.notice.clone().unwrap_or_default(),
         working_dir: record.working_dir.clone(),
     }))
 }

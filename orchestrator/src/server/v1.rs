@@ -42,7 +42,7 @@ pub fn sandbox(service: &Service, r: &SandboxRecord) -> Sandbox {
         ready: *phase == Phase::Ready,
         status_message: match phase {
             Phase::Failed { message } => Some(message.clone()),
-            _ => None,
+            _ => r.notice.clone(),
         },
         created_at: iso(r.created_ms),
         ready_at,

@@ -208,26 +208,58 @@ impl Service {
         Ok(())
     }
 
-    /// Refuses limits no sandbox here can have (a client's mistake: 400).
-    fn check_capacity(&self, cpus: Option<f64>, memory: Option<u64>) -> Result<(), Error> {
-        let Some(cap) = self.backend().capacity() else {
-            return Ok(());
+    /// The limits a create gets: those asked for (or the defaults), parsed. Beyond what
+    /// the backend's largest machine has, they are lowered to it where the backend
+    /// clamps (a limit is a ceiling there, not a reservation) and the lowering is said
+    /// in the notice; refused (400) where it does not.
+    fn fit_limits(&self, cpu: String, memory: String) -> Result<FittedLimits, Error> {
+        let mut fitted = FittedLimits {
+            cpus: units::parse_cpu(&cpu)?,
+            memory_bytes: units::parse_memory(&memory)?,
+            cpu,
+            memory,
+            notice: None,
         };
-        if let Some(asked) = cpus.filter(|c| *c > cap.cpus) {
-            return Err(OverCapacity::Cpus {
-                asked,
-                max: cap.cpus,
+        let Some(cap) = self.backend().capacity() else {
+            return Ok(fitted);
+        };
+        let clamps = self.backend().clamps_to_capacity();
+        let mut lowered = Vec::new();
+        if fitted.cpus > cap.cpus {
+            if !clamps {
+                return Err(OverCapacity::Cpus {
+                    asked: fitted.cpus,
+                    max: cap.cpus,
+                }
+                .into());
             }
-            .into());
+            let now = format!("{}", cap.cpus);
+            lowered.push(format!("cpu {} to {now}", fitted.cpu));
+            (fitted.cpus, fitted.cpu) = (cap.cpus, now);
         }
-        if let Some(asked) = memory.filter(|m| *m > cap.memory_bytes) {
-            return Err(OverCapacity::Memory {
-                asked,
-                max: cap.memory_bytes,
+        if fitted.memory_bytes > cap.memory_bytes {
+            if !clamps {
+                return Err(OverCapacity::Memory {
+                    asked: fitted.memory_bytes,
+                    max: cap.memory_bytes,
+                }
+                .into());
             }
-            .into());
+            // Whole MiB, so that the text and the bytes applied say the same.
+            let mib = cap.memory_bytes >> 20;
+            let now = format!("{mib}Mi");
+            lowered.push(format!("memory {} to {now}", fitted.memory));
+            (fitted.memory_bytes, fitted.memory) = (mib << 20, now);
         }
-        Ok(())
+        if !lowered.is_empty() {
+            fitted.notice = Some(format!(
+                "limits lowered to what this host has ({} CPUs, {} MiB of memory): {}",
+                cap.cpus,
+                cap.memory_bytes >> 20,
+                lowered.join(", ")
+            ));
+        }
+        Ok(fitted)
     }
 
     /// Takes one of `tenant`'s sandbox slots and one create of its rate; on `Err`
@@ -278,13 +310,12 @@ impl Service {
         crate::image::Reference::parse(&req.image).map_err(|e| Error::BadRequest(e.to_string()))?;
         validate_env_and_labels(&req.env, &req.labels)?;
         let defaults = &self.inner.config.defaults;
-        let cpus = Some(units::parse_cpu(
-            req.cpu.as_deref().unwrap_or(&defaults.cpu),
-        )?);
-        let memory = Some(units::parse_memory(
-            req.memory.as_deref().unwrap_or(&defaults.memory),
-        )?);
-        self.check_capacity(cpus, memory)?;
+        let limits = self.fit_limits(
+            req.cpu.clone().unwrap_or_else(|| defaults.cpu.clone()),
+            req.memory
+                .clone()
+                .unwrap_or_else(|| defaults.memory.clone()),
+        )?;
         let policy = &self.inner.config.policy;
         let ready_timeout = match req.ready_timeout_s {
             None | Some(0) => policy.ready_timeout,
@@ -346,7 +377,13 @@ impl Service {
             let _ = self.store().release_lease(&lease).await;
             return Err(e);
         }
-        let rec = self.new_record(id.clone(), tenant, &req, ready_timeout, ttl, now_ms())?;
+        let mut rec = self.new_record(id.clone(), tenant, &req, ready_timeout, ttl, now_ms())?;
+        // The record says what the sandbox has, and why it differs from the request.
+        (rec.cpu, rec.memory) = (limits.cpu.clone(), limits.memory.clone());
+        rec.notice = limits.notice.clone();
+        if let Some(notice) = &rec.notice {
+            tracing::info!(sandbox_id = %id, %notice, "limits above the host's size were lowered");
+        }
         match self.store().insert_sandbox(rec.clone()).await {
             Ok(_) => {}
             Err(e) => {
@@ -359,7 +396,7 @@ impl Service {
             }
         }
         worker::spawn_worker(self, &rec);
-        let spec = self.create_spec(&rec, &req, cpus, memory);
+        let spec = self.create_spec(&rec, &req, Some(limits.cpus), Some(limits.memory_bytes));
         self.inner.pending.fetch_add(1, Ordering::Relaxed);
         let service = self.clone();
         let task_rec = rec.clone();
@@ -414,6 +451,7 @@ impl Service {
             phase: Phase::Pending,
             agent: None,
             paused: false,
+            notice: None,
         })
     }
 
@@ -436,6 +474,9 @@ impl Service {
         );
         labels.insert(format!("{META}cpu"), rec.cpu.clone());
         labels.insert(format!("{META}memory"), rec.memory.clone());
+        if let Some(notice) = &rec.notice {
+            labels.insert(format!("{META}notice"), notice.clone());
+        }
         if let Some(t) = rec.ttl_ms {
             labels.insert(format!("{META}ttl_s"), (t / 1000).to_string());
         }
@@ -683,6 +724,7 @@ impl Service {
             let mut rec =
                 self.new_record(sb.id.clone(), &tenant, &req, Duration::ZERO, ttl, created)?;
             rec.phase = Phase::Ready;
+            rec.notice = meta("notice");
             let span = tracing::warn_span!("adopt", sandbox_id = %sb.id);
             rec.agent = Some(self.probe(&sb).instrument(span).await);
             // Adopted sandboxes count against the quota, but are never refused by it.
@@ -714,6 +756,20 @@ impl Service {
         }
         let _ = self.backend().shutdown().await;
     }
+}
+
+/// The limits of a create as the backend is given them.
+struct FittedLimits {
+    /// CPUs applied.
+    cpus: f64,
+    /// Memory applied, bytes.
+    memory_bytes: u64,
+    /// CPUs as recorded and echoed (the request's text, or what it was lowered to).
+    cpu: String,
+    /// Memory as recorded and echoed.
+    memory: String,
+    /// What was lowered and why, when anything was.
+    notice: Option<String>,
 }
 
 /// What a create task passes to the backend besides the record.

@@ -580,6 +580,69 @@ async fn a_restarted_service_adopts_the_backends_sandboxes_and_runs_their_jobs()
 }
 
 #[tokio::test]
+async fn limits_above_the_capacity_are_lowered_and_said_so_where_the_backend_clamps() {
+    // The fake backend's machine: 64 CPUs, 256 GiB.
+    let h = Harness::new(FakeBackend::tcp()).await;
+    let big = serde_json::json!({"image": IMAGE, "cpu": "100", "memory": "1Ti"});
+    let (status, created) = h.call("POST", "/sandboxes", Some(big.clone())).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    assert_eq!(
+        (created["cpu"].as_str(), created["memory"].as_str()),
+        (Some("64"), Some("262144Mi"))
+    );
+    let said = created["status_message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        said.contains("cpu 100 to 64") && said.contains("memory 1Ti to 262144Mi"),
+        "{said}"
+    );
+    let id = created["sandbox_id"].as_str().unwrap().to_string();
+    let (_, ready) = h
+        .call("GET", &format!("/sandboxes/{id}/wait?timeout=30"), None)
+        .await;
+    assert_eq!(
+        (ready["status"].as_str(), ready["status_message"].as_str()),
+        (Some("ready"), Some(said.as_str()))
+    );
+    let spec = h.backend.created.lock().unwrap()[0].clone();
+    assert_eq!(
+        (spec.cpus, spec.memory_bytes),
+        (Some(64.0), Some(256 << 30))
+    );
+    // A restarted server still says it.
+    let second = h.restart().await;
+    assert_eq!(
+        second.get(&tenant(), &id).await.unwrap().notice.as_deref(),
+        Some(said.as_str())
+    );
+    // Within the capacity, nothing is said.
+    let (_, small) = h
+        .call(
+            "POST",
+            "/sandboxes",
+            Some(serde_json::json!({"image": IMAGE, "cpu": "2"})),
+        )
+        .await;
+    assert!(small.get("status_message").is_none(), "{small}");
+
+    // A backend that refuses (a cluster) keeps refusing.
+    let mut refusing = FakeBackend::tcp();
+    refusing.refuses_over_capacity = true;
+    let h = Harness::new(refusing).await;
+    let (status, refused) = h.call("POST", "/sandboxes", Some(big)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("at most 64 CPUs"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
 async fn a_sandbox_deleted_while_pending_leaves_nothing_and_fails_its_jobs() {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let h = Harness::new(FakeBackend::tcp().gated(gate.clone())).await;

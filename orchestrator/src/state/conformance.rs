@@ -31,6 +31,7 @@ pub fn record(id: &str, uid: &str) -> SandboxRecord {
         phase: Phase::Pending,
         agent: None,
         paused: false,
+        notice: None,
     }
 }
 

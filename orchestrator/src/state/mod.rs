@@ -148,6 +148,11 @@ pub struct SandboxRecord {
     /// Frozen by `POST /v1/sandboxes/{id}/pause`: its agent is not to be called.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// What the client is told about its create besides the phase (a limit lowered to
+    /// what the host has): the compatible API's `status_message` while nothing else is
+    /// to be said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
 }
 
 impl SandboxRecord {

@@ -18,6 +18,7 @@ use serde_json::Value;
 use crate::util::sandbox::*;
 
 mod paused;
+mod runtime_files;
 mod shared;
 
 /// Waits (up to 60 s) until a create stopped at its fail point in sandbox directory

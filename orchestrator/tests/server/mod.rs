@@ -10,6 +10,7 @@ mod hostile_load;
 mod lifecycle;
 mod login_shell;
 mod registry_gc;
+mod runtime_env;
 mod snapshots;
 mod token;
 mod v1_routes;

@@ -627,6 +627,12 @@ impl Backend for KubeBackend {
     fn capacity(&self) -> Option<Capacity> {
         self.capacity
     }
+
+    /// A pod's limits are also its requests, which the scheduler places: more than the
+    /// largest node has is refused up front, as before (less waits, `unschedulable`).
+    fn clamps_to_capacity(&self) -> bool {
+        false
+    }
 }
 
 /// A shared handle (the server holds backends as `Arc<dyn Backend>`).

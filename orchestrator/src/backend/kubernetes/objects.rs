@@ -510,6 +510,41 @@ mod tests {
         }
     }
 
+    /// The kubelet writes `/etc/hosts` (localhost both ways, the pod IP and name) and
+    /// `/etc/resolv.conf`, and containerd's CRI bind-mounts `/etc/hostname` and sets
+    /// `HOSTNAME` (which the agent's commands inherit) for every pod as it is: nothing in
+    /// the pod may take them over (issue 31).
+    #[test]
+    fn the_runtime_gives_the_pod_its_hosts_hostname_and_resolver() {
+        let labels = BTreeMap::new();
+        let pod = pod(&cfg(), &input(&labels, &[])).unwrap();
+        let v = serde_json::to_value(&pod).unwrap();
+        let spec = &v["spec"];
+        for key in [
+            "hostNetwork",
+            "dnsPolicy",
+            "dnsConfig",
+            "hostname",
+            "subdomain",
+            "setHostnameAsFQDN",
+            "hostAliases",
+        ] {
+            assert!(spec.get(key).is_none(), "{key}: {spec}");
+        }
+        let main = &spec["containers"][0];
+        let names: Vec<&str> = main["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["name"].as_str())
+            .collect();
+        assert!(!names.contains(&"HOSTNAME"), "{names:?}");
+        for m in main["volumeMounts"].as_array().unwrap() {
+            let path = m["mountPath"].as_str().unwrap_or_default();
+            assert!(!path.starts_with("/etc"), "{m}");
+        }
+    }
+
     #[test]
     fn the_pod_runs_the_injected_agent_in_the_unmodified_image() {
         let labels = BTreeMap::from([("orchard.meta.image".into(), "python:3.11-slim".into())]);

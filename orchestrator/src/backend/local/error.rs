@@ -63,6 +63,9 @@ pub enum LocalError {
     /// Runtime config.
     #[error(transparent)]
     Spec(#[from] SpecError),
+    /// The runtime's files (`/etc/hosts` and the like).
+    #[error(transparent)]
+    RuntimeFiles(#[from] super::runtime_files::RuntimeFileError),
     /// The sandbox's size-limited filesystem.
     #[error(transparent)]
     Disk(#[from] super::disk::DiskError),

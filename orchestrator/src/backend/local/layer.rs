@@ -84,9 +84,16 @@ fn keep_xattr(name: &[u8]) -> bool {
     }
 }
 
-/// Copies `upper` into `layers_dir/.tmp-<tmp_name>` and hashes it. The caller renames
-/// the result into place ([`install`]). On error the temporary copy is removed.
-pub fn copy(upper: &Path, layers_dir: &Path, tmp_name: &str) -> Result<Captured, LayerError> {
+/// Copies `upper` into `layers_dir/.tmp-<tmp_name>` and hashes it, leaving out the
+/// entries at the relative paths `skip` (the runtime's mount points, which are not the
+/// sandbox's content). The caller renames the result into place ([`install`]). On
+/// error the temporary copy is removed.
+pub fn copy(
+    upper: &Path,
+    layers_dir: &Path,
+    tmp_name: &str,
+    skip: &[PathBuf],
+) -> Result<Captured, LayerError> {
     fs::create_dir_all(layers_dir).map_err(io("creating", layers_dir))?;
     let tmp = layers_dir.join(format!("{TMP_PREFIX}{tmp_name}"));
     let mut copier = Copier {
@@ -94,6 +101,7 @@ pub fn copy(upper: &Path, layers_dir: &Path, tmp_name: &str) -> Result<Captured,
         bytes: 0,
         links: HashMap::new(),
         buf: vec![0; 1 << 20],
+        skip: skip.to_vec(),
     };
     let result = copier.dir(upper, &tmp, Path::new(""), 0);
     match result {
@@ -117,6 +125,7 @@ pub fn fill(src: &Path, dst: &Path) -> Result<u64, LayerError> {
         bytes: 0,
         links: HashMap::new(),
         buf: vec![0; 1 << 20],
+        skip: Vec::new(),
     };
     copier.entries(src, dst, Path::new(""), 0)?;
     Ok(copier.bytes)
@@ -187,6 +196,8 @@ struct Copier {
     /// path in the layer.
     links: HashMap<(u64, u64), (PathBuf, PathBuf)>,
     buf: Vec<u8>,
+    /// Paths relative to the copied tree that are left out.
+    skip: Vec<PathBuf>,
 }
 
 impl Copier {
@@ -237,6 +248,9 @@ impl Copier {
         names.sort();
         for name in names {
             let (s, d, r) = (src.join(&name), dst.join(&name), rel.join(&name));
+            if self.skip.contains(&r) {
+                continue;
+            }
             let m = s.symlink_metadata().map_err(io("reading", &s))?;
             let ft = m.file_type();
             if ft.is_dir() {
@@ -546,7 +560,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let upper = upper_with_everything(tmp.path());
         let layers = tmp.path().join("layers");
-        let c = copy(&upper, &layers, "one").unwrap();
+        let c = copy(&upper, &layers, "one", &[]).unwrap();
         assert_eq!(c.bytes, 5, "the hard link is counted once");
         let dir = install(&c, &layers).unwrap();
         assert_eq!(dir, layers.join(&c.hex));
@@ -582,7 +596,7 @@ mod tests {
         f.write_all_at(b"end", (1 << 40) - 3).unwrap();
         f.write_all_at(b"start", 0).unwrap();
         let layers = tmp.path().join("layers");
-        let c = copy(&upper, &layers, "s").unwrap();
+        let c = copy(&upper, &layers, "s", &[]).unwrap();
         assert!(c.bytes < 1 << 20, "{} bytes copied", c.bytes);
         let copy = c.dir.join("sparse");
         let m = copy.metadata().unwrap();
@@ -603,17 +617,31 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let upper = upper_with_everything(tmp.path());
         let layers = tmp.path().join("layers");
-        let first = copy(&upper, &layers, "1").unwrap();
+        let first = copy(&upper, &layers, "1", &[]).unwrap();
         let first_dir = install(&first, &layers).unwrap();
         // Times differ, content does not.
         fs::write(upper.join("etc/a.txt"), b"hello").unwrap();
-        let second = copy(&upper, &layers, "2").unwrap();
+        let second = copy(&upper, &layers, "2", &[]).unwrap();
         assert_eq!(first.hex, second.hex);
         assert_eq!(install(&second, &layers).unwrap(), first_dir);
         assert!(!second.dir.exists(), "the duplicate copy is removed");
         fs::write(upper.join("etc/a.txt"), b"hellO").unwrap();
-        let third = copy(&upper, &layers, "3").unwrap();
+        let third = copy(&upper, &layers, "3", &[]).unwrap();
         assert_ne!(first.hex, third.hex);
         assert_eq!(remove(&install(&third, &layers).unwrap()).unwrap(), 5);
+    }
+
+    #[test]
+    fn skipped_paths_are_neither_copied_nor_hashed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let upper = upper_with_everything(tmp.path());
+        let layers = tmp.path().join("layers");
+        let plain = copy(&upper, &layers, "1", &[]).unwrap();
+        fs::write(upper.join("etc/hosts"), b"").unwrap();
+        let skip = [PathBuf::from("etc/hosts")];
+        let skipped = copy(&upper, &layers, "2", &skip).unwrap();
+        assert!(!skipped.dir.join("etc/hosts").exists());
+        assert!(skipped.dir.join("etc/a.txt").exists(), "the rest is copied");
+        assert_eq!(plain.hex, skipped.hex, "the mount point changes nothing");
     }
 }

@@ -21,8 +21,8 @@ use crate::backend::local::spec::ResourceLimits;
 use crate::backend::local::state::{self, Phase, SandboxState};
 use crate::backend::local::RecoverReport;
 use crate::backend::local::{
-    audit, cgroup, network, rootfs, runc, spec, valid_id, Entry, FailPoint, Inner, Limits,
-    LocalError, NetworkMode, Paths, SandboxInfo, SandboxSpec, ANNOTATION_PREFIX,
+    audit, cgroup, network, rootfs, runc, runtime_files, spec, valid_id, Entry, FailPoint, Inner,
+    Limits, LocalError, NetworkMode, Paths, SandboxInfo, SandboxSpec, ANNOTATION_PREFIX,
 };
 
 /// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
@@ -170,6 +170,7 @@ impl Inner {
             image_config: spec.image.config.clone(),
             snapshot: spec.snapshot.clone(),
             snapshot_layers: Vec::new(),
+            runtime_files: Vec::new(),
         });
         let save = |s: &Option<SandboxState>| -> Result<(), LocalError> {
             match s {
@@ -207,8 +208,12 @@ impl Inner {
             rootfs::make_user_dir(&paths.rootfs, "/workspace", user.uid, user.gid)?;
         }
         let cwd = rootfs::prepare_workdir(&paths.rootfs, config.working_dir.as_deref())?;
-        if matches!(spec.network, NetworkMode::Egress { .. }) {
-            rootfs::write_resolv_conf(&paths.rootfs, network::SLIRP_RESOLV_CONF)?;
+        // Mounted over the image's paths, whatever the image holds; recorded before
+        // anything can snapshot the sandbox, which leaves their mount points out.
+        let files =
+            runtime_files::prepare(&paths.rootfs, &paths.runtime_files, hostname, spec.network)?;
+        if let Some(s) = state_slot.as_mut() {
+            s.runtime_files = files.iter().map(|f| f.in_root.clone()).collect();
         }
         // The agent runs as root; its commands run as the image's user (`--user`), with
         // that user's HOME unless the image sets one.
@@ -255,6 +260,7 @@ impl Inner {
             annotations,
             user_namespaces: self.config.allow_user_namespaces,
             tools: self.config.harness.is_some(),
+            runtime_files: &files,
         })?;
         spec::write(&oci, &paths.config)?;
         save(state_slot)?;

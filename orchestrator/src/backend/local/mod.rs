@@ -17,6 +17,7 @@
 //!                              when the backend has a disk limit, else a directory
 //!     run/agent.sock           the agent's socket, bound here and handed to the agent as fd 3
 //!     disk/agent.log slirp4netns.log
+//!     disk/etc/{hosts,hostname,resolv.conf}  the runtime's files, bound over the image's
 //! ```
 //!
 //! [`LocalBackend::create`] returns once the agent answers `/v1/health`; on any failure
@@ -68,6 +69,7 @@ pub mod process;
 mod request;
 pub mod rootfs;
 pub mod runc;
+pub mod runtime_files;
 pub mod seccomp;
 mod snapshot;
 pub mod spec;
@@ -113,6 +115,8 @@ struct Paths {
     disk_image: PathBuf,
     upper: PathBuf,
     work: PathBuf,
+    /// The runtime's files (`/etc/hosts` and the like), on the sandbox's disk.
+    runtime_files: PathBuf,
     run: PathBuf,
     socket: PathBuf,
     state: PathBuf,
@@ -483,6 +487,7 @@ impl Inner {
             disk_image: dir.join("disk.img"),
             upper: dir.join("disk/upper"),
             work: dir.join("disk/work"),
+            runtime_files: dir.join("disk/etc"),
             socket: run.join("agent.sock"),
             run,
             state: dir.join("state.json"),

@@ -3,7 +3,7 @@
 //! is writable and a sandbox's changes cost only what it writes.
 //!
 //! Also the few things done inside the rootfs before the container starts (reading
-//! `/etc/passwd`, creating the working directory, writing `/etc/resolv.conf`). An image
+//! `/etc/passwd`, creating the working directory). An image
 //! may hold any symlink, e.g. `/workspace -> /etc`; on the host that would point at the
 //! host's `/etc`. Paths are therefore resolved the way the container will see them
 //! ([`resolve_in_root`]): absolute link targets restart at the rootfs, `..` stops there.
@@ -424,22 +424,6 @@ pub fn make_user_dir(root: &Path, dir: &str, uid: u32, gid: u32) -> Result<(), R
     std::os::unix::fs::lchown(&host, Some(uid), Some(gid)).map_err(io_err("chowning", &host))
 }
 
-/// Writes `/etc/resolv.conf` in the rootfs (replacing a symlink there rather than
-/// following it).
-pub fn write_resolv_conf(root: &Path, content: &str) -> Result<(), RootfsError> {
-    let etc = resolve_in_root(root, "/etc")?;
-    fs::create_dir_all(&etc).map_err(io_err("creating", &etc))?;
-    let path = etc.join("resolv.conf");
-    if let Ok(m) = fs::symlink_metadata(&path) {
-        if m.is_dir() {
-            fs::remove_dir_all(&path).map_err(io_err("removing", &path))?;
-        } else {
-            fs::remove_file(&path).map_err(io_err("removing", &path))?;
-        }
-    }
-    fs::write(&path, content).map_err(io_err("writing", &path))
-}
-
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::symlink;
@@ -605,21 +589,5 @@ mod tests {
             resolve_user(root, Some("app:nogroup")),
             Err(RootfsError::UnknownGroup(_))
         ));
-    }
-
-    #[test]
-    fn resolv_conf_replaces_a_symlink_instead_of_following_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("root");
-        fs::create_dir_all(root.join("etc")).unwrap();
-        let outside = dir.path().join("host-resolv.conf");
-        fs::write(&outside, "host\n").unwrap();
-        symlink(&outside, root.join("etc/resolv.conf")).unwrap();
-        write_resolv_conf(&root, "nameserver 10.0.2.3\n").unwrap();
-        assert_eq!(fs::read_to_string(&outside).unwrap(), "host\n");
-        assert_eq!(
-            fs::read_to_string(root.join("etc/resolv.conf")).unwrap(),
-            "nameserver 10.0.2.3\n"
-        );
     }
 }

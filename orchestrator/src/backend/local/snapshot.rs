@@ -223,15 +223,18 @@ impl Inner {
         }
         let tmp_name = format!("{}-{}", std::process::id(), crate::random::hex(6)?);
         let (upper, layers_dir) = (paths.upper.clone(), self.layers_dir());
+        // The runtime's files are mounted over these paths: the upper holds only their
+        // mount points, which are not the sandbox's content (a fork makes its own).
+        let skip = st.runtime_files.clone();
         // The tmpfs /tmp as the sandbox sees it (its mount namespace, through its
         // init's root), read while nothing in the sandbox runs.
         let tmpfs = st
             .init
             .map(|p| PathBuf::from(format!("/proc/{}/root/tmp", p.pid)));
         let copied = tokio::task::spawn_blocking(move || {
-            let rootfs = layer::copy(&upper, &layers_dir, &tmp_name)?;
+            let rootfs = layer::copy(&upper, &layers_dir, &tmp_name, &skip)?;
             let tmp = match tmpfs.filter(|t| has_entries(t)) {
-                Some(t) => match layer::copy(&t, &layers_dir, &format!("{tmp_name}-tmp")) {
+                Some(t) => match layer::copy(&t, &layers_dir, &format!("{tmp_name}-tmp"), &[]) {
                     Ok(c) => Some(c),
                     Err(e) => {
                         let _ = layer::remove(&rootfs.dir);

@@ -11,8 +11,9 @@
 //!   (`org.orchard.image.user`, `org.orchard.image.user.resolved`).
 //! - The image's Env and WorkingDir are the agent's, which its commands inherit.
 //! - A writable root (the overlay) and a tmpfs `/tmp`; `/proc`, `/dev`, `/dev/pts`,
-//!   `/dev/shm`, `/dev/mqueue`, `/sys` (read-only) and the masked and read-only paths of
-//!   runc's default spec.
+//!   `/dev/shm` (64 MiB), `/dev/mqueue`, `/sys` (read-only) and the masked and read-only
+//!   paths of runc's default spec; the runtime's `/etc/hosts`, `/etc/hostname` and
+//!   `/etc/resolv.conf` bound over the image's (see `runtime_files`).
 //! - Namespaces: pid, mount, ipc, uts, cgroup and network (the network namespace has only
 //!   `lo` unless slirp4netns is attached).
 //! - Docker's default capability set, `no_new_privileges`, no devices but runc's defaults.
@@ -103,6 +104,8 @@ pub struct SpecInput<'a> {
     /// The injected volume holds the harness tools (`harness/`): mount them at
     /// [`TOOLS_MOUNT`] and have the agent publish them.
     pub tools: bool,
+    /// The runtime's files, bind-mounted over the image's paths (see `runtime_files`).
+    pub runtime_files: &'a [super::runtime_files::RuntimeFile],
 }
 
 /// Docker's default capability set.
@@ -204,6 +207,23 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
             .build()?,
     );
     mounts.push(read_only_bind(INJECT_MOUNT, input.inject_dir)?);
+    for file in input.runtime_files {
+        // Writable, as Docker's and the kubelet's are: what is written stays in the
+        // sandbox's own host file, on its disk.
+        mounts.push(
+            MountBuilder::default()
+                .destination(file.destination())
+                .typ("bind")
+                .source(&file.source)
+                .options(vec![
+                    "bind".to_string(),
+                    "nosuid".into(),
+                    "nodev".into(),
+                    "noexec".into(),
+                ])
+                .build()?,
+        );
+    }
     if input.tools {
         mounts.push(read_only_bind(
             TOOLS_MOUNT,
@@ -315,7 +335,40 @@ mod tests {
             annotations: HashMap::from([("org.orchard.sandbox.id".into(), "sb-1".into())]),
             user_namespaces: false,
             tools: false,
+            runtime_files: &[],
         }
+    }
+
+    #[test]
+    fn the_runtime_files_are_bound_writable_over_the_images_paths() {
+        let files = [super::super::runtime_files::RuntimeFile {
+            in_root: "etc/hosts".into(),
+            source: "/sb/disk/etc/hosts".into(),
+        }];
+        let mut i = input(ResourceLimits::default(), &[]);
+        i.runtime_files = &files;
+        let v = serde_json::to_value(build(&i).unwrap()).unwrap();
+        let mounts = v["mounts"].as_array().unwrap();
+        let hosts = mounts
+            .iter()
+            .find(|m| m["destination"] == "/etc/hosts")
+            .unwrap();
+        assert_eq!(hosts["source"], "/sb/disk/etc/hosts");
+        assert_eq!(hosts["type"], "bind");
+        let opts = hosts["options"].as_array().unwrap();
+        assert!(!opts.iter().any(|o| o == "ro"), "{opts:?}");
+        let shm = mounts
+            .iter()
+            .find(|m| m["destination"] == "/dev/shm")
+            .unwrap();
+        assert!(
+            shm["options"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|o| o == "size=65536k"),
+            "/dev/shm is 64 MiB as Docker's: {shm}"
+        );
     }
 
     fn json(limits: ResourceLimits) -> Value {

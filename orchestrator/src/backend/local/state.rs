@@ -104,6 +104,10 @@ pub struct SandboxState {
     /// That snapshot's layers (hex digests, bottom first), mounted above the image's.
     #[serde(default)]
     pub snapshot_layers: Vec<String>,
+    /// Where the runtime's files (`/etc/hosts` and the like) are mounted, relative to
+    /// the root: their mount points are the runtime's, which snapshots leave out.
+    #[serde(default)]
+    pub runtime_files: Vec<PathBuf>,
 }
 
 /// Writes `state` to `path` atomically, mode 0600.
@@ -176,6 +180,7 @@ mod tests {
             image_config: Default::default(),
             snapshot: Some("snap-1".into()),
             snapshot_layers: vec!["ab".into()],
+            runtime_files: vec!["etc/hosts".into()],
         };
         save(&path, &state).unwrap();
         assert_eq!(load(&path).unwrap(), state);
