@@ -12,9 +12,13 @@
 //! compacted; it is compacted again whenever it holds twice the live jobs.
 //!
 //! Output is bounded across jobs by a budget ([`DEFAULT_OUTPUT_BUDGET`]): past it the
-//! output of the oldest finished jobs is dropped (their status, exit code and times
-//! stay, and their stdout says what happened). The journal therefore holds at most about
-//! twice the budget, and a restart replays it line by line in bounded time and memory.
+//! output of finished jobs is dropped (their status, exit code and times stay, and
+//! their stdout says what happened), **the oldest of the tenant holding the most
+//! first**: one tenant's big jobs never evict the output of a tenant holding less
+//! (issue 30: tenant A's jobs evicted tenant B's finished output). The journal is
+//! compacted when it holds twice what it held after its last compaction (by lines or
+//! by bytes), so it holds at most about twice the budget, and a restart replays it
+//! line by line in bounded time and memory.
 //!
 //! Notifications are a `watch` counter per topic, made on the first subscription and
 //! dropped once no subscriber is left; leases and rate windows use this process's
@@ -60,7 +64,15 @@ enum Line {
 struct Journal {
     file: Option<File>,
     lines: usize,
+    /// Bytes in the file.
+    bytes: u64,
+    /// Bytes it held after its last compaction (what the live jobs take).
+    compacted_bytes: u64,
 }
+
+/// Bytes a journal may grow by past twice its compacted size before it is compacted
+/// (so a journal of small jobs is not rewritten at every other append).
+const JOURNAL_SLACK_BYTES: u64 = 16 << 20;
 
 #[derive(Default)]
 struct Maps {
@@ -76,6 +88,8 @@ struct Maps {
     next_fence: u64,
     /// Bytes of output held by finished jobs.
     held: u64,
+    /// The same by tenant (entries of zero removed).
+    held_by: HashMap<String, u64>,
     /// The order jobs finished in, in this process (ties of `finished_ms`).
     finish_seq: HashMap<String, u64>,
     next_finish: u64,
@@ -88,6 +102,24 @@ impl Maps {
                 self.topics.remove(topic);
             } else {
                 tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+    }
+
+    /// Counts `job`'s output as held.
+    fn hold(&mut self, job: &JobRecord) {
+        let n = output_len(job);
+        self.held += n;
+        *self.held_by.entry(job.tenant.clone()).or_default() += n;
+    }
+
+    /// Counts `n` bytes of `tenant`'s output as no longer held.
+    fn release(&mut self, tenant: &str, n: u64) {
+        self.held -= n.min(self.held);
+        if let Some(t) = self.held_by.get_mut(tenant) {
+            *t -= n.min(*t);
+            if *t == 0 {
+                self.held_by.remove(tenant);
             }
         }
     }
@@ -163,6 +195,8 @@ impl MemoryStore {
             journal: Mutex::new(Journal {
                 file: None,
                 lines: 0,
+                bytes: 0,
+                compacted_bytes: 0,
             }),
             budget,
         };
@@ -195,7 +229,7 @@ impl MemoryStore {
                     rec.job.completed_at = Some(crate::time::now_secs());
                 }
                 rec.finished_ms.get_or_insert(now);
-                maps.held += output_len(&rec);
+                maps.hold(&rec);
                 maps.jobs.insert(id, rec);
             }
             store.enforce_budget(&mut maps);
@@ -238,6 +272,8 @@ impl MemoryStore {
         crate::atomic_file::write_private(&path, &out)?;
         journal.file = Some(std::fs::OpenOptions::new().append(true).open(&path)?);
         journal.lines = jobs.len();
+        journal.bytes = out.len() as u64;
+        journal.compacted_bytes = journal.bytes;
         Ok(())
     }
 
@@ -260,43 +296,61 @@ impl MemoryStore {
             let _ = f.write_all(&bytes);
         }
         journal.lines += lines.len();
-        if journal.lines > 2 * live + 1024 {
+        journal.bytes += bytes.len() as u64;
+        // By lines (many small jobs) or by bytes (a few big outputs, each line up to
+        // twice the output cap): the journal stays within about twice the live jobs.
+        if journal.lines > 2 * live + 1024
+            || journal.bytes > 2 * journal.compacted_bytes + JOURNAL_SLACK_BYTES
+        {
             let _ = self.compact(&mut journal);
         }
     }
 
-    /// Drops the output of the oldest finished jobs until the held output fits the
-    /// budget; answers the jobs it emptied.
+    /// Drops output until the held output fits the budget, each time the oldest job's
+    /// of the tenant holding the most; answers the jobs it emptied.
     fn enforce_budget(&self, maps: &mut Maps) -> Vec<JobRecord> {
         if maps.held <= self.budget {
             return Vec::new();
         }
-        let mut finished: Vec<(u64, u64, String)> = maps
-            .jobs
-            .values()
-            .filter_map(|j| {
+        // Each tenant's finished jobs with output, newest first (popped from the end).
+        let mut by_tenant: HashMap<String, Vec<(u64, u64, String)>> = HashMap::new();
+        for j in maps.jobs.values() {
+            if let (Some(t), true) = (j.finished_ms, output_len(j) > 0) {
                 let seq = maps.finish_seq.get(&j.job.job_id).copied().unwrap_or(0);
-                j.finished_ms.map(|t| (t, seq, j.job.job_id.clone()))
-            })
-            .collect();
-        finished.sort();
-        let mut emptied = Vec::new();
-        for (_, _, id) in finished {
-            if maps.held <= self.budget {
-                break;
+                by_tenant
+                    .entry(j.tenant.clone())
+                    .or_default()
+                    .push((t, seq, j.job.job_id.clone()));
             }
+        }
+        for jobs in by_tenant.values_mut() {
+            jobs.sort_by(|a, b| b.cmp(a));
+        }
+        let mut emptied = Vec::new();
+        while maps.held > self.budget {
+            // The tenant holding the most that still has finished output to give.
+            let Some(tenant) = maps
+                .held_by
+                .iter()
+                .filter(|(t, _)| by_tenant.get(*t).is_some_and(|j| !j.is_empty()))
+                .max_by_key(|(t, n)| (**n, std::cmp::Reverse((*t).clone())))
+                .map(|(t, _)| t.clone())
+            else {
+                break;
+            };
+            let Some((_, _, id)) = by_tenant.get_mut(&tenant).and_then(Vec::pop) else {
+                break;
+            };
             let Some(job) = maps.jobs.get_mut(&id) else {
                 continue;
             };
             let before = output_len(job);
-            if before == 0 {
-                continue;
-            }
             job.job.stdout = DROPPED_NOTE.to_string();
             job.job.stderr.clear();
             job.job.output_truncated = true;
-            maps.held -= before.min(maps.held);
-            emptied.push(job.clone());
+            let emptied_job = job.clone();
+            maps.release(&tenant, before);
+            emptied.push(emptied_job);
         }
         emptied
     }
@@ -504,7 +558,7 @@ impl StateStore for MemoryStore {
                 }
                 Some(j) => j.job.status == JobStatus::Queued,
             };
-            maps.held += output_len(&job);
+            maps.hold(&job);
             maps.next_finish += 1;
             let seq = maps.next_finish;
             maps.finish_seq.insert(id.clone(), seq);
@@ -533,8 +587,7 @@ impl StateStore for MemoryStore {
             for id in &expired {
                 maps.finish_seq.remove(id);
                 if let Some(j) = maps.jobs.remove(id) {
-                    let len = output_len(&j);
-                    maps.held -= len.min(maps.held);
+                    maps.release(&j.tenant, output_len(&j));
                 }
             }
             // Topics whose subscribers all left.
@@ -856,6 +909,53 @@ mod tests {
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&jobs), 0o700);
         assert_eq!(mode(&jobs.join("jobs.ndjson")), 0o600);
+    }
+
+    #[test]
+    fn regression_one_tenants_big_jobs_never_evict_the_output_of_a_tenant_holding_less() {
+        // Issue 30: tenant A's big jobs evicted tenant B's finished output.
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_with_budget(dir.path(), 1000);
+        let l = lease(&store, "me").unwrap();
+        let mut run = |id: &str, tenant: &str, out: &str| {
+            let mut j = job(id, "x");
+            j.tenant = tenant.into();
+            now(store.insert_job(j, "u1"));
+            let j = now(store.take_job("sb-1", &l)).unwrap();
+            now(store.finish_job(finished(j, 0, out), Some(&l)));
+        };
+        run("b-old", "b", &"b".repeat(300));
+        for i in 0..10 {
+            run(&format!("a-{i}"), "a", &"a".repeat(400));
+        }
+        assert!(store.held_output() <= 1000, "{}", store.held_output());
+        assert_eq!(
+            now(store.job("b-old")).unwrap().job.stdout,
+            "b".repeat(300),
+            "the older output of the tenant holding less stays"
+        );
+        assert_eq!(now(store.job("a-9")).unwrap().job.stdout, "a".repeat(400));
+        assert_eq!(now(store.job("a-0")).unwrap().job.stdout, DROPPED_NOTE);
+    }
+
+    #[test]
+    fn regression_the_journal_of_a_few_big_outputs_stays_within_twice_the_live_jobs() {
+        // Issue 30: compacted by line count only, the journal of big jobs reached
+        // 2.4 GB against a 1 GiB budget.
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 4 << 20;
+        let store = open_with_budget(dir.path(), budget);
+        let l = lease(&store, "me").unwrap();
+        for i in 0..60 {
+            now(store.insert_job(job(&format!("job-{i}"), "x"), "u1"));
+            let j = now(store.take_job("sb-1", &l)).unwrap();
+            now(store.finish_job(finished(j, 0, &"o".repeat(1 << 20)), Some(&l)));
+        }
+        let size = std::fs::metadata(journal_path(dir.path())).unwrap().len();
+        assert!(
+            size <= 2 * budget + JOURNAL_SLACK_BYTES + (2 << 20),
+            "journal {size} bytes for a {budget}-byte budget"
+        );
     }
 
     #[test]
