@@ -18,6 +18,7 @@ use serde_json::Value;
 use crate::util::sandbox::*;
 
 mod paused;
+mod pid1;
 mod shared;
 
 /// Waits (up to 60 s) until a create stopped at its fail point in sandbox directory
@@ -153,7 +154,7 @@ async fn image_env_working_dir_user_and_layers_apply() {
         "1000\n1000\n1000 50\n"
     );
     assert_eq!(
-        sh_ok(&sb, "cat /proc/1/status | grep ^Uid")
+        sh_ok(&sb, "grep ^Uid /proc/$PPID/status")
             .await
             .split_whitespace()
             .nth(1),
