@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::util::sandbox::*;
 
+mod disk;
 mod paused;
 mod pid1;
 mod shared;
