@@ -150,3 +150,65 @@ async fn orchard_serve_bounds_each_sandbox_disk_by_default_and_none_turns_it_off
     let unbounded = root_size_kib_under_serve(&["--sandbox-disk", "none"]).await;
     assert_ne!(unbounded, bounded, "--sandbox-disk none still bounded it");
 }
+
+/// Create-to-ready time of a busybox sandbox without a disk bound, with the default
+/// bound and its pool, and with the bound but no pool (every create runs mkfs), the
+/// three interleaved round by round so that drift of the machine hits them alike. By
+/// hand: `cargo test -p orchard --test integration bench_create_with_the_disk_bound --
+/// --ignored --nocapture` (figures in docs/sandbox-disk.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark, run by hand"]
+async fn bench_create_with_the_disk_bound() {
+    orchard_test_support::require_runc!();
+    let rounds: usize = std::env::var("ORCHARD_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let bound = DiskLimit {
+        bytes: 10 << 30,
+        inodes: 1 << 20,
+    };
+    let backend = |disk: Option<DiskLimit>, pool: usize| {
+        let mut config = test_config(&fresh_root());
+        config.disk = disk;
+        config.disk_pool = pool;
+        TestBackend::with_config(config)
+    };
+    let variants = [
+        ("no bound", backend(None, 0)),
+        ("10 GiB, pool of 4", backend(Some(bound), 4)),
+        ("10 GiB, no pool", backend(Some(bound), 0)),
+    ];
+    for (_, tb) in &variants {
+        tb.backend.wait_disk_pool(Duration::from_secs(60));
+        // Warm-up: the first create pays for caches.
+        let sb = tb.busybox().await;
+        tb.backend.delete(&sb.id).await.unwrap();
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    for _ in 0..rounds {
+        for (i, (_, tb)) in variants.iter().enumerate() {
+            let t0 = std::time::Instant::now();
+            let sb = tb.busybox().await;
+            times[i].push(t0.elapsed().as_secs_f64() * 1000.0);
+            tb.backend.delete(&sb.id).await.unwrap();
+        }
+    }
+    let pct = |v: &mut Vec<f64>, p: f64| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    };
+    let base = pct(&mut times[0].clone(), 0.5);
+    println!("| variant | create p50 ms | p90 ms | p50 vs no bound |");
+    println!("|---|---|---|---|");
+    for ((name, _), t) in variants.iter().zip(times.iter_mut()) {
+        let (p50, p90) = (pct(t, 0.5), pct(t, 0.9));
+        println!(
+            "| {name} | {p50:.1} | {p90:.1} | {:+.1} % |",
+            (p50 / base - 1.0) * 100.0
+        );
+    }
+    for (_, tb) in variants {
+        tb.finish().await;
+    }
+}
