@@ -23,7 +23,7 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         uptime_ms: state.started.elapsed().as_millis() as u64,
-        pid1: std::process::id() == 1,
+        pid1: crate::init::owns_pid1(),
         processes: usage.processes,
         running_execs: limits.max_concurrent_execs - state.exec_slots.available_permits() as u64,
         tracked_processes: state.processes.len() as u64,

@@ -6,6 +6,8 @@
 //! - [`server`] wires the HTTP routes and token auth over [`state::AppState`], the state
 //!   every handler shares; [`extract`] holds the JSON and query extractors and the body
 //!   limits the capabilities share.
+//! - [`init`] splits a PID 1 agent into a tiny dumpable init (the image's environment
+//!   in `/proc/1/environ`, orphans reaped, signals forwarded) and the protected agent.
 //! - [`spawn`] starts every command in its own session; [`reaper`] is the only place
 //!   that waits on children, so PID 1's orphan reaping never steals a status.
 //! - [`supervise`] watches a command to its end (output pumps, timeout, kill, drain),
@@ -31,6 +33,7 @@ pub mod files;
 pub mod fsuser;
 pub mod git;
 pub mod health;
+pub mod init;
 pub mod kept;
 pub mod placement;
 pub mod process;

@@ -121,13 +121,25 @@ fn token(args: &Args) -> anyhow::Result<String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The init half of a split PID 1 (see the `init` module): it must stay dumpable, so
+    // this comes before anything else.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv
+        .get(1)
+        .is_some_and(|a| a == orchard_agent::init::INIT_FLAG)
+    {
+        std::process::exit(orchard_agent::init::run_init(&argv));
+    }
     // Not dumpable: processes of the sandbox, root included, cannot ptrace the agent,
     // take its descriptors (pidfd_getfd: the listening socket) or read its memory and
     // its first environment (/proc/1/environ still holds the token removed below);
     // all of that needs CAP_SYS_PTRACE now, which sandboxes do not have. Commands the
-    // agent starts are dumpable again after their execve.
+    // agent starts, and the init `split` re-executes, are dumpable again after execve.
     // Best effort: an agent that cannot clear the flag still serves.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    // As PID 1: leave PID 1 to a dumpable init holding the image's environment and
+    // nothing secret, and go on as its non-dumpable child. Before the token is read.
+    orchard_agent::init::split();
     let args = Args::parse();
     if args.print_env0 {
         return print_env0();

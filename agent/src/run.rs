@@ -108,7 +108,9 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     if config.unix.is_none() && config.tcp.is_none() && config.listen_fd.is_none() {
         return Err(RunError::NoListener);
     }
-    if std::process::id() != 1 {
+    // Beside the init, orphans go to it (PID 1, as programs expect); alone and not
+    // PID 1 (outside a sandbox), the agent adopts them itself.
+    if std::process::id() != 1 && !crate::init::under_init() {
         Reaper::become_subreaper();
     }
     // Lowering needs CAP_SYS_RESOURCE; without it the agent just keeps its score.

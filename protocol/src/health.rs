@@ -12,7 +12,8 @@ pub struct Health {
     pub version: String,
     /// Milliseconds since the agent started.
     pub uptime_ms: u64,
-    /// Whether the agent runs as PID 1 of its sandbox.
+    /// Whether the agent has PID 1's duties in its sandbox: it is PID 1, or its parent,
+    /// the agent's own init, is (see the agent's `init` module).
     pub pid1: bool,
     /// Processes visible in the sandbox, the agent included.
     pub processes: u64,

@@ -39,12 +39,12 @@ async fn oom_score_adj_is_minus_998_for_the_agent_and_0_for_its_children() {
     let sb = Sandbox::busybox();
     let child = sb.exec(argv(&["cat", "/proc/self/oom_score_adj"])).await;
     let child = child.stdout.text_lossy();
-    // Read by the agent itself: while a spawn is in flight the agent wears its
-    // children's score (so they start with it), and a child reading PID 1's could see
-    // that window.
+    // Read by the agent itself (/proc/self; PID 1 is its init): while a spawn is in
+    // flight the agent wears its children's score (so they start with it), and a child
+    // reading the agent's could see that window.
     let agent = sb
         .client()
-        .read_file("/proc/1/oom_score_adj")
+        .read_file("/proc/self/oom_score_adj")
         .await
         .unwrap();
     let agent = String::from_utf8_lossy(&agent);
@@ -77,7 +77,7 @@ async fn regression_agent_oom_score_is_below_its_childrens_without_cap_sys_resou
     };
     let agent = sb
         .client()
-        .read_file("/proc/1/oom_score_adj")
+        .read_file("/proc/self/oom_score_adj")
         .await
         .unwrap();
     let agent: i32 = String::from_utf8_lossy(&agent).trim().parse().unwrap();

@@ -41,7 +41,7 @@ async fn assert_no_command_keeps_a_pin(sb: &Sandbox) {
     let _busy = Busy::start();
     for _ in 0..20 {
         let r = sb
-            .sh("grep Cpus_allowed_list /proc/1/status; \
+            .sh("grep Cpus_allowed_list /proc/$PPID/status; \
                  sleep 2 & a=$!; sh -c 'sleep 2 & echo $$ $!; wait' | { read b g; \
                  for p in $$ $a $b $g; do grep Cpus_allowed_list /proc/$p/status; done; \
                  kill $a $b $g; }")

@@ -343,7 +343,8 @@ async fn pty_nobody_watches_is_closed_after_its_idle_timeout() {
 }
 
 async fn agent_rss_kib(sb: &Sandbox) -> u64 {
-    let status = sb.client().read_file("/proc/1/status").await.unwrap();
+    // Read by the agent itself: /proc/self is the agent (PID 1 is its init).
+    let status = sb.client().read_file("/proc/self/status").await.unwrap();
     String::from_utf8_lossy(&status)
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -356,7 +357,7 @@ async fn agent_rss_kib(sb: &Sandbox) -> u64 {
 /// of the previous connection to the pool. Leaks of a command's pipes or terminals show.
 async fn agent_fds(sb: &Sandbox) -> usize {
     sb.client()
-        .list_dir("/proc/1/fd", 1)
+        .list_dir("/proc/self/fd", 1)
         .await
         .unwrap()
         .entries

@@ -917,7 +917,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open_with_budget(dir.path(), 1000);
         let l = lease(&store, "me").unwrap();
-        let mut run = |id: &str, tenant: &str, out: &str| {
+        let run = |id: &str, tenant: &str, out: &str| {
             let mut j = job(id, "x");
             j.tenant = tenant.into();
             now(store.insert_job(j, "u1"));

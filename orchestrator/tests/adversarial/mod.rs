@@ -118,24 +118,39 @@ python3 -m venv --without-pip /tmp/venv && /tmp/venv/bin/python -c 'print(\"venv
     tb.finish().await;
 }
 
-/// Steals the agent's listening socket (fd 3 of PID 1) with pidfd_getfd, reads its first
-/// environment (where the token was) and tries to plant a socket or a symlink where the
-/// backend connects: each must fail.
+/// Finds the agent (the child of PID 1 named `orchard-agent`; PID 1 is its init), then
+/// steals its listening socket (fd 3) with pidfd_getfd, reads its first environment
+/// (where the token was), ptraces it, and tries to plant a socket or a symlink where
+/// the backend connects: each must fail. Last, takes fd 3 of PID 1: the init holds no
+/// descriptor of the agent's.
 const CHANNEL_PROBE: &str = r#"
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
+def stat(pid):
+    try:
+        s = open("/proc/%s/stat" % pid).read()
+    except OSError:
+        return None
+    return s[s.index("(") + 1:s.rindex(")")], int(s[s.rindex(")") + 2:].split()[1])
+agents = [int(p) for p in os.listdir("/proc") if p.isdigit() and stat(p) == ("orchard-agent", 1)]
+assert len(agents) == 1, agents
+agent = agents[0]
+def getfd(pid):
+    try:
+        pidfd = os.pidfd_open(pid)
+        ctypes.set_errno(0)
+        r = libc.syscall(438, pidfd, 3, 0)
+        return r, ctypes.get_errno()
+    except OSError as e:
+        return -1, e.errno
+print("pidfd_getfd", *getfd(agent))
 try:
-    pidfd = os.pidfd_open(1)
-    ctypes.set_errno(0)
-    r = libc.syscall(438, pidfd, 3, 0)
-    print("pidfd_getfd", r, ctypes.get_errno())
-except OSError as e:
-    print("pidfd_open", -1, e.errno)
-try:
-    open("/proc/1/environ", "rb").read()
+    open("/proc/%d/environ" % agent, "rb").read()
     print("environ", 0, 0)
 except OSError as e:
     print("environ", -1, e.errno)
+ctypes.set_errno(0)
+print("ptrace", libc.ptrace(16, agent, 0, 0), ctypes.get_errno())
 for p in ["/.orchard/run/agent.sock", "/.orchard/agent.sock"]:
     try:
         os.symlink("/tmp/x", p)
@@ -143,6 +158,7 @@ for p in ["/.orchard/run/agent.sock", "/.orchard/agent.sock"]:
     except OSError as e:
         print("symlink", -1, e.errno)
 print("sockets", len([1 for d, _, fs in os.walk("/.orchard") for f in fs if os.path.exists(os.path.join(d, f)) and __import__("stat").S_ISSOCK(os.lstat(os.path.join(d, f)).st_mode)]), 0)
+print("init_fd3", *getfd(1))
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,19 +171,23 @@ async fn regression_sandbox_code_cannot_replace_steal_or_redirect_its_agent() {
         .lines()
         .map(|l| l.split_whitespace().collect())
         .collect();
-    assert_eq!(lines.len(), 5, "{out}");
-    for l in &lines[..4] {
+    assert_eq!(lines.len(), 7, "{out}");
+    for l in &lines[..5] {
         assert_eq!(l[1], "-1", "{} must fail: {out}", l[0]);
     }
-    // EPERM for the descriptor theft and /proc/1/environ; EROFS (30) for the plants.
+    // EPERM for the descriptor theft and ptrace, EACCES for the agent's environ (it is
+    // not dumpable); EROFS (30) for the plants.
     assert_eq!(lines[0][2], "1", "{out}");
     assert_eq!(lines[1][2], "13", "EACCES: {out}");
-    assert_eq!((lines[2][2], lines[3][2]), ("30", "30"), "{out}");
+    assert_eq!(lines[2][2], "1", "EPERM: {out}");
+    assert_eq!((lines[3][2], lines[4][2]), ("30", "30"), "{out}");
     assert_eq!(
-        lines[4],
+        lines[5],
         ["sockets", "0", "0"],
         "no socket in the sandbox: {out}"
     );
+    // PID 1 (the init) may be inspected, but has nothing to take: EBADF.
+    assert_eq!(lines[6], ["init_fd3", "-1", "9"], "{out}");
     // The agent still answers the backend, through the socket it was handed.
     assert_eq!(sh(&sb, "echo alive").await.stdout.text_lossy(), "alive\n");
     tb.finish().await;

@@ -174,16 +174,25 @@ async fn busybox_python_and_an_image_with_no_shell_all_run_the_injected_agent() 
 
     let (code, out, err) = run(
         &bb,
-        Command::Shell("echo $GREETING; id -u; cat /proc/1/cmdline | tr '\\0' ' '".into()),
+        Command::Shell(
+            "echo $GREETING; id -u; cat /proc/1/cmdline | tr '\\0' ' '; echo; \
+             env -i /bin/cat /proc/1/environ | tr '\\0' '\\n' | grep -c -e ^PATH= -e ^GREETING=; \
+             env -i /bin/cat /proc/1/environ | grep -c ORCHARD_AGENT_ || true"
+                .into(),
+        ),
     )
     .await;
     assert_eq!(code, Some(0), "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "hello from k8s");
+    // PID 1 is the agent's init (the agent runs beside it, protected): readable, with
+    // the container's environment and none of the agent's variables (issue 31).
     assert!(
-        lines[2].starts_with("/.orchard/bin/orchard-agent --tcp"),
-        "the agent is PID 1: {out}"
+        lines[2].starts_with("/.orchard/bin/orchard-agent --pid1-init"),
+        "the agent's init is PID 1: {out}"
     );
+    assert_eq!(lines[3], "2", "PATH and GREETING in /proc/1/environ: {out}");
+    assert_eq!(lines[4], "0", "no agent variable in /proc/1/environ: {out}");
     let (code, out, err) = run(
         &bb,
         Command::Shell("env | grep -c ORCHARD_AGENT_TOKEN; touch /.orchard/x".into()),

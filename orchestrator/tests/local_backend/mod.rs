@@ -17,7 +17,9 @@ use serde_json::Value;
 
 use crate::util::sandbox::*;
 
+mod disk;
 mod paused;
+mod pid1;
 mod runtime_files;
 mod shared;
 
@@ -154,7 +156,7 @@ async fn image_env_working_dir_user_and_layers_apply() {
         "1000\n1000\n1000 50\n"
     );
     assert_eq!(
-        sh_ok(&sb, "cat /proc/1/status | grep ^Uid")
+        sh_ok(&sb, "grep ^Uid /proc/$PPID/status")
             .await
             .split_whitespace()
             .nth(1),

@@ -476,7 +476,7 @@ impl Drop for ServerProcess {
     }
 }
 
-/// Reaps zombie agents re-parented to this test process. A server killed with SIGKILL
+/// Reaps zombie sandbox inits (the agents' `orchard-init`) re-parented to this test process. A server killed with SIGKILL
 /// leaves its sandboxes' inits orphaned; since other tests made this process a child
 /// subreaper, they become its children, and the restarted server that deletes them
 /// cannot reap them. Only those pids are waited for: a `waitpid(-1)` would steal other
@@ -499,7 +499,8 @@ pub fn reap_orphaned_agents() {
         };
         let comm = &stat[stat.find('(').map_or(0, |i| i + 1)..close];
         let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        if comm == "orchard-agent"
+        // The container's init is the agent's init (`orchard-init`), or an older agent.
+        if matches!(comm, "orchard-init" | "orchard-agent")
             && rest.first() == Some(&"Z")
             && rest.get(1) == Some(&me.as_str())
         {

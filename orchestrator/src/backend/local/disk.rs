@@ -8,9 +8,10 @@
 //! its inode count is fixed at `mkfs` time, so an inode flood stops there too. The
 //! image is sparse: it takes host disk only for what the sandbox wrote.
 //!
-//! The image is made by `mkfs.ext4` (no journal, lazy inode tables, no reserved blocks:
-//! a few milliseconds) and mounted by `mount -o loop` (util-linux sets the loop device
-//! to detach itself when unmounted). Teardown unmounts everything under the sandbox's
+//! The image is made by `mkfs.ext4` (no journal, lazy inode tables, no reserved blocks),
+//! ahead of the create by the backend's pool ([`super::diskpool`]) so that a create only
+//! renames a ready image into its directory and mounts it (through a self-detaching
+//! loop device, [`super::loopdev`]). Teardown unmounts everything under the sandbox's
 //! directory, this mount included.
 
 use std::path::{Path, PathBuf};
@@ -104,13 +105,23 @@ async fn tool(name: &'static str, path: &Path, cmd: &mut Command) -> Result<(), 
     }
 }
 
-/// Makes `image` (sparse, `limit.bytes` long, `limit.inodes` inodes) and mounts it at
-/// `mount_point`, which must exist.
-pub async fn make_and_mount(
-    image: &Path,
-    mount_point: &Path,
-    limit: DiskLimit,
-) -> Result<(), DiskError> {
+/// `mkfs.ext4` arguments for an image of `limit` (no journal, lazy inode tables, no
+/// reserved blocks: a few milliseconds).
+fn mkfs_args(limit: DiskLimit, image: &Path) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = ["-q", "-F", "-m", "0", "-O", "^has_journal"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    args.push("-E".into());
+    args.push("lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0".into());
+    args.push("-N".into());
+    args.push(limit.inodes.to_string().into());
+    args.push(image.into());
+    args
+}
+
+/// Makes the sparse file `image`, `limit.bytes` long.
+fn make_sparse(image: &Path, limit: DiskLimit) -> Result<(), DiskError> {
     let io = |source| DiskError::Io {
         path: image.to_path_buf(),
         source,
@@ -120,22 +131,59 @@ pub async fn make_and_mount(
         .create_new(true)
         .open(image)
         .map_err(io)?;
-    file.set_len(limit.bytes).map_err(io)?;
-    drop(file);
+    file.set_len(limit.bytes).map_err(io)
+}
+
+/// Makes `image` (sparse, `limit.bytes` long, `limit.inodes` inodes).
+pub async fn make_image(image: &Path, limit: DiskLimit) -> Result<(), DiskError> {
+    make_sparse(image, limit)?;
     tool(
         "mkfs.ext4",
         image,
-        Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
-            .args([
-                "-E",
-                "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0",
-            ])
-            .arg("-N")
-            .arg(limit.inodes.to_string())
-            .arg(image),
+        Command::new("mkfs.ext4").args(mkfs_args(limit, image)),
     )
-    .await?;
+    .await
+}
+
+/// [`make_image`] for a thread of its own (the pool's, off every create's path).
+pub fn make_image_blocking(image: &Path, limit: DiskLimit) -> Result<(), DiskError> {
+    make_sparse(image, limit)?;
+    let out = std::process::Command::new("mkfs.ext4")
+        .args(mkfs_args(limit, image))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| DiskError::Tool {
+            tool: "mkfs.ext4",
+            path: image.to_path_buf(),
+            reason: format!("cannot run it: {e} (is e2fsprogs installed?)"),
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(DiskError::Tool {
+        tool: "mkfs.ext4",
+        path: image.to_path_buf(),
+        reason: format!(
+            "{}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    })
+}
+
+/// Mounts the ext4 `image` at `mount_point`, which must exist: with the system calls
+/// ([`super::loopdev`], a few milliseconds less than running `mount`), else with
+/// `mount -o loop` (util-linux sets the loop device to detach itself when unmounted).
+pub async fn mount_image(image: &Path, mount_point: &Path) -> Result<(), DiskError> {
+    let (img, at) = (image.to_path_buf(), mount_point.to_path_buf());
+    let direct = tokio::task::spawn_blocking(move || super::loopdev::mount_ext4(&img, &at)).await;
+    match direct {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "loop mount by system calls failed; using mount(8)")
+        }
+        Err(e) => tracing::debug!(error = %e, "loop mount task failed; using mount(8)"),
+    }
     tool(
         "mount",
         mount_point,
@@ -147,9 +195,34 @@ pub async fn make_and_mount(
     .await
 }
 
+/// Makes `image` (or takes a ready one from `pool`) and mounts it at `mount_point`.
+pub async fn make_and_mount(
+    image: &Path,
+    mount_point: &Path,
+    limit: DiskLimit,
+    pool: Option<&super::diskpool::DiskPool>,
+) -> Result<(), DiskError> {
+    match pool.and_then(|p| p.take()) {
+        Some(ready) => std::fs::rename(&ready, image).map_err(|source| DiskError::Io {
+            path: image.to_path_buf(),
+            source,
+        })?,
+        None => make_image(image, limit).await?,
+    }
+    mount_image(image, mount_point).await
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Whether `mkfs.ext4` can be run here (tests that make images skip without it).
+    pub(crate) fn mkfs_available() -> bool {
+        std::process::Command::new("mkfs.ext4")
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
 
     #[test]
     fn limits_an_image_cannot_have_are_refused() {

@@ -135,7 +135,8 @@ impl Inner {
             .map_err(io_err("setting the mode of", &paths.dir))?;
         fs::create_dir(&paths.disk).map_err(io_err("creating", &paths.disk))?;
         if let Some(limit) = self.config.disk {
-            super::disk::make_and_mount(&paths.disk_image, &paths.disk, limit).await?;
+            let pool = self.disk_pool.as_ref();
+            super::disk::make_and_mount(&paths.disk_image, &paths.disk, limit, pool).await?;
         }
         for d in [&paths.rootfs, &paths.upper, &paths.work, &paths.run] {
             fs::create_dir(d).map_err(io_err("creating", d))?;
@@ -793,6 +794,10 @@ impl Inner {
             let state = state::load(&self.paths(&id).state).ok();
             problems.extend(self.teardown(&id, state.as_ref()).await);
             self.lock_table().remove(&id);
+        }
+        // Before the root goes: the pool's thread writes under it.
+        if let Some(pool) = &self.disk_pool {
+            pool.stop();
         }
         if let Err(e) = self.unmount_under(&self.root) {
             problems.push(e);

@@ -11,6 +11,7 @@
 //! <root>/inject/               the injected volume, mounted read-only at /.orchard:
 //!                              bin/orchard-agent, harness/, manifest.json
 //! <root>/empty/                the lower layer of an image without layers
+//! <root>/diskpool/<pid>/       disk images made ahead by process <pid> (see `diskpool`)
 //! <root>/sandboxes/<id>/       one bundle per sandbox:
 //!     state.json config.json   state (token, pids, phase) and the OCI config
 //!     rootfs/ disk/{upper,work}/  the overlay; disk/ is the size-limited image (disk.img)
@@ -60,10 +61,12 @@ pub mod audit;
 pub mod bench;
 pub mod cgroup;
 pub mod disk;
+pub mod diskpool;
 mod error;
 pub mod layer;
 mod lifecycle;
 mod lock;
+mod loopdev;
 pub mod network;
 pub mod process;
 mod request;
@@ -149,6 +152,8 @@ struct Inner {
     nofile: u64,
     swap_accounting: bool,
     table: Mutex<HashMap<String, Entry>>,
+    /// Disk images made ahead, when sandboxes have a disk limit and the pool a size.
+    disk_pool: Option<diskpool::DiskPool>,
     /// Held for the backend's life: the flock on `<root>/lock` (shared when
     /// `config.shared`).
     _lock: fs::File,
@@ -279,6 +284,12 @@ impl LocalBackend {
         let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
             .maximum
             .map_or(MAX_NOFILE, |max| max.min(MAX_NOFILE));
+        let disk_pool = match config.disk {
+            Some(limit) if config.disk_pool > 0 => {
+                Some(diskpool::DiskPool::start(&root, limit, config.disk_pool)?)
+            }
+            _ => None,
+        };
         Ok(LocalBackend {
             inner: Arc::new(Inner {
                 runc: Runc::new(&config.runc, &runc_root),
@@ -294,6 +305,7 @@ impl LocalBackend {
                 nofile,
                 swap_accounting,
                 table: Mutex::new(HashMap::new()),
+                disk_pool,
                 _lock: lock,
             }),
         })
@@ -317,6 +329,16 @@ impl LocalBackend {
     /// runc's state directory of this backend.
     pub fn runc_root(&self) -> &Path {
         self.inner.runc.root()
+    }
+
+    /// Waits until the disk pool holds all its images (or `limit` passed); answers how
+    /// many are ready (0 without a pool). For benchmarks and tests, which would
+    /// otherwise measure the pool's refilling.
+    pub fn wait_disk_pool(&self, limit: std::time::Duration) -> usize {
+        self.inner
+            .disk_pool
+            .as_ref()
+            .map_or(0, |p| p.wait_ready(p.size(), limit))
     }
 
     /// Creates a sandbox and returns once its agent answers. On failure nothing is left.
