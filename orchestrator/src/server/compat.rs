@@ -335,7 +335,7 @@ async fn exec(
         .await?;
     if req.wait {
         let done = state.service.wait_job(&tenant, &job.job_id, None).await?;
-        Ok(Json(done).into_response())
+        Ok(super::job_body::job_response(done))
     } else {
         Ok(Json(QueuedJob {
             job_id: job.job_id,
@@ -350,7 +350,9 @@ async fn job(
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, Error> {
-    Ok(Json(state.service.job(&tenant, &id).await?).into_response())
+    Ok(super::job_body::job_response(
+        state.service.job(&tenant, &id).await?,
+    ))
 }
 
 async fn job_wait(
@@ -361,7 +363,7 @@ async fn job_wait(
 ) -> Result<Response, Error> {
     let timeout = q.duration(Duration::from_secs(30))?;
     let job = state.service.wait_job(&tenant, &id, Some(timeout)).await?;
-    Ok(Json(job).into_response())
+    Ok(super::job_body::job_response(job))
 }
 
 async fn apply_patch(

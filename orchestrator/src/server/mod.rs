@@ -10,6 +10,7 @@
 pub mod compat;
 pub mod error;
 pub mod images;
+pub mod job_body;
 pub mod listen;
 pub mod observe;
 pub mod openapi;
