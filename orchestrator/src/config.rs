@@ -22,6 +22,15 @@ use crate::server::listen::{
 };
 use crate::service::{Policy, Quotas, SandboxDefaults, DEFAULT_JOB_OUTPUT_CAP};
 
+/// Sandboxes one key may hold at once unless the operator says otherwise: what one
+/// machine holds (issue 30: with quotas off by default, one key could take it all).
+pub const DEFAULT_MAX_SANDBOXES_PER_KEY: usize = 1024;
+/// Creates one key may make per minute by default (a hundred a second: bursts pass,
+/// a loop that creates forever is stopped).
+pub const DEFAULT_CREATES_PER_MINUTE_PER_KEY: usize = 6000;
+/// Bytes one key's snapshots may hold by default.
+pub const DEFAULT_SNAPSHOT_BYTES_PER_KEY: u64 = 20 << 30;
+
 /// A list of keys as Orchard's `API_KEYS` takes them: separated by commas, spaces or
 /// newlines, empty entries dropped.
 pub fn split_keys(list: &str) -> Vec<String> {
@@ -137,14 +146,15 @@ pub struct ServeArgs {
     /// output is dropped [default: 1073741824 = 1 GiB].
     #[arg(long, env = "ORCHARD_JOB_OUTPUT_BUDGET_BYTES")]
     pub job_output_budget_bytes: Option<u64>,
-    /// Sandboxes one key may hold at once, 0 for no limit [default: 0].
+    /// Sandboxes one key may hold at once, 0 for no limit [default: 1024, what one
+    /// machine holds].
     #[arg(long, env = "ORCHARD_MAX_SANDBOXES_PER_KEY")]
     pub max_sandboxes_per_key: Option<usize>,
-    /// Creates per minute one key may make, 0 for no limit [default: 0].
+    /// Creates per minute one key may make, 0 for no limit [default: 6000].
     #[arg(long, env = "ORCHARD_CREATES_PER_MINUTE_PER_KEY")]
     pub creates_per_minute_per_key: Option<usize>,
     /// Bytes one key's snapshots may hold (their own layers), a quantity like "20Gi",
-    /// 0 for no limit [default: 0].
+    /// 0 for no limit [default: 20Gi].
     #[arg(long, env = "ORCHARD_SNAPSHOT_BYTES_PER_KEY")]
     pub snapshot_bytes_per_key: Option<String>,
     /// Size of each sandbox's writable layer, a quantity like "10Gi": its own sparse
@@ -672,7 +682,7 @@ impl Config {
             .clone()
             .or(file.snapshot_bytes_per_key)
         {
-            None => 0,
+            None => DEFAULT_SNAPSHOT_BYTES_PER_KEY,
             Some(q) if q.trim() == "0" => 0,
             Some(q) => crate::service::units::parse_memory(&q)
                 .map_err(|e| ConfigError::Invalid(format!("snapshot_bytes_per_key: {e}")))?,
@@ -779,11 +789,11 @@ impl Config {
                 max_sandboxes: args
                     .max_sandboxes_per_key
                     .or(file.max_sandboxes_per_key)
-                    .unwrap_or(0),
+                    .unwrap_or(DEFAULT_MAX_SANDBOXES_PER_KEY),
                 creates_per_minute: args
                     .creates_per_minute_per_key
                     .or(file.creates_per_minute_per_key)
-                    .unwrap_or(0),
+                    .unwrap_or(DEFAULT_CREATES_PER_MINUTE_PER_KEY),
                 snapshot_bytes,
             },
             defaults,
@@ -942,6 +952,32 @@ mod tests {
         assert_eq!(
             c.sandbox_disk.map(|d| (d.bytes, d.inodes)),
             Some((64 << 20, 4096))
+        );
+    }
+
+    #[test]
+    fn per_key_quotas_are_on_by_default_and_zero_turns_each_off() {
+        let c = Config::resolve(ServeArgs::default()).unwrap();
+        assert_eq!(c.quotas.max_sandboxes, DEFAULT_MAX_SANDBOXES_PER_KEY);
+        assert_eq!(
+            c.quotas.creates_per_minute,
+            DEFAULT_CREATES_PER_MINUTE_PER_KEY
+        );
+        assert_eq!(c.quotas.snapshot_bytes, DEFAULT_SNAPSHOT_BYTES_PER_KEY);
+        let c = Config::resolve(ServeArgs {
+            max_sandboxes_per_key: Some(0),
+            creates_per_minute_per_key: Some(0),
+            snapshot_bytes_per_key: Some("0".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (
+                c.quotas.max_sandboxes,
+                c.quotas.creates_per_minute,
+                c.quotas.snapshot_bytes
+            ),
+            (0, 0, 0)
         );
     }
 

@@ -14,11 +14,13 @@
 //! Parts: [`auth`] (hashed keys), [`sandboxes`] (the lifecycle), [`jobs`] (submitting
 //! and waiting), `exec` (how a compatible job runs, and the worker), [`runtime`] (the
 //! agent pool), [`units`] (CPU and memory quantities), [`error`] (the service's error
-//! enum), `policy` (TTL, heartbeats, readiness, reconciliation on one loop).
+//! enum), `policy` (TTL, heartbeats, readiness, reconciliation on one loop), `fair`
+//! (the create slots, shared by the keys in turn).
 
 pub mod auth;
 pub mod error;
 mod exec;
+mod fair;
 pub mod jobs;
 mod policy;
 pub mod runtime;
@@ -207,7 +209,7 @@ struct Inner {
     /// process.
     pending: AtomicU64,
     /// Creates running at the backend at once ([`ServiceConfig::max_concurrent_creates`]).
-    create_slots: tokio::sync::Semaphore,
+    create_slots: fair::FairSlots,
     started: Instant,
     /// This process's name as a lease holder.
     holder: String,
@@ -343,7 +345,7 @@ impl Service {
                 runtime: runtime::Runtime::default(),
                 metrics,
                 pending: AtomicU64::new(0),
-                create_slots: tokio::sync::Semaphore::new(slots),
+                create_slots: fair::FairSlots::new(slots),
                 started: Instant::now(),
                 holder: format!("orchard-{}-{}", std::process::id(), crate::random::hex(4)?),
                 held_reconciles: AtomicU64::new(0),

@@ -510,14 +510,10 @@ impl Service {
                     // not on this machine, and while it held a slot, creates of cached
                     // images queued behind it (a stalled registry held one for a minute).
                     let image = service.sandbox_image(&image, &parts).await?;
-                    // Creates beyond the concurrency limit wait here, in arrival order
-                    // (tokio's semaphore is fair); the readiness limit counts the wait.
-                    let _slot = service
-                        .inner
-                        .create_slots
-                        .acquire()
-                        .await
-                        .map_err(|e| format!("internal error: {e}"))?;
+                    // Creates beyond the concurrency limit wait here, each key in its
+                    // own line and the keys served in turn (`fair`); the readiness limit
+                    // counts the wait.
+                    let _slot = service.inner.create_slots.acquire(&rec.tenant).await;
                     if !service.is_current(&rec).await {
                         return Err("the sandbox was deleted before it started".to_string());
                     }
