@@ -22,6 +22,7 @@ pub mod error;
 mod exec;
 mod fair;
 pub mod jobs;
+mod keyed;
 mod policy;
 pub mod runtime;
 pub mod sandboxes;
@@ -216,6 +217,8 @@ struct Inner {
     /// Reconciliations in a row that held back a mass failure (see `policy::reconcile`);
     /// only the policy loop (one pass at a time) touches it.
     held_reconciles: AtomicU64,
+    /// One snapshot quota check at a time per key (`snapshots`).
+    snapshot_checks: keyed::KeyedLock,
 }
 
 /// The service. Cheap to clone.
@@ -349,6 +352,7 @@ impl Service {
                 started: Instant::now(),
                 holder: format!("orchard-{}-{}", std::process::id(), crate::random::hex(4)?),
                 held_reconciles: AtomicU64::new(0),
+                snapshot_checks: keyed::KeyedLock::default(),
             }),
         };
         service.adopt().await?;

@@ -132,14 +132,24 @@ impl Service {
             .map_err(Error::Backend)?;
         // The same state again is a snapshot the key holds already: nothing new.
         let new = !held.iter().any(|s| s.id == snap.id);
-        if limit > 0 && new && used + snap.size_bytes > limit {
-            // Taken, but over the quota: it goes again.
-            let _ = self.backend().delete_snapshot(&snap.id).await;
-            return Err(QuotaExceeded::SnapshotBytes {
-                used: used + snap.size_bytes,
-                limit,
+        if limit > 0 && new {
+            // Counted again now that it exists, with every snapshot of the key that
+            // finished meanwhile (issue 30: parallel snapshots each checked the total
+            // from before any of them and together kept 360 MiB under 100 MiB). One
+            // check at a time per key, so of two that together pass the quota one stays;
+            // across replicas both may go, never both stay.
+            let _check = self.inner.snapshot_checks.lock(&tenant.0).await;
+            let now: u64 = self
+                .snapshots(tenant)
+                .await?
+                .iter()
+                .map(|s| s.size_bytes)
+                .sum();
+            if now > limit {
+                // Taken, but over the quota: it goes again.
+                let _ = self.backend().delete_snapshot(&snap.id).await;
+                return Err(QuotaExceeded::SnapshotBytes { used: now, limit }.into());
             }
-            .into());
         }
         tracing::info!(sandbox_id = %id, snapshot_id = %snap.id, bytes = %snap.size_bytes, frozen_ms = %snap.frozen_ms, "snapshot taken");
         Ok(snap)

@@ -50,7 +50,8 @@ async fn a_paused_sandbox_left_by_a_backend_is_adopted_running_with_its_snapshot
             .delete_snapshot(&snap.id)
             .await
             .expect("deleting"),
-        7
+        snap.size_bytes,
+        "what the snapshot was charged is freed (7 bytes of content and its entries)"
     );
     assert!(tb.backend.snapshots().unwrap().is_empty());
     tb.finish().await;

@@ -501,3 +501,81 @@ async fn regression_reading_a_big_job_is_streamed_not_built_in_memory() {
         grew >> 20
     );
 }
+
+/// Issue 30, point 6: parallel snapshots each checked the key's total from before any
+/// of them (360 MiB kept under a 100 MiB quota), and 16,000 symlinks were charged 4
+/// bytes. Now the total is checked again once a snapshot exists, one check at a time
+/// per key, and every entry is charged its inode: whatever the timing, what the key
+/// keeps stays within its quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_parallel_snapshots_cannot_pass_the_quota_and_entries_are_charged() {
+    use std::sync::Arc;
+    let limit: u64 = 3 << 20;
+    let srv = crate::util::server::TestServer::with(crate::util::server::Options {
+        configure: Some(Arc::new(move |c: &mut orchard::config::Config| {
+            c.quotas.snapshot_bytes = limit;
+        })),
+        ..Default::default()
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let id = srv.sandbox().await;
+        let (s, v) = srv
+            .post(
+                &format!("/sandboxes/{id}/exec"),
+                json!({"command": format!("head -c 1048576 /dev/urandom > /tmp/f{i}"), "wait": true}),
+            )
+            .await;
+        assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+        ids.push(id);
+    }
+    let paths: Vec<String> = ids
+        .iter()
+        .map(|id| format!("/v1/sandboxes/{id}/snapshots"))
+        .collect();
+    let takes: Vec<_> = paths.iter().map(|p| srv.post(p, json!({}))).collect();
+    let answers = futures_util::future::join_all(takes).await;
+    let refused = answers.iter().filter(|(s, _)| *s == 429).count();
+    assert!(refused >= 2, "{answers:?}");
+    let (s, list) = srv.get("/v1/snapshots").await;
+    assert_eq!(s, 200, "{list}");
+    let kept: u64 = list["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["size_bytes"].as_u64().unwrap())
+        .sum();
+    assert!(
+        kept <= limit,
+        "{kept} bytes kept under a {limit}-byte quota: {list}"
+    );
+    assert!(kept >= 1 << 20, "one snapshot at least stays: {list}");
+
+    // Entries are charged: 2,000 symlinks cost about a megabyte, not their targets' bytes.
+    let id = &ids[0];
+    let (s, v) = srv
+        .post(
+            &format!("/sandboxes/{id}/exec"),
+            json!({"command": "rm -f /tmp/f*; mkdir /tmp/l && cd /tmp/l && i=0; while [ $i -lt 2000 ]; do ln -s x $i; i=$((i+1)); done", "wait": true}),
+        )
+        .await;
+    assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+    for snap in list["snapshots"].as_array().unwrap() {
+        let _ = srv
+            .delete(&format!(
+                "/v1/snapshots/{}",
+                snap["snapshot_id"].as_str().unwrap()
+            ))
+            .await;
+    }
+    let (s, snap) = srv
+        .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    assert!(
+        snap["size_bytes"].as_u64().unwrap() >= 2000 * 512,
+        "2,000 symlinks charged {snap}"
+    );
+    srv.finish().await;
+}
