@@ -56,8 +56,27 @@ pub const DROPPED_NOTE: &str =
 #[derive(Serialize, Deserialize)]
 #[serde(untagged)]
 enum Line {
+    /// A job whose output is in its own file ([`super::spill`]); the record's own
+    /// stdout and stderr are empty.
+    Spilled {
+        spilled: Box<JobRecord>,
+        stdout_len: u64,
+        stderr_len: u64,
+    },
     Job(Box<JobRecord>),
-    Purged { purged: String },
+    Purged {
+        purged: String,
+    },
+}
+
+/// Where a job's output is when it is not (only) in its record.
+#[derive(Debug, Clone, Copy)]
+struct Spilled {
+    stdout_len: u64,
+    stderr_len: u64,
+    /// Also in the record (finished in this process); else only in the file (read
+    /// from it when the job is asked for).
+    in_memory: bool,
 }
 
 /// The open journal and how many lines it holds.
@@ -90,6 +109,8 @@ struct Maps {
     held: u64,
     /// The same by tenant (entries of zero removed).
     held_by: HashMap<String, u64>,
+    /// Jobs whose output has its own file.
+    spilled: HashMap<String, Spilled>,
     /// The order jobs finished in, in this process (ties of `finished_ms`).
     finish_seq: HashMap<String, u64>,
     next_finish: u64,
@@ -108,9 +129,17 @@ impl Maps {
 
     /// Counts `job`'s output as held.
     fn hold(&mut self, job: &JobRecord) {
-        let n = output_len(job);
+        let n = self.len_of(job);
         self.held += n;
         *self.held_by.entry(job.tenant.clone()).or_default() += n;
+    }
+
+    /// Output `job` holds, in its record or in its file.
+    fn len_of(&self, job: &JobRecord) -> u64 {
+        match self.spilled.get(&job.job.job_id) {
+            Some(s) if !s.in_memory => s.stdout_len + s.stderr_len,
+            _ => output_len(job),
+        }
     }
 
     /// Counts `n` bytes of `tenant`'s output as no longer held.
@@ -150,6 +179,37 @@ impl Maps {
         self.leases
             .get(&lease.name)
             .is_none_or(|(held, _)| held.fence <= lease.fence)
+    }
+}
+
+/// The journal line of a job whose output is in its own file.
+fn spilled_line(job: &JobRecord, s: &Spilled) -> Line {
+    // Every field but the output, which is not copied.
+    let j = &job.job;
+    let bare = JobRecord {
+        tenant: job.tenant.clone(),
+        job: orchard_protocol::compat::Job {
+            job_id: j.job_id.clone(),
+            sandbox_id: j.sandbox_id.clone(),
+            command: j.command.clone(),
+            status: j.status.clone(),
+            stdout: String::new(),
+            stderr: String::new(),
+            exit_code: j.exit_code,
+            created_at: j.created_at,
+            started_at: j.started_at,
+            completed_at: j.completed_at,
+            error: j.error.clone(),
+            output_truncated: j.output_truncated,
+        },
+        options: job.options.clone(),
+        finished_ms: job.finished_ms,
+        fence: job.fence,
+    };
+    Line::Spilled {
+        spilled: Box::new(bare),
+        stdout_len: s.stdout_len,
+        stderr_len: s.stderr_len,
     }
 }
 
@@ -200,7 +260,7 @@ impl MemoryStore {
             }),
             budget,
         };
-        let mut last: HashMap<String, JobRecord> = HashMap::new();
+        let mut last: HashMap<String, (JobRecord, Option<Spilled>)> = HashMap::new();
         // Line by line: the journal may be large, only the live jobs are kept.
         if let Ok(file) = File::open(journal_path(&dir)) {
             use std::io::BufRead;
@@ -209,7 +269,19 @@ impl MemoryStore {
                 let Ok(line) = line else { continue };
                 match serde_json::from_str::<Line>(&line) {
                     Ok(Line::Job(j)) => {
-                        last.insert(j.job.job_id.clone(), *j);
+                        last.insert(j.job.job_id.clone(), (*j, None));
+                    }
+                    Ok(Line::Spilled {
+                        spilled,
+                        stdout_len,
+                        stderr_len,
+                    }) => {
+                        let s = Spilled {
+                            stdout_len,
+                            stderr_len,
+                            in_memory: false,
+                        };
+                        last.insert(spilled.job.job_id.clone(), (*spilled, Some(s)));
                     }
                     Ok(Line::Purged { purged }) => {
                         last.remove(&purged);
@@ -219,10 +291,20 @@ impl MemoryStore {
                 }
             }
         }
+        // Output files of jobs no longer live (or never journaled) go.
+        let keep = last
+            .iter()
+            .filter(|(_, (_, s))| s.is_some())
+            .map(|(id, _)| id.clone())
+            .collect();
+        super::spill::sweep(&dir, &keep);
         {
             let now = crate::time::now_ms();
             let mut maps = store.lock();
-            for (id, mut rec) in last {
+            for (id, (mut rec, spilled)) in last {
+                if let Some(s) = spilled {
+                    maps.spilled.insert(id.clone(), s);
+                }
                 if !rec.job.status.is_finished() {
                     rec.job.status = JobStatus::Failed;
                     rec.job.error = Some(RESTART_ERROR.into());
@@ -261,20 +343,58 @@ impl MemoryStore {
     /// Rewrites the journal with one line per live job and reopens it for appending.
     fn compact(&self, journal: &mut Journal) -> std::io::Result<()> {
         let path = journal_path(&self.dir);
-        let jobs: Vec<JobRecord> = self.lock().jobs.values().cloned().collect();
+        let lines: Vec<Line> = {
+            let maps = self.lock();
+            maps.jobs
+                .values()
+                .map(|job| match maps.spilled.get(&job.job.job_id) {
+                    Some(s) => spilled_line(job, s),
+                    None => Line::Job(Box::new(job.clone())),
+                })
+                .collect()
+        };
         let mut out = Vec::new();
-        for job in jobs.iter() {
-            if let Ok(mut bytes) = serde_json::to_vec(&Line::Job(Box::new(job.clone()))) {
+        for line in &lines {
+            if let Ok(mut bytes) = serde_json::to_vec(line) {
                 bytes.push(b'\n');
                 out.extend_from_slice(&bytes);
             }
         }
         crate::atomic_file::write_private(&path, &out)?;
         journal.file = Some(std::fs::OpenOptions::new().append(true).open(&path)?);
-        journal.lines = jobs.len();
+        journal.lines = lines.len();
         journal.bytes = out.len() as u64;
         journal.compacted_bytes = journal.bytes;
         Ok(())
+    }
+
+    /// Writes a finished job's big output to its own file and answers the journal line
+    /// naming it; `None` (journal the whole record) for small output, or when the file
+    /// cannot be written or the output was dropped meanwhile.
+    fn spill(&self, job: &JobRecord) -> Option<Line> {
+        if output_len(job) <= super::spill::SPILL_ABOVE {
+            return None;
+        }
+        let id = &job.job.job_id;
+        let (stdout_len, stderr_len) =
+            super::spill::write(&self.dir, id, &job.job.stdout, &job.job.stderr).ok()?;
+        let s = Spilled {
+            stdout_len,
+            stderr_len,
+            in_memory: true,
+        };
+        let mut maps = self.lock();
+        // Emptied for the budget (or purged) between the finish and this write.
+        let still = maps.jobs.get(id).is_some_and(|j| {
+            j.job.stdout.len() as u64 == stdout_len && j.job.stderr.len() as u64 == stderr_len
+        });
+        if !still {
+            drop(maps);
+            super::spill::remove(&self.dir, id);
+            return None;
+        }
+        maps.spilled.insert(id.clone(), s);
+        Some(spilled_line(job, &s))
     }
 
     /// Appends lines; compacts when the journal holds twice the live jobs.
@@ -315,7 +435,7 @@ impl MemoryStore {
         // Each tenant's finished jobs with output, newest first (popped from the end).
         let mut by_tenant: HashMap<String, Vec<(u64, u64, String)>> = HashMap::new();
         for j in maps.jobs.values() {
-            if let (Some(t), true) = (j.finished_ms, output_len(j) > 0) {
+            if let (Some(t), true) = (j.finished_ms, maps.len_of(j) > 0) {
                 let seq = maps.finish_seq.get(&j.job.job_id).copied().unwrap_or(0);
                 by_tenant
                     .entry(j.tenant.clone())
@@ -341,10 +461,15 @@ impl MemoryStore {
             let Some((_, _, id)) = by_tenant.get_mut(&tenant).and_then(Vec::pop) else {
                 break;
             };
+            let Some(before) = maps.jobs.get(&id).map(|j| maps.len_of(j)) else {
+                continue;
+            };
+            if maps.spilled.remove(&id).is_some() {
+                super::spill::remove(&self.dir, &id);
+            }
             let Some(job) = maps.jobs.get_mut(&id) else {
                 continue;
             };
-            let before = output_len(job);
             job.job.stdout = DROPPED_NOTE.to_string();
             job.job.stderr.clear();
             job.job.output_truncated = true;
@@ -458,7 +583,29 @@ impl StateStore for MemoryStore {
     }
 
     fn job<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<JobRecord>> {
-        ready(Ok(self.lock().jobs.get(id).cloned()))
+        let (job, on_disk) = {
+            let maps = self.lock();
+            let on_disk = maps.spilled.get(id).filter(|s| !s.in_memory).copied();
+            (maps.jobs.get(id).cloned(), on_disk)
+        };
+        let (mut job, s) = match (job, on_disk) {
+            (Some(job), Some(s)) => (job, s),
+            (job, _) => return ready(Ok(job)),
+        };
+        // Output a previous process spilled: read for this answer, not kept (a file
+        // read outside the lock; at most the output cap).
+        match super::spill::read(&self.dir, id, s.stdout_len) {
+            Ok((stdout, stderr)) => {
+                job.job.stdout = stdout;
+                job.job.stderr = stderr;
+            }
+            Err(e) => {
+                tracing::warn!(job_id = %id, error = %e, "a job's spilled output is unreadable");
+                job.job.stdout = DROPPED_NOTE.to_string();
+                job.job.output_truncated = true;
+            }
+        }
+        ready(Ok(Some(job)))
     }
 
     fn take_job<'a>(
@@ -568,7 +715,8 @@ impl StateStore for MemoryStore {
             }
             self.enforce_budget(&mut maps)
         };
-        let mut lines = vec![Line::Job(Box::new(job))];
+        let first = self.spill(&job).unwrap_or_else(|| Line::Job(Box::new(job)));
+        let mut lines = vec![first];
         lines.extend(emptied.into_iter().map(|j| Line::Job(Box::new(j))));
         self.append(&lines);
         self.lock().publish(&Topic::Job(id));
@@ -587,7 +735,11 @@ impl StateStore for MemoryStore {
             for id in &expired {
                 maps.finish_seq.remove(id);
                 if let Some(j) = maps.jobs.remove(id) {
-                    maps.release(&j.tenant, output_len(&j));
+                    let n = maps.len_of(&j);
+                    maps.release(&j.tenant, n);
+                }
+                if maps.spilled.remove(id).is_some() {
+                    super::spill::remove(&self.dir, id);
                 }
             }
             // Topics whose subscribers all left.
@@ -956,6 +1108,40 @@ mod tests {
             size <= 2 * budget + JOURNAL_SLACK_BYTES + (2 << 20),
             "journal {size} bytes for a {budget}-byte budget"
         );
+    }
+
+    #[test]
+    fn regression_big_output_is_kept_raw_beside_the_journal_and_a_restart_reads_none_of_it() {
+        // Issue 30: output JSON-escaped in the journal (six bytes per control byte) and
+        // all of it parsed by a restart: 8 to 17 s with a big journal.
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let l = lease(&store, "me").unwrap();
+        let big = "\u{1}".repeat(300 << 10);
+        for i in 0..3 {
+            now(store.insert_job(job(&format!("big-{i}"), "x"), "u1"));
+            let j = now(store.take_job("sb-1", &l)).unwrap();
+            let mut j = finished(j, 0, &big);
+            j.job.stderr = format!("err {i}");
+            now(store.finish_job(j, Some(&l)));
+        }
+        now(store.insert_job(job("small", "x"), "u1"));
+        let j = now(store.take_job("sb-1", &l)).unwrap();
+        now(store.finish_job(finished(j, 0, "tiny"), Some(&l)));
+        let journal = std::fs::metadata(journal_path(dir.path())).unwrap().len();
+        assert!(journal < 16 << 10, "the journal holds {journal} bytes");
+        let held = store.held_output();
+        drop(store);
+        let store = open(dir.path());
+        assert_eq!(store.held_output(), held, "counted from the lengths");
+        let j = now(store.job("big-1")).unwrap().job;
+        assert_eq!((j.stdout.len(), j.stderr.as_str()), (big.len(), "err 1"));
+        assert_eq!(now(store.job("small")).unwrap().job.stdout, "tiny");
+        // Purged: its file goes; the others stay and survive a compaction.
+        let spilled = super::super::spill::dir_of(dir.path());
+        assert_eq!(std::fs::read_dir(&spilled).unwrap().count(), 3);
+        now(store.purge_jobs(crate::time::now_ms()));
+        assert_eq!(std::fs::read_dir(&spilled).unwrap().count(), 0);
     }
 
     #[test]

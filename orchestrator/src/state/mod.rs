@@ -34,6 +34,7 @@
 pub mod conformance;
 pub mod memory;
 pub mod redis;
+mod spill;
 
 use std::collections::BTreeMap;
 use std::future::Future;

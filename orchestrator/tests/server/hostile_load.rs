@@ -579,3 +579,70 @@ async fn regression_parallel_snapshots_cannot_pass_the_quota_and_entries_are_cha
     );
     srv.finish().await;
 }
+
+/// Time from starting `orchard serve` on `data` to its ready file.
+fn timed_start(data: &std::path::Path) -> (ServerProcess, Duration) {
+    let t = Instant::now();
+    let srv = ServerProcess::start(data, &[]);
+    (srv, t.elapsed())
+}
+
+/// Issue 30, points 4 and 9: a restart after kill -9 parsed every job's output from the
+/// journal (8 to 17 s with a big one). Big output now lies raw beside the journal and a
+/// restart reads only metadata: after 96 MiB of control-byte output (576 MiB as JSON)
+/// the restart takes about as long as one with no jobs, and the output is served whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_restart_after_kill9_reads_no_job_output() {
+    orchard_test_support::require_runc!();
+    let data = tempfile::Builder::new()
+        .prefix("orchard-restart-")
+        .tempdir()
+        .unwrap();
+    let (mut srv, _) = timed_start(data.path());
+    import_busybox(&srv.url).await;
+    let http = reqwest::Client::new();
+    sandbox(&http, &srv.url, KEY, "keep").await;
+    srv.kill9();
+    let (mut srv, floor) = timed_start(data.path());
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        let cmd = "head -c 8388608 /dev/zero | tr '\\0' '\\1'; head -c 8388608 /dev/zero | tr '\\0' '\\1' >&2";
+        let (s, job) = send(
+            http.post(format!("{}/sandboxes/keep/exec", srv.url))
+                .header("X-API-Key", KEY)
+                .json(&json!({"command": cmd, "wait": true})),
+        )
+        .await;
+        assert_eq!((s, job["status"].as_str()), (200, Some("succeeded")));
+        ids.push(job["job_id"].as_str().unwrap().to_string());
+    }
+    let journal = std::fs::metadata(data.path().join("jobs/jobs.ndjson"))
+        .unwrap()
+        .len();
+    assert!(journal < 1 << 20, "the journal holds {journal} bytes");
+    srv.kill9();
+    crate::util::server::reap_orphaned_agents();
+    let (srv, big) = timed_start(data.path());
+    eprintln!("restart after kill -9: {big:?} with 96 MiB of output kept, {floor:?} with none");
+    for id in &ids {
+        let (s, job) = send(
+            http.get(format!("{}/jobs/{id}", srv.url))
+                .header("X-API-Key", KEY),
+        )
+        .await;
+        assert_eq!(s, 200);
+        assert_eq!(
+            (
+                job["stdout"].as_str().map(str::len),
+                job["stderr"].as_str().map(str::len)
+            ),
+            (Some(8 << 20), Some(8 << 20))
+        );
+    }
+    let (s, _) = send(
+        http.delete(format!("{}/sandboxes/keep", srv.url))
+            .header("X-API-Key", KEY),
+    )
+    .await;
+    assert_eq!(s, 200);
+}
