@@ -192,7 +192,7 @@ fn spilled_line(job: &JobRecord, s: &Spilled) -> Line {
             job_id: j.job_id.clone(),
             sandbox_id: j.sandbox_id.clone(),
             command: j.command.clone(),
-            status: j.status.clone(),
+            status: j.status,
             stdout: String::new(),
             stderr: String::new(),
             exit_code: j.exit_code,
