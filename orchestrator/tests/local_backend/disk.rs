@@ -1,6 +1,7 @@
 //! A disk bound per sandbox (issue 31, point 4): on by default in `orchard serve`, made
-//! ahead by the backend's pool, enforced as ENOSPC inside the sandbox for bytes and for
-//! inodes, turned off with `--sandbox-disk none`, and leaving no loop device behind.
+//! and mounted ahead by the backend's pool, enforced as ENOSPC inside the sandbox for
+//! bytes and for inodes, turned off with `--sandbox-disk none`, and leaving no mount and
+//! no loop device behind.
 
 use std::fs;
 use std::path::Path;
@@ -66,6 +67,98 @@ async fn a_small_disk_bound_is_enospc_for_bytes_and_inodes_and_leaves_no_loop_de
         Vec::<String>::new(),
         "loop devices left"
     );
+}
+
+/// Mount points at or under `dir`, from /proc/mounts.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.to_string_lossy().into_owned();
+    fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1).map(str::to_string))
+        .filter(|m| m.starts_with(&dir))
+        .collect()
+}
+
+/// Lines of `losetup -a` naming a file under `dir` (empty where losetup is missing).
+fn losetup_under(dir: &Path) -> Vec<String> {
+    let Ok(out) = std::process::Command::new("losetup").arg("-a").output() else {
+        return Vec::new();
+    };
+    let dir = dir.to_string_lossy().into_owned();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&dir))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits until no loop device backs a file under `dir`: an autoclear device detaches
+/// right after its last user goes, not within the unmount.
+async fn assert_no_loops_under(dir: &Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !loops_under(dir).is_empty() || !losetup_under(dir).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "loop devices left: {:?} {:?}",
+            loops_under(dir),
+            losetup_under(dir)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_sandboxes_and_a_destroyed_backend_leave_no_mount_or_loop_device_of_the_pool() {
+    orchard_test_support::require_runc!();
+    let root = fresh_root();
+    let mut config = test_config(&root);
+    config.disk = Some(DiskLimit {
+        bytes: 32 << 20,
+        inodes: 2048,
+    });
+    config.disk_pool = 2;
+    let tb = TestBackend::with_config(config);
+    let pool = tb
+        .root
+        .join("diskpool")
+        .join(std::process::id().to_string());
+    assert_eq!(tb.backend.wait_disk_pool(Duration::from_secs(60)), 2);
+    // Mounted ahead: the pool's private mount and one per ready image, which the audit
+    // accounts for.
+    assert_eq!(mounts_under(&pool).len(), 3, "{:?}", mounts_under(&pool));
+    assert_eq!(loops_under(&pool).len(), 2);
+    assert_clean(&tb.backend).await;
+
+    let a = tb.busybox().await;
+    let b = tb.busybox().await;
+    for sb in [&a, &b] {
+        // One mount per sandbox disk, moved from the pool, on a loop device of its own.
+        let disk = sb.bundle.join("disk").to_string_lossy().into_owned();
+        let of_disk = mounts_under(&sb.bundle)
+            .into_iter()
+            .filter(|m| *m == disk)
+            .count();
+        assert_eq!(of_disk, 1, "{:?}", mounts_under(&sb.bundle));
+        assert_eq!(loops_under(&sb.bundle).len(), 1);
+    }
+    sh_ok(&a, "echo kept > /file && cat /file").await;
+    assert_eq!(tb.backend.wait_disk_pool(Duration::from_secs(60)), 2);
+    assert_clean(&tb.backend).await;
+
+    tb.backend.delete(&a.id).await.unwrap();
+    assert_eq!(mounts_under(&a.bundle), Vec::<String>::new());
+    assert_no_loops_under(&a.bundle).await;
+    assert!(
+        !loops_under(&b.bundle).is_empty(),
+        "the other sandbox keeps its disk"
+    );
+
+    let root = tb.root.clone();
+    // Deletes b, audits, destroys (the pool's mounted images too), audits again.
+    tb.finish().await;
+    assert_eq!(mounts_under(&root), Vec::<String>::new());
+    assert_no_loops_under(&root).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,8 @@
 //! <root>/inject/               the injected volume, mounted read-only at /.orchard:
 //!                              bin/orchard-agent, harness/, manifest.json
 //! <root>/empty/                the lower layer of an image without layers
-//! <root>/diskpool/<pid>/       disk images made ahead by process <pid> (see `diskpool`)
+//! <root>/diskpool/<pid>/       disk images made ahead by process <pid> (see `diskpool`),
+//!                              <n>.img, mounted ahead at mnt/<n>/ (mnt/ a private mount)
 //! <root>/sandboxes/<id>/       one bundle per sandbox:
 //!     state.json config.json   state (token, pids, phase) and the OCI config
 //!     rootfs/ disk/{upper,work}/  the overlay; disk/ is the size-limited image (disk.img)
