@@ -19,8 +19,8 @@
 //!
 //! Each process of a shared root has a directory of its own, named by its pid. Mounts
 //! outlive their process: a process that opens the root unmounts and removes the
-//! directories of processes that are gone, and the leak audit reports what is left of
-//! them ([`pool_dirs`]).
+//! directories of processes that are gone ([`clear_dead`]), a graceful shutdown stops
+//! the pool, and the leak audit reports what is left of dead pools ([`pool_dirs`]).
 
 use std::collections::VecDeque;
 use std::fs;
@@ -130,9 +130,20 @@ fn clear(dir: &Path) {
     }
 }
 
+/// Unmounts and removes the pools under `<root>/diskpool` of processes that are gone
+/// (and this process's, left by one that had its pid): their mounts and loop devices
+/// outlived them. Run when a root is opened, whether or not this process has a pool.
+pub fn clear_dead(root: &Path) {
+    for (dir, alive) in pool_dirs(root, std::process::id()) {
+        if !alive {
+            clear(&dir);
+        }
+    }
+}
+
 impl DiskPool {
-    /// Starts a pool of `size` images of `limit` under `<root>/diskpool/`, after
-    /// clearing the pools of processes that are gone.
+    /// Starts a pool of `size` images of `limit` under `<root>/diskpool/` (after
+    /// [`clear_dead`]: the pool's directory is named by the pid).
     pub fn start(root: &Path, limit: DiskLimit, size: usize) -> Result<DiskPool, DiskError> {
         let parent = root.join("diskpool");
         let own = std::process::id();
@@ -141,11 +152,6 @@ impl DiskPool {
             move |source| DiskError::Io { path, source }
         };
         fs::create_dir_all(&parent).map_err(io(&parent))?;
-        for (dir, alive) in pool_dirs(root, own) {
-            if !alive {
-                clear(&dir);
-            }
-        }
         let dir = parent.join(own.to_string());
         fs::create_dir(&dir).map_err(io(&dir))?;
         let mnt = dir.join("mnt");
@@ -334,6 +340,7 @@ mod tests {
         // A directory of a process that is gone, left by a crash.
         let stale = root.path().join("diskpool/999999999");
         fs::create_dir_all(&stale).unwrap();
+        clear_dead(root.path());
         let pool = DiskPool::start(root.path(), limit, 2).unwrap();
         assert!(!stale.exists(), "a dead process's pool is removed");
         assert_eq!(pool.wait_ready(2, Duration::from_secs(60)), 2);
@@ -401,6 +408,7 @@ mod tests {
             inodes: 2048,
         };
         let stale = dead_pool(root, limit);
+        clear_dead(root);
         let pool = DiskPool::start(root, limit, 2).unwrap();
         assert!(!stale.exists(), "a dead process's pool is removed");
         assert_eq!(audit::mounts_under(&stale).unwrap(), Vec::<PathBuf>::new());
