@@ -244,6 +244,11 @@ async fn root_size_kib_under_serve(extra: &[&str]) -> u64 {
         .await
         .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
+    // A stopped server leaves neither its pool's mounts nor their loop devices (mounts
+    // outlive their process).
+    drop(srv);
+    assert_eq!(mounts_under(data.path()), Vec::<String>::new());
+    assert_no_loops_under(data.path()).await;
     line.split_whitespace()
         .nth(1)
         .and_then(|k| k.parse().ok())
