@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::backend::local::network::MARKER_ENV;
 use crate::backend::local::process::{self, ProcRef};
-use crate::backend::local::{cgroup, sys, Inner, LocalError};
+use crate::backend::local::{cgroup, diskpool, sys, Inner, LocalError};
 
 /// A process that should not exist.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,8 +35,9 @@ pub struct AuditReport {
     pub cgroups: Vec<PathBuf>,
     /// Network namespaces kept alive by leaked processes.
     pub network_namespaces: Vec<String>,
-    /// Sandbox and runc state directories of sandboxes that are gone, and layer copies
-    /// of snapshots whose process died mid-capture.
+    /// Sandbox and runc state directories of sandboxes that are gone, layer copies of
+    /// snapshots whose process died mid-capture, and disk pools of processes that are
+    /// gone.
     pub directories: Vec<PathBuf>,
     /// Containers runc still lists that are not live sandboxes.
     pub runc_containers: Vec<String>,
@@ -126,6 +127,23 @@ fn netns(pid: i32) -> Option<String> {
         .map(|l| l.to_string_lossy().into_owned())
 }
 
+/// The disk pool directories of live processes, and those of processes that are gone
+/// (or of this process, with no running pool).
+fn pools(inner: &Inner, own_pid: i32) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let own = inner
+        .disk_pool
+        .as_ref()
+        .filter(|p| p.is_running())
+        .map(|p| p.dir().to_path_buf());
+    let (live, dead): (Vec<_>, Vec<_>) = diskpool::pool_dirs(&inner.root, own_pid as u32)
+        .into_iter()
+        .partition(|(dir, alive)| *alive || Some(dir) == own.as_ref());
+    (
+        live.into_iter().map(|(d, _)| d).collect(),
+        dead.into_iter().map(|(d, _)| d).collect(),
+    )
+}
+
 /// The audit (see the module doc).
 pub(super) async fn audit(inner: &Inner) -> Result<AuditReport, LocalError> {
     let live: HashSet<String> = inner.lock_table().keys().cloned().collect();
@@ -152,9 +170,19 @@ pub(super) async fn audit(inner: &Inner) -> Result<AuditReport, LocalError> {
     }
     // A capture's copy whose process died (a snapshot killed half-way).
     report.directories.extend(inner.stale_captures());
-    report.directories.sort();
 
-    let expected: HashSet<PathBuf> = live.iter().map(|id| inner.paths(id).rootfs).collect();
+    // A live sandbox's overlay and disk, and the live disk pools: this process's, and
+    // those of other processes sharing the root.
+    let expected: HashSet<PathBuf> = live
+        .iter()
+        .flat_map(|id| {
+            let p = inner.paths(id);
+            [p.rootfs, p.disk]
+        })
+        .collect();
+    let (pools, dead_pools) = pools(inner, own_pid);
+    report.directories.extend(dead_pools);
+    report.directories.sort();
     report.mounts = mounts_under(&inner.root)
         .map_err(|source| LocalError::Io {
             op: "reading",
@@ -162,7 +190,7 @@ pub(super) async fn audit(inner: &Inner) -> Result<AuditReport, LocalError> {
             source,
         })?
         .into_iter()
-        .filter(|m| !expected.contains(m))
+        .filter(|m| !expected.contains(m) && !pools.iter().any(|p| m.starts_with(p)))
         .collect();
 
     let prefix = inner.cgroup_prefix();

@@ -9,10 +9,11 @@
 //! image is sparse: it takes host disk only for what the sandbox wrote.
 //!
 //! The image is made by `mkfs.ext4` (no journal, lazy inode tables, no reserved blocks),
-//! ahead of the create by the backend's pool ([`super::diskpool`]) so that a create only
-//! renames a ready image into its directory and mounts it (through a self-detaching
-//! loop device, [`super::loopdev`]). Teardown unmounts everything under the sandbox's
-//! directory, this mount included.
+//! and mounted (through a self-detaching loop device, [`super::loopdev`]) ahead of the
+//! create by the backend's pool ([`super::diskpool`]), so that a create only moves a
+//! ready mount onto its `disk` and renames the image into its directory. Teardown
+//! unmounts everything under the sandbox's directory, this mount included, which frees
+//! the loop device.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -202,13 +203,35 @@ pub async fn make_and_mount(
     limit: DiskLimit,
     pool: Option<&super::diskpool::DiskPool>,
 ) -> Result<(), DiskError> {
-    match pool.and_then(|p| p.take()) {
-        Some(ready) => std::fs::rename(&ready, image).map_err(|source| DiskError::Io {
-            path: image.to_path_buf(),
-            source,
-        })?,
-        None => make_image(image, limit).await?,
+    let io = |source| DiskError::Io {
+        path: image.to_path_buf(),
+        source,
+    };
+    let Some(ready) = pool.and_then(|p| p.take()) else {
+        make_image(image, limit).await?;
+        return mount_image(image, mount_point).await;
+    };
+    if let Some(at) = &ready.mounted {
+        // The mount first: from here the sandbox's teardown unmounts it.
+        match super::loopdev::move_mount(at, mount_point) {
+            Ok(()) => {
+                std::fs::rename(&ready.image, image).map_err(io)?;
+                let _ = std::fs::remove_dir(at);
+                return Ok(());
+            }
+            Err(e) => {
+                // A pool stopped under us, say: mount the image here instead.
+                tracing::debug!(error = %e, "moving a pool disk's mount failed; mounting it");
+                if rustix::mount::unmount(at, rustix::mount::UnmountFlags::empty()).is_err() {
+                    // Still mounted: a second mount of it would corrupt it. The pool's
+                    // stop unmounts and removes it; this create makes its own.
+                    make_image(image, limit).await?;
+                    return mount_image(image, mount_point).await;
+                }
+            }
+        }
     }
+    std::fs::rename(&ready.image, image).map_err(io)?;
     mount_image(image, mount_point).await
 }
 

@@ -10,6 +10,9 @@
 //!
 //! `LOOP_CONFIGURE` needs Linux 5.8; where it is missing the caller falls back to
 //! `mount(8)`.
+//!
+//! The disk pool ([`super::diskpool`]) mounts its images ahead under a private mount of
+//! its own ([`private_mount`]); a create then takes one with [`move_mount`].
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -139,6 +142,26 @@ pub fn mount_ext4(image: &Path, mount_point: &Path) -> io::Result<()> {
     )?;
     drop(device);
     Ok(())
+}
+
+/// Makes `dir` a mount of its own with private propagation (a bind mount of itself), so
+/// that the mounts made under it can be moved out with `MS_MOVE`: the kernel refuses to
+/// move a mount whose parent is shared, as `/` is on systemd hosts. It also keeps those
+/// mounts from propagating into the host's other mount namespaces.
+pub fn private_mount(dir: &Path) -> io::Result<()> {
+    use rustix::mount::{MountPropagationFlags, UnmountFlags};
+    rustix::mount::mount_bind(dir, dir)?;
+    if let Err(e) = rustix::mount::mount_change(dir, MountPropagationFlags::PRIVATE) {
+        let _ = rustix::mount::unmount(dir, UnmountFlags::empty());
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// Moves the mount at `from` to `to` (`MS_MOVE`): one system call, and still one mount,
+/// so whoever unmounts `to` frees the loop device behind it.
+pub fn move_mount(from: &Path, to: &Path) -> io::Result<()> {
+    Ok(rustix::mount::mount_move(from, to)?)
 }
 
 #[cfg(test)]

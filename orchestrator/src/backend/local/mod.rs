@@ -11,7 +11,8 @@
 //! <root>/inject/               the injected volume, mounted read-only at /.orchard:
 //!                              bin/orchard-agent, harness/, manifest.json
 //! <root>/empty/                the lower layer of an image without layers
-//! <root>/diskpool/<pid>/       disk images made ahead by process <pid> (see `diskpool`)
+//! <root>/diskpool/<pid>/       disk images made ahead by process <pid> (see `diskpool`),
+//!                              <n>.img, mounted ahead at mnt/<n>/ (mnt/ a private mount)
 //! <root>/sandboxes/<id>/       one bundle per sandbox:
 //!     state.json config.json   state (token, pids, phase) and the OCI config
 //!     rootfs/ disk/{upper,work}/  the overlay; disk/ is the size-limited image (disk.img)
@@ -284,6 +285,9 @@ impl LocalBackend {
         let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
             .maximum
             .map_or(MAX_NOFILE, |max| max.min(MAX_NOFILE));
+        // Whatever this root's backend, pools of dead processes hold mounts and loop
+        // devices.
+        diskpool::clear_dead(&root);
         let disk_pool = match config.disk {
             Some(limit) if config.disk_pool > 0 => {
                 Some(diskpool::DiskPool::start(&root, limit, config.disk_pool)?)
@@ -665,13 +669,26 @@ impl crate::backend::Backend for LocalBackend {
         Box::pin(async move {
             // On a shared root every listed sandbox is also the other replicas': one
             // replica's exit must not delete them (their records live on in Redis).
-            if self.inner.config.shared {
-                return Ok(());
+            let mut deleted = Ok(());
+            if !self.inner.config.shared {
+                for s in LocalBackend::list(self) {
+                    deleted = LocalBackend::delete(self, &s.id).await;
+                    if deleted.is_err() {
+                        break;
+                    }
+                }
             }
-            for s in LocalBackend::list(self) {
-                LocalBackend::delete(self, &s.id).await?;
-            }
-            Ok(())
+            // Whatever the deletes did: the pool is this process's alone, and its mounts
+            // and loop devices would outlive it.
+            let inner = self.inner.clone();
+            tokio::task::spawn_blocking(move || {
+                if let Some(pool) = &inner.disk_pool {
+                    pool.stop();
+                }
+            })
+            .await
+            .map_err(|e| LocalError::Task(e.to_string()))?;
+            Ok(deleted?)
         })
     }
 }
