@@ -2,6 +2,8 @@
 //! hardening). Code in a sandbox is written by models under training: it probes the
 //! kernel for whatever it can reach.
 
+mod reads_as_user;
+
 use orchard::backend::local::SandboxSpec;
 use orchard::image::{ImageStore, StoreConfig};
 
