@@ -1,4 +1,4 @@
-//! File changes made as the image's user.
+//! File access made as the image's user.
 //!
 //! The agent runs as root, and in an image with a `User` its commands run as that user
 //! (`--user`). Code in the sandbox can plant a symbolic link (`/tmp/link -> /etc`) in a

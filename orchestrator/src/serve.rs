@@ -202,6 +202,7 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
             local.harness = config.harness.clone();
             local.disk = config.sandbox_disk;
             local.allow_user_namespaces = config.allow_user_namespaces;
+            local.egress = config.egress.clone();
             local.ready_timeout = config.policy.max_ready_timeout;
             // Replicas over one Redis serve the same sandboxes: each may run on this
             // data directory beside the others (one exclusive backend per root otherwise).

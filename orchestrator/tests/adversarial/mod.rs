@@ -45,6 +45,7 @@ calls = {
     "setns": (308, -1, 0),
     "open_by_handle_at": (304, -1, 0, 0),
     "fsopen": (430, 0, 0),
+    "socket_af_packet": (41, 17, 3, 0),
 }
 for name, (nr, *args) in calls.items():
     ctypes.set_errno(0)
@@ -75,7 +76,7 @@ async fn regression_sandbox_code_cannot_reach_keyrings_bpf_io_uring_or_user_name
             "{name} must be refused by the filter: {out}"
         );
     }
-    assert_eq!(out.lines().count(), 12, "{out}");
+    assert_eq!(out.lines().count(), 13, "{out}");
     // The tool an attacker would use: `unshare -U -r -m` then mount a tmpfs.
     let r = sh(
         &sb,

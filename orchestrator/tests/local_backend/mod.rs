@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::util::sandbox::*;
 
+mod egress;
 mod paused;
 mod runtime_files;
 mod shared;

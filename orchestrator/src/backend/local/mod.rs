@@ -60,6 +60,7 @@ pub mod audit;
 pub mod bench;
 pub mod cgroup;
 pub mod disk;
+pub mod egress;
 mod error;
 pub mod layer;
 mod lifecycle;
