@@ -213,6 +213,7 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
         }
         BackendChoice::Kubernetes(kube) => {
             let mut kube = (**kube).clone();
+            kube.egress = config.egress.clone();
             // Warm pods have the default limits: a create that asks for nothing claims one.
             kube.warm_cpus = crate::service::units::parse_cpu(&config.defaults.cpu).ok();
             kube.warm_memory_bytes =
