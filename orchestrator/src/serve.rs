@@ -126,6 +126,7 @@ pub fn open_images(config: &Config) -> Result<ImageStore, ServeError> {
     store_config.targets = crate::image::targets::TargetPolicy {
         restrict: true,
         allowed,
+        egress: config.egress.clone(),
     };
     ImageStore::open(config.data_dir.join("images"), store_config)
         .map_err(|e| ServeError::Setup(format!("opening the image store: {e}")))

@@ -460,10 +460,14 @@ async fn regression_a_pull_cannot_make_the_server_fetch_loopback_or_echo_what_an
         &[("ORCHARD_ALLOW_REGISTRIES", allowed.as_str())],
         &[],
     );
-    // Straight at a loopback address, and at the link-local metadata address.
+    // Straight at a loopback address, at the link-local metadata address, and (issue
+    // 30, point 8) at private ones: refused before any connection.
     for reference in [
         format!("{secret}/x/y:1"),
         "169.254.169.254/latest/meta:1".to_string(),
+        "10.255.255.1:5000/x/y:1".to_string(),
+        "192.168.77.1/x/y:1".to_string(),
+        "[fd00::1]:5000/x/y:1".to_string(),
     ] {
         let last = pull(&srv.url, &reference).await;
         assert_eq!(last["type"], "error", "{reference}: {last}");
