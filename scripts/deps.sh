@@ -7,6 +7,8 @@ need=()
 command -v runc >/dev/null || need+=(runc)
 # Egress of sandboxes that ask for it (user-mode networking, no bridge or iptables).
 command -v slirp4netns >/dev/null || need+=(slirp4netns)
+# The egress filter of sandboxes with egress (an nftables table in their namespace).
+command -v nft >/dev/null || [ -x /usr/sbin/nft ] || need+=(nftables)
 # (Output captured before grep: `grep -q` exits at its first match and, under pipefail,
 # the writer's SIGPIPE would fail the pipeline.)
 [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 &&

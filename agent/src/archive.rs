@@ -633,6 +633,21 @@ fn apply_dir_metadata(dir: &Path, dirs: &mut [DirMeta]) -> Result<(), ArchiveErr
     Ok(())
 }
 
+/// Whether [`build`] can start on `src` with this thread's identity: it exists, and a
+/// regular file can be opened or a directory listed. Lets a caller answer a clear
+/// error before a streamed archive has begun; entries deeper down that turn out to be
+/// unreadable still abort the stream.
+pub fn check_readable(src: &Path) -> io::Result<()> {
+    let meta = fs::symlink_metadata(src)?;
+    if meta.is_file() {
+        File::open(src).map(drop)
+    } else if meta.is_dir() {
+        fs::read_dir(src).map(drop)
+    } else {
+        Ok(())
+    }
+}
+
 /// Writes a tar.gz of `src` into `out` and returns the writer, flushed.
 ///
 /// Entry names are relative: `src`'s own name is the top entry (`.` for `/`), like

@@ -1,4 +1,4 @@
-//! File changes made as the image's user.
+//! File access made as the image's user.
 //!
 //! The agent runs as root, and in an image with a `User` its commands run as that user
 //! (`--user`). Code in the sandbox can plant a symbolic link (`/tmp/link -> /etc`) in a
@@ -8,8 +8,15 @@
 //! remove, archive upload) is changed under the user's file-system identity: the
 //! thread's fsuid, fsgid and supplementary groups become the user's for the call, the
 //! kernel checks permissions as it would for the user's own commands (a link into
-//! `/etc` leads to a refusal), and what is created belongs to the user. Reads stay
-//! root's: they change nothing.
+//! `/etc` leads to a refusal), and what is created belongs to the user.
+//!
+//! Reads (read, stat, list, archive download) go the same way. A root read through a
+//! planted link (`/workspace/k -> /root/.key`, or `-> /proc/1/environ`, the agent's
+//! first environment, which held its token) would hand the client, and through it the
+//! sandbox's code, what the user may not read. As the user, the kernel's own checks
+//! refuse it: `/proc/1/*` of the root agent is root's and 0400 or 0500, and without
+//! fsuid 0 the thread has no `CAP_DAC_OVERRIDE` or `CAP_DAC_READ_SEARCH` to pass them.
+//! A file is opened as the user and then read from its descriptor anywhere.
 //!
 //! The switch is per thread (`setfsuid`, `setfsgid` and the raw `setgroups` system
 //! call all change only the calling thread's credentials; libc's `setgroups` would

@@ -232,6 +232,12 @@ pub struct ServeArgs {
     /// list). Mirrors are allowed already [default: none].
     #[arg(long = "allow-registry")]
     pub allow_registries: Vec<String>,
+    /// A private or link-local range (`ADDR/LEN`) sandboxes with egress, and pulls, may
+    /// reach anyway (repeatable; ORCHARD_EGRESS_ALLOW_CIDRS takes a list). Egress means
+    /// the internet only otherwise: no private, link-local (cloud metadata) or host
+    /// address [default: none].
+    #[arg(long = "egress-allow-cidr")]
+    pub egress_allow_cidrs: Vec<String>,
     /// Let sandboxes make user namespaces (nested container builds); the seccomp
     /// filter refuses them otherwise [default: false].
     #[arg(
@@ -400,6 +406,7 @@ pub struct FileConfig {
     keep_sandboxes_on_exit: Option<bool>,
     registry_mirrors: Option<Vec<String>>,
     allow_registries: Option<Vec<String>>,
+    egress_allow_cidrs: Option<Vec<String>>,
     allow_user_namespaces: Option<bool>,
     log_level: Option<String>,
     registry_config: Option<PathBuf>,
@@ -533,6 +540,8 @@ pub struct Config {
     pub registry_mirrors: Vec<(String, String)>,
     /// Loopback or link-local registry hosts pulls may reach anyway.
     pub allow_registries: Vec<String>,
+    /// Non-public ranges sandboxes with egress and pulls may reach anyway.
+    pub egress: crate::egress::EgressPolicy,
     /// Sandboxes may make user namespaces.
     pub allow_user_namespaces: bool,
     /// Log level.
@@ -853,6 +862,19 @@ impl Config {
                     allow = file.allow_registries.unwrap_or_default();
                 }
                 allow
+            },
+            egress: {
+                let mut allow = args.egress_allow_cidrs.clone();
+                if allow.is_empty() {
+                    if let Ok(env) = std::env::var("ORCHARD_EGRESS_ALLOW_CIDRS") {
+                        allow = split_keys(&env);
+                    }
+                }
+                if allow.is_empty() {
+                    allow = file.egress_allow_cidrs.unwrap_or_default();
+                }
+                crate::egress::EgressPolicy::parse(&allow)
+                    .map_err(|e| ConfigError::Invalid(format!("egress_allow_cidrs: {e}")))?
             },
             log_level: args
                 .log_level

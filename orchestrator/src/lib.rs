@@ -15,6 +15,7 @@ pub mod atomic_file;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod egress;
 pub mod image;
 pub use orchard_log as log;
 pub mod metrics;

@@ -126,6 +126,7 @@ pub fn open_images(config: &Config) -> Result<ImageStore, ServeError> {
     store_config.targets = crate::image::targets::TargetPolicy {
         restrict: true,
         allowed,
+        egress: config.egress.clone(),
     };
     ImageStore::open(config.data_dir.join("images"), store_config)
         .map_err(|e| ServeError::Setup(format!("opening the image store: {e}")))
@@ -202,6 +203,7 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
             local.harness = config.harness.clone();
             local.disk = config.sandbox_disk;
             local.allow_user_namespaces = config.allow_user_namespaces;
+            local.egress = config.egress.clone();
             local.ready_timeout = config.policy.max_ready_timeout;
             // Replicas over one Redis serve the same sandboxes: each may run on this
             // data directory beside the others (one exclusive backend per root otherwise).
@@ -212,6 +214,7 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
         }
         BackendChoice::Kubernetes(kube) => {
             let mut kube = (**kube).clone();
+            kube.egress = config.egress.clone();
             // Warm pods have the default limits: a create that asks for nothing claims one.
             kube.warm_cpus = crate::service::units::parse_cpu(&config.defaults.cpu).ok();
             kube.warm_memory_bytes =

@@ -30,6 +30,7 @@ use self::stat::{list_path, stat_path};
 use self::tarball::{download_archive, upload_archive};
 use self::write::write_file;
 
+mod guard;
 mod manage;
 mod read;
 mod stat;

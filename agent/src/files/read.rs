@@ -10,9 +10,10 @@ use orchard_protocol::ErrorCode;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
-use super::{absolute, CHUNK};
+use super::{absolute, blocking_failed, guard, CHUNK};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiQuery;
+use crate::fsuser;
 
 #[derive(Deserialize)]
 pub(super) struct ReadQuery {
@@ -24,21 +25,31 @@ pub(super) struct ReadQuery {
 pub(super) async fn read_file(ApiQuery(q): ApiQuery<ReadQuery>) -> ApiResult<Response> {
     let path = absolute(&q.path)?;
     let io_err = |err: io::Error| ApiError::io("read", &q.path, &err);
-    // Checked before opening: opening a fifo would block until a writer shows up.
-    let meta = tokio::fs::metadata(&path).await.map_err(io_err)?;
-    if meta.is_dir() {
-        return Err(ApiError::new(
-            ErrorCode::IsADirectory,
-            format!("read {}: is a directory", q.path),
-        ));
-    }
-    if !meta.is_file() {
-        return Err(ApiError::invalid(format!(
-            "read {}: not a regular file",
-            q.path
-        )));
-    }
-    let mut file = tokio::fs::File::open(&path).await.map_err(io_err)?;
+    // Resolved and opened as the image's user (see `fsuser`), never through a /proc
+    // magic link nor into the agent's own /proc entries (see `guard`): a link the
+    // sandbox planted to a root-only file or to the agent's first environment (which
+    // held its token) is refused as it would be for the user's own `cat`. Once open,
+    // the descriptor is read on the async runtime like any other.
+    let opened = fsuser::blocking(move || guard::open_regular(&path))
+        .await
+        .map_err(|_| blocking_failed("read"))?
+        .map_err(io_err)?;
+    let (file, meta) = match opened {
+        Ok(opened) => opened,
+        Err(meta) if meta.is_dir() => {
+            return Err(ApiError::new(
+                ErrorCode::IsADirectory,
+                format!("read {}: is a directory", q.path),
+            ))
+        }
+        Err(_) => {
+            return Err(ApiError::invalid(format!(
+                "read {}: not a regular file",
+                q.path
+            )))
+        }
+    };
+    let mut file = tokio::fs::File::from_std(file);
     let offset = q.offset.unwrap_or(0);
     let size = meta.len();
     // Files of /proc and /sys report size 0 yet have content: those are streamed to

@@ -3,6 +3,7 @@
 
 use std::fs::{self, Metadata};
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -11,9 +12,10 @@ use orchard_protocol::files::{FileKind, FileList, FileStat};
 use orchard_protocol::ErrorCode;
 use serde::Deserialize;
 
-use super::{absolute, blocking_failed, PathQuery, MAX_LIST_ENTRIES};
+use super::{absolute, blocking_failed, guard, PathQuery, MAX_LIST_ENTRIES};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiQuery;
+use crate::fsuser;
 
 #[derive(Deserialize)]
 pub(super) struct ListQuery {
@@ -43,12 +45,21 @@ fn kind_of(meta: &Metadata) -> FileKind {
 /// The wire stat of `path`, whose metadata was read without following links.
 fn file_stat(shown: String, path: &Path, meta: &Metadata) -> FileStat {
     let link_target = if meta.file_type().is_symlink() {
-        fs::read_link(path)
-            .ok()
-            .map(|target| target.to_string_lossy().into_owned())
+        fs::read_link(path).ok()
     } else {
         None
     };
+    stat_with_target(shown, path, meta, link_target)
+}
+
+/// [`file_stat`] with the link's target already read.
+fn stat_with_target(
+    shown: String,
+    path: &Path,
+    meta: &Metadata,
+    link_target: Option<PathBuf>,
+) -> FileStat {
+    let link_target = link_target.map(|target| target.to_string_lossy().into_owned());
     FileStat {
         name: path
             .file_name()
@@ -64,13 +75,27 @@ fn file_stat(shown: String, path: &Path, meta: &Metadata) -> FileStat {
 
 pub(super) async fn stat_path(ApiQuery(q): ApiQuery<PathQuery>) -> ApiResult<Json<FileStat>> {
     let path = absolute(&q.path)?;
-    let meta = tokio::fs::symlink_metadata(&path)
-        .await
-        .map_err(|err| ApiError::io("stat", &q.path, &err))?;
-    let stat = tokio::task::spawn_blocking(move || file_stat(q.path, &path, &meta))
-        .await
-        .map_err(|_| blocking_failed("stat"))?;
-    Ok(Json(stat))
+    // As the image's user (see `fsuser`): the directories on the way are searched
+    // with the user's rights, so a planted link into a root-only directory does not
+    // reveal what is inside it.
+    // Resolved by `guard` (no /proc magic link, not the agent's own entries), then
+    // read from that descriptor, link target included.
+    fsuser::blocking(move || {
+        let io_err = |err: io::Error| ApiError::io("stat", &q.path, &err);
+        let fd = guard::resolve(&path, false).map_err(io_err)?;
+        let meta = fs::File::from(fd.try_clone().map_err(io_err)?)
+            .metadata()
+            .map_err(io_err)?;
+        let target = meta
+            .file_type()
+            .is_symlink()
+            .then(|| rustix::fs::readlinkat(&fd, "", Vec::new()).ok())
+            .flatten()
+            .map(|t| PathBuf::from(std::ffi::OsString::from_vec(t.into_bytes())));
+        Ok(Json(stat_with_target(q.path, &path, &meta, target)))
+    })
+    .await
+    .map_err(|_| blocking_failed("stat"))?
 }
 
 pub(super) async fn list_path(ApiQuery(q): ApiQuery<ListQuery>) -> ApiResult<Json<FileList>> {
@@ -79,7 +104,8 @@ pub(super) async fn list_path(ApiQuery(q): ApiQuery<ListQuery>) -> ApiResult<Jso
     if depth == 0 {
         return Err(ApiError::invalid("depth must be at least 1"));
     }
-    tokio::task::spawn_blocking(move || list(&path, q.path, depth, MAX_LIST_ENTRIES))
+    // As the image's user, like stat: root-only directories stay closed.
+    fsuser::blocking(move || list(&path, q.path, depth, MAX_LIST_ENTRIES))
         .await
         .map_err(|_| blocking_failed("list"))?
         .map(Json)
@@ -103,7 +129,10 @@ fn sorted_children(dir: &Path) -> io::Result<Vec<(PathBuf, Metadata)>> {
 /// Lists `dir` depth first, each directory followed by its own entries, up to `max`.
 fn list(dir: &Path, shown: String, depth: u32, max: usize) -> ApiResult<FileList> {
     let io_err = |err: io::Error| ApiError::io("list", &shown, &err);
-    let meta = fs::metadata(dir).map_err(io_err)?;
+    // The directory itself resolved by `guard`: a link to /proc/1/fd (whose entries
+    // name the agent's descriptors on the host) is refused.
+    let top = guard::resolve(dir, true).map_err(io_err)?;
+    let meta = fs::File::from(top).metadata().map_err(io_err)?;
     if !meta.is_dir() {
         return Err(ApiError::new(
             ErrorCode::NotADirectory,
@@ -130,7 +159,9 @@ fn list(dir: &Path, shown: String, depth: u32, max: usize) -> ApiResult<FileList
         entries.push(file_stat(path.to_string_lossy().into_owned(), &path, &meta));
         // lstat metadata: a link to a directory is not a directory here, so it is
         // listed but never descended into.
-        if meta.is_dir() && level < depth {
+        // A directory met on the way down is checked too (listing /proc deep would
+        // reach /proc/1/fd).
+        if meta.is_dir() && level < depth && guard::resolve(&path, false).is_ok() {
             // An unreadable subdirectory still appears; only its contents are missing.
             if let Ok(children) = sorted_children(&path) {
                 stack.push((children.into_iter(), level + 1));

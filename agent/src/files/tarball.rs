@@ -23,7 +23,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
 
-use super::{absolute, blocking_failed, too_large, unreadable_body, PathQuery, CHUNK};
+use super::{absolute, blocking_failed, guard, too_large, unreadable_body, PathQuery, CHUNK};
 use crate::archive;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{content_length, ApiQuery};
@@ -166,11 +166,16 @@ fn written_body<E: std::fmt::Display>(
 
 pub(super) async fn download_archive(ApiQuery(q): ApiQuery<PathQuery>) -> ApiResult<Response> {
     let path = absolute(&q.path)?;
-    // Checked here so a missing path is a 404, not an aborted 200.
-    tokio::fs::symlink_metadata(&path)
+    // Checked here so a missing or unreadable path is a 404 or 403, not an aborted 200.
+    // As the image's user, as the archive itself is built (see `fsuser`), and resolved
+    // by `guard`: a planted link to a root-only file or directory, or to the agent's
+    // own /proc entries, is refused, not archived.
+    let at = path.clone();
+    fsuser::blocking(move || guard::resolve(&at, false).and_then(|_| archive::check_readable(&at)))
         .await
+        .map_err(|_| blocking_failed("archive"))?
         .map_err(|err| ApiError::io("archive", &q.path, &err))?;
-    let stream = written_body(move |out| archive::build(&path, out).map(drop));
+    let stream = written_body(move |out| fsuser::run(|| archive::build(&path, out).map(drop)));
     let mut response = Body::from_stream(stream).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

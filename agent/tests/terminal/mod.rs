@@ -355,19 +355,21 @@ async fn agent_rss_kib(sb: &Sandbox) -> u64 {
 /// The agent's open fds but its sockets: those are the test client's connections, and
 /// the client's pool (hyper-util's) may open one more when a request beats the return
 /// of the previous connection to the pool. Leaks of a command's pipes or terminals show.
+/// Read from the host: the files API refuses the agent's own descriptors.
 async fn agent_fds(sb: &Sandbox) -> usize {
-    sb.client()
-        .list_dir("/proc/self/fd", 1)
-        .await
+    // The agent is the first child of the container's init (agent/src/init.rs).
+    let init = sb.pid1_host_pid();
+    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+        .unwrap_or_default();
+    let agent = children
+        .split_whitespace()
+        .next()
+        .map_or(init.to_string(), str::to_string);
+    let dir = format!("/proc/{agent}/fd");
+    std::fs::read_dir(&dir)
         .unwrap()
-        .entries
-        .iter()
-        .filter(|e| {
-            !e.link_target
-                .as_deref()
-                .unwrap_or("")
-                .starts_with("socket:")
-        })
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| !target.to_string_lossy().starts_with("socket:"))
         .count()
 }
 

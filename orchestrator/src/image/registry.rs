@@ -440,7 +440,7 @@ impl RegistryClient {
             let response = request
                 .send()
                 .await
-                .map_err(|err| Attempt::Unreachable(chain(&err)))?;
+                .map_err(|err| Attempt::Unreachable(super::targets::connect_failure(&err)))?;
             let status = response.status();
             if status.is_success() {
                 return Ok(response);
@@ -574,7 +574,10 @@ impl RegistryClient {
             }
         };
         let response = request.send().await.map_err(|err| {
-            Attempt::Unreachable(format!("token server {realm}: {}", chain(&err)))
+            Attempt::Unreachable(format!(
+                "token server {realm}: {}",
+                super::targets::connect_failure(&err)
+            ))
         })?;
         let status = response.status();
         if !status.is_success() {

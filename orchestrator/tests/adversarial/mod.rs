@@ -2,6 +2,8 @@
 //! hardening). Code in a sandbox is written by models under training: it probes the
 //! kernel for whatever it can reach.
 
+mod reads_as_user;
+
 use orchard::backend::local::SandboxSpec;
 use orchard::image::{ImageStore, StoreConfig};
 
@@ -43,6 +45,7 @@ calls = {
     "setns": (308, -1, 0),
     "open_by_handle_at": (304, -1, 0, 0),
     "fsopen": (430, 0, 0),
+    "socket_af_packet": (41, 17, 3, 0),
 }
 for name, (nr, *args) in calls.items():
     ctypes.set_errno(0)
@@ -73,7 +76,7 @@ async fn regression_sandbox_code_cannot_reach_keyrings_bpf_io_uring_or_user_name
             "{name} must be refused by the filter: {out}"
         );
     }
-    assert_eq!(out.lines().count(), 12, "{out}");
+    assert_eq!(out.lines().count(), 13, "{out}");
     // The tool an attacker would use: `unshare -U -r -m` then mount a tmpfs.
     let r = sh(
         &sb,
@@ -477,10 +480,14 @@ async fn regression_a_pull_cannot_make_the_server_fetch_loopback_or_echo_what_an
         &[("ORCHARD_ALLOW_REGISTRIES", allowed.as_str())],
         &[],
     );
-    // Straight at a loopback address, and at the link-local metadata address.
+    // Straight at a loopback address, at the link-local metadata address, and (issue
+    // 30, point 8) at private ones: refused before any connection.
     for reference in [
         format!("{secret}/x/y:1"),
         "169.254.169.254/latest/meta:1".to_string(),
+        "10.255.255.1:5000/x/y:1".to_string(),
+        "192.168.77.1/x/y:1".to_string(),
+        "[fd00::1]:5000/x/y:1".to_string(),
     ] {
         let last = pull(&srv.url, &reference).await;
         assert_eq!(last["type"], "error", "{reference}: {last}");

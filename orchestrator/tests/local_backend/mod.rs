@@ -18,6 +18,7 @@ use serde_json::Value;
 use crate::util::sandbox::*;
 
 mod disk;
+mod egress;
 mod paused;
 mod pid1;
 mod runtime_files;

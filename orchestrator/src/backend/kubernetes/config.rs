@@ -60,6 +60,9 @@ pub struct KubeConfig {
     pub warm_cpus: Option<f64>,
     /// Memory of warm pods, likewise (the server's default memory limit).
     pub warm_memory_bytes: Option<u64>,
+    /// Non-public ranges a sandbox with egress may reach anyway (`--egress-allow-cidr`,
+    /// shared with the local backend; set by `serve`).
+    pub egress: crate::egress::EgressPolicy,
 }
 
 impl Default for KubeConfig {
@@ -82,6 +85,7 @@ impl Default for KubeConfig {
             warm_pools: Vec::new(),
             warm_cpus: None,
             warm_memory_bytes: None,
+            egress: crate::egress::EgressPolicy::default(),
         }
     }
 }
@@ -312,6 +316,7 @@ impl KubeConfig {
             warm_pools,
             warm_cpus: None,
             warm_memory_bytes: None,
+            egress: crate::egress::EgressPolicy::default(),
         })
     }
 }

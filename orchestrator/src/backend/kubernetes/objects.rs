@@ -411,10 +411,74 @@ pub fn egress_policy(cfg: &KubeConfig, id: &str, owner: Option<OwnerReference>) 
                 ..Default::default()
             }),
             policy_types: Some(vec!["Egress".into()]),
-            egress: Some(vec![NetworkPolicyEgressRule::default()]),
+            egress: Some(egress_rules(&cfg.egress)),
             ..Default::default()
         }),
     }
+}
+
+/// Egress to the internet only (see `crate::egress`): everything but the denied ranges,
+/// the operator's allowed ranges, and the cluster's DNS (kube-dns pods have private
+/// addresses; without it no name resolves).
+fn egress_rules(policy: &crate::egress::EgressPolicy) -> Vec<NetworkPolicyEgressRule> {
+    use crate::egress::{denied, IpNet};
+    let everything_but = |all: &str, v6: bool| {
+        let except: Vec<String> = denied()
+            .iter()
+            .filter(|net| matches!(net, IpNet::V6(_)) == v6)
+            .map(|net| net.to_string())
+            .collect();
+        NetworkPolicyPeer {
+            ip_block: Some(IPBlock {
+                cidr: all.into(),
+                except: Some(except),
+            }),
+            ..Default::default()
+        }
+    };
+    let mut to = vec![
+        everything_but("0.0.0.0/0", false),
+        everything_but("::/0", true),
+    ];
+    to.extend(policy.allow.iter().map(|net| NetworkPolicyPeer {
+        ip_block: Some(IPBlock {
+            cidr: net.to_string(),
+            except: None,
+        }),
+        ..Default::default()
+    }));
+    let dns_port = |protocol: &str| NetworkPolicyPort {
+        port: Some(IntOrString::Int(53)),
+        protocol: Some(protocol.into()),
+        ..Default::default()
+    };
+    let dns = NetworkPolicyEgressRule {
+        to: Some(vec![NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "kubernetes.io/metadata.name".to_string(),
+                    "kube-system".to_string(),
+                )])),
+                ..Default::default()
+            }),
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "k8s-app".to_string(),
+                    "kube-dns".to_string(),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ports: Some(vec![dns_port("UDP"), dns_port("TCP")]),
+    };
+    vec![
+        NetworkPolicyEgressRule {
+            to: Some(to),
+            ports: None,
+        },
+        dns,
+    ]
 }
 
 /// The namespace-wide policies: every sandbox's egress denied; ingress to agents only
@@ -658,7 +722,66 @@ mod tests {
             egress["spec"]["podSelector"]["matchLabels"][SANDBOX_LABEL],
             "sb-1"
         );
-        assert_eq!(egress["spec"]["egress"], serde_json::json!([{}]));
+        let rules = egress["spec"]["egress"].as_array().unwrap();
+        assert_eq!(rules[0]["to"][0]["ipBlock"]["cidr"], "0.0.0.0/0");
+        assert_eq!(rules[1]["ports"][0]["port"], 53);
+    }
+
+    /// Issue 30, point 8: egress means the internet, not private, link-local (cloud
+    /// metadata) or loopback ranges, unless the operator allowed them.
+    #[test]
+    fn the_egress_policy_excludes_private_and_link_local_ranges_but_allowed_ones() {
+        let mut c = cfg();
+        c.egress = crate::egress::EgressPolicy::parse(&["10.1.0.0/16"]).unwrap();
+        let p = serde_json::to_value(egress_policy(&c, "sb-1", None)).unwrap();
+        let rules = p["spec"]["egress"].as_array().unwrap();
+        assert_eq!(rules.len(), 2, "{p}");
+        let to = rules[0]["to"].as_array().unwrap();
+        assert!(rules[0].get("ports").is_none(), "{p}");
+        let except = |i: usize| -> Vec<&str> {
+            to[i]["ipBlock"]["except"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect()
+        };
+        assert_eq!(to[0]["ipBlock"]["cidr"], "0.0.0.0/0");
+        for range in [
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "100.64.0.0/10",
+            "169.254.0.0/16",
+            "127.0.0.0/8",
+        ] {
+            assert!(except(0).contains(&range), "{range} missing: {p}");
+        }
+        assert_eq!(to[1]["ipBlock"]["cidr"], "::/0");
+        for range in ["fc00::/7", "fe80::/10", "::1/128"] {
+            assert!(except(1).contains(&range), "{range} missing: {p}");
+        }
+        // The operator's range, as a peer of its own (peers add up).
+        assert_eq!(to[2]["ipBlock"]["cidr"], "10.1.0.0/16");
+        assert!(to[2]["ipBlock"].get("except").is_none());
+        assert_eq!(to.len(), 3);
+        // The cluster's DNS only on port 53.
+        let dns = &rules[1];
+        assert_eq!(
+            dns["to"][0]["podSelector"]["matchLabels"]["k8s-app"],
+            "kube-dns"
+        );
+        assert_eq!(
+            dns["to"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+            "kube-system"
+        );
+        let ports: Vec<(i64, &str)> = dns["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["port"].as_i64().unwrap(), p["protocol"].as_str().unwrap()))
+            .collect();
+        assert_eq!(ports, vec![(53, "UDP"), (53, "TCP")]);
     }
 
     #[test]

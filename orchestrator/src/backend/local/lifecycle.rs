@@ -21,8 +21,8 @@ use crate::backend::local::spec::ResourceLimits;
 use crate::backend::local::state::{self, Phase, SandboxState};
 use crate::backend::local::RecoverReport;
 use crate::backend::local::{
-    audit, cgroup, network, rootfs, runc, runtime_files, spec, valid_id, Entry, FailPoint, Inner,
-    Limits, LocalError, NetworkMode, Paths, SandboxInfo, SandboxSpec, ANNOTATION_PREFIX,
+    audit, cgroup, egress, network, rootfs, runc, runtime_files, spec, valid_id, Entry, FailPoint,
+    Inner, Limits, LocalError, NetworkMode, Paths, SandboxInfo, SandboxSpec, ANNOTATION_PREFIX,
 };
 
 /// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
@@ -311,6 +311,15 @@ impl Inner {
             allow_host_loopback,
         } = spec.network
         {
+            // The filter first: no packet leaves before it (see `egress`).
+            egress::install(
+                &self.config.nft,
+                &self.config.egress,
+                pid,
+                allow_host_loopback,
+            )
+            .await
+            .map_err(network::NetworkError::from)?;
             let slirp = network::start_slirp(
                 &self.config.slirp4netns,
                 pid,

@@ -63,6 +63,7 @@ pub mod bench;
 pub mod cgroup;
 pub mod disk;
 pub mod diskpool;
+pub mod egress;
 mod error;
 pub mod layer;
 mod lifecycle;

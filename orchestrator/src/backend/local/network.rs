@@ -9,7 +9,9 @@
 //! `runc start`, so the agent starts with the network already up.
 //!
 //! 10.0.2.2 reaches the host's loopback only with `allow_host_loopback`: it is off by
-//! default because the orchestrator and other local services listen there.
+//! default because the orchestrator and other local services listen there. Private,
+//! link-local and the host's own addresses are refused by a filter in the sandbox's
+//! namespace, loaded before slirp4netns attaches (see `egress`).
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -42,6 +44,9 @@ pub enum NetworkError {
         /// The error.
         source: io::Error,
     },
+    /// The egress filter could not be loaded.
+    #[error(transparent)]
+    Firewall(#[from] super::egress::FirewallError),
     /// slirp4netns exited or hung before configuring the network.
     #[error("slirp4netns did not configure the network: {reason}; its log: {log}")]
     NotReady {

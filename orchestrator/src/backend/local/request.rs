@@ -101,6 +101,10 @@ pub struct LocalConfig {
     pub runc: PathBuf,
     /// The slirp4netns binary (only needed for sandboxes with egress).
     pub slirp4netns: PathBuf,
+    /// The nft binary: loads the egress filter of sandboxes with egress.
+    pub nft: PathBuf,
+    /// Non-public ranges sandboxes with egress may reach anyway (see `crate::egress`).
+    pub egress: crate::egress::EgressPolicy,
     /// How long a create waits for the agent to answer.
     pub ready_timeout: Duration,
     /// Extra arguments of every agent.
@@ -140,6 +144,8 @@ impl LocalConfig {
             harness: None,
             runc: "runc".into(),
             slirp4netns: "slirp4netns".into(),
+            nft: "nft".into(),
+            egress: crate::egress::EgressPolicy::default(),
             ready_timeout: Duration::from_secs(30),
             agent_args: Vec::new(),
             default_limits: Limits::DEFAULT,

@@ -19,6 +19,9 @@
 //!   clocks, swap, `reboot`, `acct`, quotas, `syslog`, `setns`, `mount`, `pivot_root`,
 //!   file handles (`open_by_handle_at`: the "shocker" escape).
 //!
+//! - **packet sockets** (`socket(AF_PACKET)`, and the 32-bit `socketcall` that hides
+//!   its arguments): they would send frames beneath the egress filter.
+//!
 //! Refused calls fail with `EPERM` (as under Docker), never kill the process, so
 //! programs that probe a feature (libuv's io_uring, glibc's clone3) fall back.
 
@@ -29,6 +32,8 @@ use oci_spec::runtime::{
 
 /// `CLONE_NEWUSER` from `<linux/sched.h>`.
 const CLONE_NEWUSER: u64 = 0x1000_0000;
+/// `AF_PACKET` from `<linux/socket.h>`.
+const AF_PACKET: u64 = 17;
 /// `EPERM`.
 const EPERM: u32 = 1;
 /// `ENOSYS`.
@@ -92,6 +97,10 @@ pub const REFUSED: &[&str] = &[
     "_sysctl",
     "sysfs",
     "ustat",
+    // The 32-bit multiplexer of the socket calls: its arguments sit behind a pointer,
+    // so the packet-socket rule below could not see them. 32-bit programs use the
+    // direct calls (socket, connect...) on every kernel since 4.3.
+    "socketcall",
 ];
 
 fn rule(names: &[&str], errno: u32) -> Result<LinuxSyscall, oci_spec::OciSpecError> {
@@ -117,10 +126,27 @@ fn refuse_new_user_ns(name: &str) -> Result<LinuxSyscall, oci_spec::OciSpecError
         .build()
 }
 
+/// A rule refusing `socket` for packet sockets: with `CAP_NET_RAW` they write whole
+/// frames to `tap0` beneath the egress filter's output hook (see `egress`), so a
+/// sandbox could reach the addresses the filter refuses. Raw IP sockets still work
+/// (`ping`): their packets pass the hook.
+fn refuse_packet_sockets() -> Result<LinuxSyscall, oci_spec::OciSpecError> {
+    LinuxSyscallBuilder::default()
+        .names(vec!["socket".to_string()])
+        .action(LinuxSeccompAction::ScmpActErrno)
+        .errno_ret(EPERM)
+        .args(vec![LinuxSeccompArgBuilder::default()
+            .index(0usize)
+            .value(AF_PACKET)
+            .op(LinuxSeccompOperator::ScmpCmpEq)
+            .build()?])
+        .build()
+}
+
 /// The filter. `user_namespaces` lets an operator who needs them (nested container
 /// builds) allow `CLONE_NEWUSER` and `clone3` again; everything else stays refused.
 pub fn profile(user_namespaces: bool) -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
-    let mut syscalls = vec![rule(REFUSED, EPERM)?];
+    let mut syscalls = vec![rule(REFUSED, EPERM)?, refuse_packet_sockets()?];
     if !user_namespaces {
         syscalls.push(refuse_new_user_ns("unshare")?);
         syscalls.push(refuse_new_user_ns("clone")?);
@@ -164,18 +190,20 @@ mod tests {
             assert!(names.contains(&call), "{call}");
         }
         assert_eq!(rules[0]["errnoRet"], EPERM);
-        let unshare = &rules[1];
+        assert_eq!(rules[1]["names"][0], "socket");
+        assert_eq!(rules[1]["args"][0]["value"], AF_PACKET);
+        let unshare = &rules[2];
         assert_eq!(unshare["names"][0], "unshare");
         assert_eq!(unshare["args"][0]["op"], "SCMP_CMP_MASKED_EQ");
         assert_eq!(unshare["args"][0]["value"], CLONE_NEWUSER);
         assert_eq!(unshare["args"][0]["valueTwo"], CLONE_NEWUSER);
-        assert_eq!(rules[3]["names"][0], "clone3");
-        assert_eq!(rules[3]["errnoRet"], ENOSYS);
+        assert_eq!(rules[4]["names"][0], "clone3");
+        assert_eq!(rules[4]["errnoRet"], ENOSYS);
     }
 
     #[test]
     fn an_operator_may_allow_user_namespaces() {
         let p = serde_json::to_value(profile(true).unwrap()).unwrap();
-        assert_eq!(p["syscalls"].as_array().unwrap().len(), 1);
+        assert_eq!(p["syscalls"].as_array().unwrap().len(), 2);
     }
 }
