@@ -359,8 +359,8 @@ async fn agent_rss_kib(sb: &Sandbox) -> u64 {
 async fn agent_fds(sb: &Sandbox) -> usize {
     // The agent is the first child of the container's init (agent/src/init.rs).
     let init = sb.pid1_host_pid();
-    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
-        .unwrap_or_default();
+    let children =
+        std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap_or_default();
     let agent = children
         .split_whitespace()
         .next()
