@@ -488,7 +488,9 @@ pub fn fds(pid: u32) -> usize {
 }
 
 /// What is left of a server's sandboxes under `data`: mounts below it, runc
-/// containers in its roots, and `orchard-agent` processes. Empty when clean.
+/// containers in its roots, and `orchard-agent` processes. Empty when clean. The disk
+/// pool's mounts (images made ahead for the next creates, `diskpool/`) are the running
+/// server's own, not a sandbox's: they go when it stops.
 pub fn leftovers(data: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let prefix = data.display().to_string();
@@ -498,7 +500,7 @@ pub fn leftovers(data: &Path) -> Vec<String> {
             .filter(|l| {
                 l.split_whitespace()
                     .nth(4)
-                    .is_some_and(|p| p.starts_with(&prefix))
+                    .is_some_and(|p| p.starts_with(&prefix) && !p.contains("/diskpool/"))
             })
             .count();
         if n > 0 {

@@ -38,7 +38,7 @@ async fn every_operation_of_the_mix_runs_and_the_binary_reports_and_cleans_up() 
             p.display()
         );
     }
-    let server = Server::start(&orchard, &agent, &image, &[]).unwrap();
+    let mut server = Server::start(&orchard, &agent, &image, &[]).unwrap();
     let api = Api::new(&server.url, &server.key).unwrap();
     let mut ids = Vec::new();
     for _ in 0..2 {
@@ -99,4 +99,17 @@ async fn every_operation_of_the_mix_runs_and_the_binary_reports_and_cleans_up() 
         "{:?}",
         host::leftovers(&server.data)
     );
+    // Stopped, the server leaves no mount at all, its disk pool's included.
+    let data = server.data.display().to_string();
+    server.stop().unwrap();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<&str> = mounts
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(4)
+                .is_some_and(|p| p.starts_with(&data))
+        })
+        .collect();
+    assert!(left.is_empty(), "a stopped server left mounts: {left:?}");
 }

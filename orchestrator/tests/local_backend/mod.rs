@@ -19,6 +19,7 @@ use crate::util::sandbox::*;
 
 mod disk;
 mod egress;
+mod every_image;
 mod paused;
 mod pid1;
 mod runtime_files;
