@@ -111,6 +111,9 @@ pub fn kube_config(kubeconfig: &std::path::Path, ns: &TestNamespace) -> KubeConf
         namespace: ns.name.clone(),
         grace_period_s: 0,
         ingress_cidrs: vec![host_cidr()],
+        // The node (198.18.0.1, a reserved range egress is refused by default) is what
+        // the egress test probes: the operator allows it here.
+        egress: orchard::egress::EgressPolicy::parse(&[host_cidr()]).unwrap(),
         ..KubeConfig::default()
     }
 }
