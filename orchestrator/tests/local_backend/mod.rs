@@ -24,6 +24,7 @@ mod paused;
 mod pid1;
 mod runtime_files;
 mod shared;
+mod snapshot_cache;
 
 /// Waits (up to 60 s) until a create stopped at its fail point in sandbox directory
 /// `dir`; answers the pid of the container's init that `runc create` wrote.

@@ -156,6 +156,10 @@ struct Inner {
     table: Mutex<HashMap<String, Entry>>,
     /// Disk images made ahead, when sandboxes have a disk limit and the pool a size.
     disk_pool: Option<diskpool::DiskPool>,
+    /// Snapshot files as parsed, by id, with the file's identity when parsed: a listing
+    /// stats every file but parses only new or changed ones (issue 30: every listing
+    /// parsed every tenant's snapshots while other calls waited).
+    snapshot_cache: Mutex<HashMap<String, (snapshot::FileKey, crate::backend::BackendSnapshot)>>,
     /// Held for the backend's life: the flock on `<root>/lock` (shared when
     /// `config.shared`).
     _lock: fs::File,
@@ -311,6 +315,7 @@ impl LocalBackend {
                 swap_accounting,
                 table: Mutex::new(HashMap::new()),
                 disk_pool,
+                snapshot_cache: Mutex::new(HashMap::new()),
                 _lock: lock,
             }),
         })

@@ -22,7 +22,7 @@
 //!   so one of them always sees the other. Deleting removes every layer no remaining
 //!   snapshot names (layers are shared along chains and between equal captures).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,6 +39,26 @@ use crate::image::Image;
 
 /// Version of the snapshot file format.
 const SNAPSHOT_VERSION: u32 = 1;
+
+/// A file's identity for the snapshot cache: a rewrite changes the inode (atomic
+/// writes rename a new file in) or the size or mtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FileKey {
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileKey {
+    fn of(meta: &fs::Metadata) -> FileKey {
+        use std::os::unix::fs::MetadataExt;
+        FileKey {
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        }
+    }
+}
 
 /// The contents of `snapshots/<id>.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -178,7 +198,8 @@ impl Inner {
         forks
     }
 
-    /// Every snapshot, oldest first, with its forks.
+    /// Every snapshot, oldest first, with its forks. A file unchanged since it was last
+    /// parsed (same inode, size and mtime) is taken from the cache.
     pub(super) fn snapshots(&self) -> Result<Vec<BackendSnapshot>, LocalError> {
         let dir = self.snapshots_dir();
         let entries = match fs::read_dir(&dir) {
@@ -187,18 +208,44 @@ impl Inner {
             Err(e) => return Err(io_err("listing", &dir)(e)),
         };
         let states = self.all_states();
-        let mut out = Vec::new();
+        let mut seen = HashMap::new();
         for e in entries.flatten() {
             let name = e.file_name();
             let Some(sid) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
                 continue;
             };
-            // A damaged file is skipped here and named when asked for by id.
-            if let Ok(mut f) = self.load_snapshot(sid) {
-                f.snapshot.forks = self.forks_of(sid, &states);
-                out.push(f.snapshot);
-            }
+            let Ok(meta) = e.metadata() else { continue };
+            let key = FileKey::of(&meta);
+            let cached = self
+                .snapshot_cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(sid)
+                .filter(|(k, _)| *k == key)
+                .map(|(_, s)| s.clone());
+            let snapshot = match cached {
+                Some(s) => s,
+                // A damaged file is skipped here and named when asked for by id.
+                None => match self.load_snapshot(sid) {
+                    Ok(f) => f.snapshot,
+                    Err(_) => continue,
+                },
+            };
+            seen.insert(sid.to_string(), (key, snapshot));
         }
+        let mut out: Vec<BackendSnapshot> = seen
+            .iter()
+            .map(|(sid, (_, s))| {
+                let mut s = s.clone();
+                s.forks = self.forks_of(sid, &states);
+                s
+            })
+            .collect();
+        // What is not on disk any more leaves the cache with this listing.
+        *self
+            .snapshot_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = seen;
         out.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
         Ok(out)
     }
