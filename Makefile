@@ -111,6 +111,7 @@ bench: agent images sdk-deps
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/server.md cargo test --release -p orchard --test integration bench_server -- --ignored --nocapture
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/replicas.md cargo test --release -p orchard --test integration bench_replicas -- --ignored --nocapture
 	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/snapshots.md cargo test --release -p orchard --test integration bench_snapshots -- --ignored --nocapture
+	ORCHARD_BENCH_OUT=$(CURDIR)/bench/results/hostile.md cargo test --release -p orchard --test integration bench_hostile -- --ignored --nocapture
 	scripts/bench-sdk.sh
 	$(MAKE) bench-scale
 	@tests/k8s/bench.sh

@@ -6,8 +6,8 @@
 //! thread while every other tenant's call waited. Past [`STREAM_ABOVE`] bytes of output
 //! the body is therefore made as it is sent: the small fields first, then each stream
 //! escaped [`CHUNK`] bytes at a time, so a read costs the job's own bytes plus one
-//! chunk, and the worker returns to other requests between chunks (the socket's back
-//! pressure, tokio's cooperative budget). Smaller jobs keep the one-piece `Json` answer.
+//! chunk, and the worker returns to other requests between chunks (it yields after
+//! each). Smaller jobs keep the one-piece `Json` answer.
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue};
@@ -25,10 +25,16 @@ pub fn job_response(job: Job) -> Response {
     if job.stdout.len() + job.stderr.len() <= STREAM_ABOVE {
         return Json(job).into_response();
     }
-    let mut response = Body::from_stream(futures_util::stream::iter(
-        Pieces::new(job).map(Ok::<_, std::convert::Infallible>),
-    ))
-    .into_response();
+    // One piece per poll, and the task yields between pieces: a client reading as
+    // fast as the server escapes would otherwise keep the worker for a whole budget of
+    // writes (tokio's 128), tens of MiB of escaping, while other calls wait.
+    let pieces = futures_util::stream::unfold(Pieces::new(job), |mut pieces| async move {
+        tokio::task::yield_now().await;
+        pieces
+            .next()
+            .map(|b| (Ok::<_, std::convert::Infallible>(b), pieces))
+    });
+    let mut response = Body::from_stream(pieces).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

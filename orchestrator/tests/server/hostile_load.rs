@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::util::server::{send, ServerProcess, KEY, OTHER_KEY};
 
 /// Imports the busybox test image through the API (KEY is the operator).
-async fn import_busybox(url: &str) {
+pub(super) async fn import_busybox(url: &str) {
     let layout = crate::util::server::image_layout("busybox");
     let mut tar = tar::Builder::new(Vec::new());
     tar.append_dir_all(".", &layout).unwrap();
@@ -26,7 +26,7 @@ async fn import_busybox(url: &str) {
 }
 
 /// A ready busybox sandbox of `key`.
-async fn sandbox(http: &reqwest::Client, url: &str, key: &str, id: &str) {
+pub(super) async fn sandbox(http: &reqwest::Client, url: &str, key: &str, id: &str) {
     let (s, v) = send(
         http.post(format!("{url}/v1/sandboxes"))
             .header("X-API-Key", key)

@@ -4,6 +4,7 @@
 
 mod bad_input;
 mod bench;
+mod bench_hostile;
 mod bench_snapshots;
 mod defaults;
 mod hostile_load;

@@ -1,0 +1,167 @@
+//! Benchmark (issue 30, points 5 and 10): tenant B's exec latency while tenant A runs
+//! each abuse, against B's quiet latency measured in the same run. `make bench` runs
+//! it (release build, table in `bench/results/hostile.md` with the previous run's
+//! ratios beside); the short regression tests of each abuse are in `hostile_load.rs`.
+
+use std::fmt::Write as _;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::util::bench::{change, out_path, pcts, previous, Pcts};
+use crate::util::server::{send, ServerProcess, KEY, OTHER_KEY};
+
+/// B's calls per measurement.
+const CALLS: usize = 300;
+
+/// B's exec latencies (compatible `exec` of `true`, waited), in ms.
+async fn measure(http: &reqwest::Client, url: &str, id: &str) -> Pcts {
+    let mut ms = Vec::with_capacity(CALLS);
+    for _ in 0..CALLS {
+        let t = Instant::now();
+        let (s, job) = send(
+            http.post(format!("{url}/sandboxes/{id}/exec"))
+                .header("X-API-Key", OTHER_KEY)
+                .json(&json!({"command": "true", "wait": true})),
+        )
+        .await;
+        assert_eq!(
+            (s, job["status"].as_str()),
+            (200, Some("succeeded")),
+            "{job}"
+        );
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    pcts(&ms)
+}
+
+/// Runs `abuse` (as A) in the background while B is measured.
+async fn under<F, Fut>(http: &reqwest::Client, url: &str, id: &str, abuse: F) -> Pcts
+where
+    F: FnOnce(Arc<AtomicBool>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let task = tokio::spawn(abuse(stop.clone()));
+    let p = measure(http, url, id).await;
+    stop.store(true, Ordering::Relaxed);
+    let _ = task.await;
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a benchmark: `make bench` runs it"]
+async fn bench_hostile_load() {
+    orchard_test_support::require_runc!();
+    let data = tempfile::Builder::new()
+        .prefix("orchard-hostile-")
+        .tempdir()
+        .unwrap();
+    let srv = ServerProcess::start(data.path(), &[]);
+    super::hostile_load::import_busybox(&srv.url).await;
+    let a = reqwest::Client::new();
+    // B comes from another address than A's flood.
+    let b = reqwest::Client::builder()
+        .local_address(Some("127.0.0.2".parse().unwrap()))
+        .build()
+        .unwrap();
+    super::hostile_load::sandbox(&a, &srv.url, KEY, "host-a").await;
+    super::hostile_load::sandbox(&a, &srv.url, OTHER_KEY, "host-b").await;
+    let url = srv.url.clone();
+    let addr: SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    // A's big job: 2 x 8 MiB of control bytes (96 MiB as JSON).
+    let cmd = "head -c 8388608 /dev/zero | tr '\\0' '\\1'; head -c 8388608 /dev/zero | tr '\\0' '\\1' >&2";
+    let (_, big) = send(
+        a.post(format!("{url}/sandboxes/host-a/exec"))
+            .header("X-API-Key", KEY)
+            .json(&json!({"command": cmd, "wait": true})),
+    )
+    .await;
+    let big = big["job_id"].as_str().unwrap().to_string();
+
+    let mut rows: Vec<(&str, Pcts)> = Vec::new();
+    rows.push(("quiet", measure(&b, &url, "host-b").await));
+    let flood = under(&b, &url, "host-b", move |stop| async move {
+        let conns = tokio::task::spawn_blocking(move || {
+            (0..2100)
+                .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok())
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap();
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(conns);
+    })
+    .await;
+    rows.push(("A: 2,100 idle connections", flood));
+    let (a2, u2, j2) = (a.clone(), url.clone(), big.clone());
+    let reads = under(&b, &url, "host-b", move |stop| async move {
+        while !stop.load(Ordering::Relaxed) {
+            let gets = (0..4).map(|_| {
+                let req = a2.get(format!("{u2}/jobs/{j2}")).header("X-API-Key", KEY);
+                async move {
+                    if let Ok(r) = req.send().await {
+                        let _ = r.bytes().await;
+                    }
+                }
+            });
+            futures_util::future::join_all(gets).await;
+        }
+    })
+    .await;
+    rows.push(("A: 4 reads at a time of a 96 MiB job", reads));
+    let (a3, u3) = (a.clone(), url.clone());
+    let creates = under(&b, &url, "host-b", move |_stop| async move {
+        let made = (0..50).map(|_| {
+            let req = a3
+                .post(format!("{u3}/sandboxes"))
+                .header("X-API-Key", KEY)
+                .json(&json!({"image": "busybox:latest"}));
+            async move { send(req).await }
+        });
+        for (s, v) in futures_util::future::join_all(made).await {
+            if s == 200 {
+                let id = v["sandbox_id"].as_str().unwrap_or_default().to_string();
+                let _ = send(
+                    a3.delete(format!("{u3}/sandboxes/{id}"))
+                        .header("X-API-Key", KEY),
+                )
+                .await;
+            }
+        }
+    })
+    .await;
+    rows.push(("A: 50 creates at once", creates));
+
+    let out = out_path("hostile.md");
+    let prev = std::fs::read_to_string(&out).unwrap_or_default();
+    let quiet = rows[0].1.p99.max(1e-3);
+    let mut md = String::from(
+        "# Tenant B's exec while tenant A abuses the server\n\n\
+         `cargo test --release -p orchard --test integration bench_hostile -- --ignored`: B \
+         runs a compatible `exec` of `true` (waited) 300 times from its own address, quiet \
+         and while A runs each abuse; the ratio is B's p99 against its quiet p99 in the same \
+         run (issue 30's bound: 3x).\n\n\
+         | B's exec while | n | p50 ms | p90 ms | p99 ms | p99 / quiet p99 | previous run |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for (label, p) in &rows {
+        let ratio = p.p99 / quiet;
+        let _ = writeln!(
+            md,
+            "| {label} | {} | {:.2} | {:.2} | {:.2} | {ratio:.2} | {} |",
+            p.n,
+            p.p50,
+            p.p90,
+            p.p99,
+            change(ratio, previous(&prev, label, 6)),
+        );
+    }
+    println!("{md}");
+    std::fs::write(&out, md).unwrap();
+}
