@@ -420,12 +420,24 @@ pub fn egress_policy(cfg: &KubeConfig, id: &str, owner: Option<OwnerReference>) 
 /// Egress to the internet only (see `crate::egress`): everything but the denied ranges,
 /// the operator's allowed ranges, and the cluster's DNS (kube-dns pods have private
 /// addresses; without it no name resolves).
+/// Whether `net` lies in the IPv4-mapped IPv6 range, `::ffff:0:0/96`.
+fn is_v4_mapped(net: &crate::egress::IpNet) -> bool {
+    match net {
+        crate::egress::IpNet::V6(n) => n.addr().to_ipv4_mapped().is_some() && n.prefix_len() >= 96,
+        crate::egress::IpNet::V4(_) => false,
+    }
+}
+
 fn egress_rules(policy: &crate::egress::EgressPolicy) -> Vec<NetworkPolicyEgressRule> {
     use crate::egress::{denied, IpNet};
     let everything_but = |all: &str, v6: bool| {
         let except: Vec<String> = denied()
             .iter()
             .filter(|net| matches!(net, IpNet::V6(_)) == v6)
+            // The API server refuses IPv4-mapped IPv6 blocks (`::ffff:0:0/96`: "must not
+            // have an IPv4-mapped IPv6 address"); such packets leave as IPv4, which the
+            // IPv4 block's exceptions cover.
+            .filter(|net| !is_v4_mapped(net))
             .map(|net| net.to_string())
             .collect();
         NetworkPolicyPeer {
@@ -761,6 +773,11 @@ mod tests {
         for range in ["fc00::/7", "fe80::/10", "::1/128"] {
             assert!(except(1).contains(&range), "{range} missing: {p}");
         }
+        // The API server refuses IPv4-mapped blocks (the test cluster answered 422).
+        assert!(
+            !except(1).iter().any(|r| r.starts_with("::ffff:")),
+            "an IPv4-mapped block: {p}"
+        );
         // The operator's range, as a peer of its own (peers add up).
         assert_eq!(to[2]["ipBlock"]["cidr"], "10.1.0.0/16");
         assert!(to[2]["ipBlock"].get("except").is_none());
