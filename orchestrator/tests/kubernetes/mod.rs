@@ -218,6 +218,38 @@ async fn busybox_python_and_an_image_with_no_shell_all_run_the_injected_agent() 
     .await;
     assert_eq!((code, out.as_str()), (Some(0), "4\n"), "{err}");
 
+    // The runtime's files (issue 31), as the kubelet and containerd give them: localhost
+    // and the pod's own name in /etc/hosts, /etc/hostname, HOSTNAME for what the agent
+    // starts; names resolve from Python.
+    let (code, out, err) = run(
+        &bb,
+        Command::Shell(
+            "grep -c localhost /etc/hosts; h=$(cat /etc/hostname); echo $h; echo $HOSTNAME; \
+             grep -c \"$h\" /etc/hosts"
+                .into(),
+        ),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let l: Vec<&str> = out.lines().collect();
+    assert!(l[0].parse::<u32>().unwrap_or(0) >= 1, "localhost: {out}");
+    assert!(
+        !l[1].is_empty() && l[1] == l[2],
+        "/etc/hostname and HOSTNAME: {out}"
+    );
+    assert!(
+        l[3].parse::<u32>().unwrap_or(0) >= 1,
+        "the pod's name in /etc/hosts: {out}"
+    );
+    let probe = "import socket; socket.getaddrinfo('localhost', 80); \
+                 print(bool(socket.gethostbyname(socket.gethostname())))";
+    let (code, out, err) = run(
+        &py,
+        Command::Argv(vec!["python3".into(), "-c".into(), probe.into()]),
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (Some(0), "True\n"), "{err}");
+
     // No shell, no libc: the agent still serves commands and files.
     let (code, out, _) = run(
         &empty,
