@@ -126,10 +126,9 @@ impl ProcRef {
         match stat(self.pid) {
             Ok(Some(s)) if s.start_time == self.start_time && s.state != 'Z' => Liveness::Running,
             Ok(_) => Liveness::Stopped,
-            Err(e) => {
-                tracing::warn!(pid = self.pid, error = %e, "cannot tell whether a process runs");
-                Liveness::Unknown
-            }
+            // Not logged here: the create's readiness loop asks every millisecond, and
+            // the callers that act on it (reconciliation, adoption) say what they did.
+            Err(_) => Liveness::Unknown,
         }
     }
 
