@@ -334,8 +334,11 @@ async fn exec(
         )
         .await?;
     if req.wait {
-        let done = state.service.wait_job(&tenant, &job.job_id, None).await?;
-        Ok(super::job_body::job_response(done))
+        let done = state
+            .service
+            .wait_job_view(&tenant, &job.job_id, None)
+            .await?;
+        Ok(super::job_body::view_response(done))
     } else {
         Ok(Json(QueuedJob {
             job_id: job.job_id,
@@ -350,8 +353,8 @@ async fn job(
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, Error> {
-    Ok(super::job_body::job_response(
-        state.service.job(&tenant, &id).await?,
+    Ok(super::job_body::view_response(
+        state.service.job_view(&tenant, &id).await?,
     ))
 }
 
@@ -362,8 +365,11 @@ async fn job_wait(
     ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> Result<Response, Error> {
     let timeout = q.duration(Duration::from_secs(30))?;
-    let job = state.service.wait_job(&tenant, &id, Some(timeout)).await?;
-    Ok(super::job_body::job_response(job))
+    let job = state
+        .service
+        .wait_job_view(&tenant, &id, Some(timeout))
+        .await?;
+    Ok(super::job_body::view_response(job))
 }
 
 async fn apply_patch(

@@ -5,15 +5,21 @@
 //! with 805 MB, built in memory for every GET and serialised on the server's one worker
 //! thread while every other tenant's call waited. Past [`STREAM_ABOVE`] bytes of output
 //! the body is therefore made as it is sent: the small fields first, then each stream
-//! escaped [`CHUNK`] bytes at a time, so a read costs the job's own bytes plus one
-//! chunk, and the worker returns to other requests between chunks (it yields after
-//! each). Smaller jobs keep the one-piece `Json` answer.
+//! escaped [`CHUNK`] bytes at a time, read from the output's own file where the store
+//! keeps one ([`crate::state::JobView`]), so a read costs one chunk of memory whatever
+//! the job's size. Each chunk is read and escaped on the blocking pool, one task per
+//! chunk: the server's worker only writes the bytes, and a slow reader holds no thread
+//! between chunks. Smaller jobs keep the one-piece `Json` answer.
+
+use std::os::unix::fs::FileExt;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use orchard_protocol::compat::Job;
+
+use crate::state::{JobView, OutputFile};
 
 /// Output (stdout and stderr together) past which the body is streamed.
 pub const STREAM_ABOVE: usize = 1 << 20;
@@ -22,17 +28,47 @@ const CHUNK: usize = 64 << 10;
 
 /// The response for `job`.
 pub fn job_response(job: Job) -> Response {
-    if job.stdout.len() + job.stderr.len() <= STREAM_ABOVE {
+    view_response(JobView {
+        record: crate::state::JobRecord {
+            tenant: String::new(),
+            job,
+            options: Default::default(),
+            finished_ms: None,
+            fence: None,
+        },
+        output: None,
+    })
+}
+
+/// The response for the job of `view`, streamed from its file if it has one.
+pub fn view_response(view: JobView) -> Response {
+    let job = view.record.job;
+    let big = match &view.output {
+        Some(out) => out.stdout_len + out.stderr_len > STREAM_ABOVE as u64,
+        None => job.stdout.len() + job.stderr.len() > STREAM_ABOVE,
+    };
+    if !big {
+        let job = match view.output {
+            // Small enough to read in at once (the file is at most STREAM_ABOVE).
+            Some(out) => with_output(job, &out),
+            None => job,
+        };
         return Json(job).into_response();
     }
-    // One piece per poll, and the task yields between pieces: a client reading as
-    // fast as the server escapes would otherwise keep the worker for a whole budget of
-    // writes (tokio's 128), tens of MiB of escaping, while other calls wait.
-    let pieces = futures_util::stream::unfold(Pieces::new(job), |mut pieces| async move {
-        tokio::task::yield_now().await;
-        pieces
-            .next()
-            .map(|b| (Ok::<_, std::convert::Infallible>(b), pieces))
+    let pieces = futures_util::stream::unfold(Some(Pieces::new(job, view.output)), |p| async {
+        let mut pieces = p?;
+        let made = tokio::task::spawn_blocking(move || {
+            let piece = pieces.next();
+            (piece, pieces)
+        })
+        .await;
+        match made {
+            Ok((Some(b), pieces)) => Some((Ok::<_, std::io::Error>(b), Some(pieces))),
+            Ok((None, _)) => None,
+            // The blocking pool is shutting down: the body ends short, as a dropped
+            // connection would.
+            Err(e) => Some((Err(std::io::Error::other(e)), None)),
+        }
     });
     let mut response = Body::from_stream(pieces).into_response();
     response.headers_mut().insert(
@@ -42,9 +78,26 @@ pub fn job_response(job: Job) -> Response {
     response
 }
 
+/// `job` with the output of `out` read in.
+fn with_output(mut job: Job, out: &OutputFile) -> Job {
+    match crate::state::read_output(&out.file, out.stdout_len) {
+        Ok((stdout, stderr)) => {
+            job.stdout = stdout;
+            job.stderr = stderr;
+        }
+        Err(e) => {
+            tracing::warn!(job_id = %job.job_id, error = %e, "a job's output is unreadable");
+            job.stdout = crate::state::memory::DROPPED_NOTE.to_string();
+            job.output_truncated = true;
+        }
+    }
+    job
+}
+
 /// The body's pieces, made one at a time.
 struct Pieces {
     job: Job,
+    file: Option<OutputFile>,
     stage: Stage,
     offset: usize,
 }
@@ -60,9 +113,10 @@ enum Stage {
 }
 
 impl Pieces {
-    fn new(job: Job) -> Pieces {
+    fn new(job: Job, file: Option<OutputFile>) -> Pieces {
         Pieces {
             job,
+            file,
             stage: Stage::Head,
             offset: 0,
         }
@@ -90,8 +144,19 @@ impl Pieces {
         Bytes::from(text)
     }
 
-    /// The next escaped piece of `which` from `self.offset`, or `None` at its end.
+    /// The next escaped piece of stdout or stderr from `self.offset`, or `None` at its
+    /// end.
     fn next_chunk(&mut self, stdout: bool) -> Option<Bytes> {
+        if let Some(out) = &self.file {
+            let (start, len) = if stdout {
+                (0, out.stdout_len)
+            } else {
+                (out.stdout_len, out.stderr_len)
+            };
+            let (piece, used) = file_chunk(&out.file, start, len, self.offset as u64)?;
+            self.offset += used;
+            return Some(escape(&piece));
+        }
         let s = if stdout {
             &self.job.stdout
         } else {
@@ -107,6 +172,52 @@ impl Pieces {
         let piece = escape(&s[self.offset..end]);
         self.offset = end;
         Some(piece)
+    }
+}
+
+/// Up to [`CHUNK`] bytes of the region `start..start + len` of `file` from `offset`,
+/// cut at a character's end; with the bytes used. `None` at the region's end (or the
+/// file's, should it be shorter than recorded).
+fn file_chunk(file: &std::fs::File, start: u64, len: u64, offset: u64) -> Option<(String, usize)> {
+    let want = usize::try_from(len.saturating_sub(offset))
+        .unwrap_or(usize::MAX)
+        .min(CHUNK);
+    if want == 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; want];
+    let mut got = 0;
+    while got < want {
+        match file.read_at(&mut buf[got..], start + offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a job's output file");
+                break;
+            }
+        }
+    }
+    buf.truncate(got);
+    if buf.is_empty() {
+        return None;
+    }
+    match String::from_utf8(buf) {
+        Ok(text) => Some((text, got)),
+        Err(e) => {
+            let utf8 = e.utf8_error();
+            let valid = utf8.valid_up_to();
+            if utf8.error_len().is_none() && valid > 0 {
+                // A character cut by the chunk's end: it starts the next chunk.
+                let mut bytes = e.into_bytes();
+                bytes.truncate(valid);
+                let text = String::from_utf8(bytes).unwrap_or_default();
+                Some((text, valid))
+            } else {
+                // Not UTF-8 (a damaged file): shown as the replacement character.
+                Some((String::from_utf8_lossy(e.as_bytes()).into_owned(), got))
+            }
+        }
     }
 }
 
@@ -183,14 +294,40 @@ mod tests {
             out.push_str("\u{1}é\"\\ línea ✓\n");
         }
         let j = job(out.clone(), "e\u{0}rr".repeat(CHUNK / 2));
-        let streamed: Vec<u8> = Pieces::new(j.clone()).flat_map(|b| b.to_vec()).collect();
+        let streamed: Vec<u8> = Pieces::new(j.clone(), None)
+            .flat_map(|b| b.to_vec())
+            .collect();
         let parsed: serde_json::Value = serde_json::from_slice(&streamed).unwrap();
         assert_eq!(parsed, serde_json::to_value(&j).unwrap());
         let empty = job(String::new(), String::new());
-        let streamed: Vec<u8> = Pieces::new(empty.clone())
+        let streamed: Vec<u8> = Pieces::new(empty.clone(), None)
             .flat_map(|b| b.to_vec())
             .collect();
         let parsed: serde_json::Value = serde_json::from_slice(&streamed).unwrap();
         assert_eq!(parsed, serde_json::to_value(&empty).unwrap());
+    }
+
+    #[test]
+    fn a_body_streamed_from_the_output_file_is_the_same_json() {
+        let mut out = String::new();
+        while out.len() < 2 * CHUNK + 11 {
+            out.push_str("\u{1}é✓\"\\ x");
+        }
+        let err = "e\u{0}ü".repeat(CHUNK / 3);
+        let full = job(out.clone(), err.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        std::fs::write(&path, format!("{out}{err}")).unwrap();
+        let file = OutputFile {
+            file: std::fs::File::open(&path).unwrap(),
+            stdout_len: out.len() as u64,
+            stderr_len: err.len() as u64,
+        };
+        let bare = job(String::new(), String::new());
+        let streamed: Vec<u8> = Pieces::new(bare, Some(file))
+            .flat_map(|b| b.to_vec())
+            .collect();
+        let parsed: serde_json::Value = serde_json::from_slice(&streamed).unwrap();
+        assert_eq!(parsed, serde_json::to_value(&full).unwrap());
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use orchard_protocol::compat::{CompatCommand, Job, JobStatus};
 
-use crate::state::{JobOptions, JobRecord, Lease, Phase, StoreError, Topic};
+use crate::state::{JobOptions, JobRecord, JobView, Lease, Phase, StoreError, Topic};
 
 pub use crate::state::memory::{DEFAULT_OUTPUT_BUDGET, DROPPED_NOTE, RESTART_ERROR};
 
@@ -103,29 +103,46 @@ impl Service {
         Ok(job)
     }
 
-    /// The job `id` of `tenant`.
+    /// The job `id` of `tenant`, its output read in if it has a file.
     pub async fn job(&self, tenant: &Tenant, id: &str) -> Result<Job, Error> {
-        match self.store().job(id).await? {
-            Some(j) if j.tenant == tenant.0 => Ok(j.job),
+        let view = self.job_view(tenant, id).await?;
+        materialise(view).await
+    }
+
+    /// The job `id` of `tenant` as the store has it, its output possibly in a file for
+    /// the answer to stream ([`crate::state::JobView`]).
+    pub async fn job_view(&self, tenant: &Tenant, id: &str) -> Result<JobView, Error> {
+        match self.store().job_view(id).await? {
+            Some(v) if v.record.tenant == tenant.0 => Ok(v),
             _ => Err(Error::no_job(id)),
         }
     }
 
-    /// Waits until the job finishes or `timeout` passes, then answers the job as it is
-    /// (still `running` if it has not finished).
+    /// [`Self::wait_job_view`] with the output read in.
     pub async fn wait_job(
         &self,
         tenant: &Tenant,
         id: &str,
         timeout: Option<Duration>,
     ) -> Result<Job, Error> {
+        materialise(self.wait_job_view(tenant, id, timeout).await?).await
+    }
+
+    /// Waits until the job finishes or `timeout` passes, then answers the job as it is
+    /// (still `running` if it has not finished).
+    pub async fn wait_job_view(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<JobView, Error> {
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         loop {
             // Subscribed before the read: the finish after it wakes the wait.
             let mut changes = self.store().subscribe(Topic::Job(id.to_string()));
-            let job = self.job(tenant, id).await?;
-            if job.status.is_finished() {
-                return Ok(job);
+            let view = self.job_view(tenant, id).await?;
+            if view.record.job.status.is_finished() {
+                return Ok(view);
             }
             let woke = match deadline {
                 Some(d) => tokio::time::timeout_at(d, changes.changed())
@@ -134,7 +151,7 @@ impl Service {
                 None => changes.changed().await,
             };
             if !woke {
-                return self.job(tenant, id).await;
+                return self.job_view(tenant, id).await;
             }
         }
     }
@@ -182,4 +199,14 @@ impl Service {
         let before = now_ms().saturating_sub(retention);
         self.store().purge_jobs(before).await.unwrap_or(0)
     }
+}
+
+/// The job of `view` with its output in it (a file read off the server's threads).
+async fn materialise(view: JobView) -> Result<Job, Error> {
+    if view.output.is_none() {
+        return Ok(view.record.job);
+    }
+    tokio::task::spawn_blocking(move || view.into_record().job)
+        .await
+        .map_err(|e| Error::internal("reading a job's output", e))
 }

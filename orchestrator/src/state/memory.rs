@@ -37,8 +37,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{
-    JobRecord, Lease, SandboxRecord, StateStore, StoreError, StoreFuture, Subscription, Topic,
-    Version, Versioned,
+    JobRecord, JobView, Lease, OutputFile, SandboxRecord, StateStore, StoreError, StoreFuture,
+    Subscription, Topic, Version, Versioned,
 };
 
 /// Error of a job that was queued or running when the server stopped.
@@ -393,6 +393,16 @@ impl MemoryStore {
             super::spill::remove(&self.dir, id);
             return None;
         }
+        // The file holds it now: the record keeps none (reads stream the file), so the
+        // memory of a big job is freed at its finish, not at its eviction.
+        let s = Spilled {
+            in_memory: false,
+            ..s
+        };
+        if let Some(j) = maps.jobs.get_mut(id) {
+            j.job.stdout = String::new();
+            j.job.stderr = String::new();
+        }
         maps.spilled.insert(id.clone(), s);
         Some(spilled_line(job, &s))
     }
@@ -583,29 +593,51 @@ impl StateStore for MemoryStore {
     }
 
     fn job<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<JobRecord>> {
-        let (job, on_disk) = {
+        Box::pin(async move {
+            match self.job_view(id).await? {
+                Some(view) if view.output.is_some() => {
+                    // A file read of up to the output cap: off the server's threads
+                    // (inline outside a runtime, as the store's other calls work).
+                    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                        return Ok(Some(view.into_record()));
+                    };
+                    let record = rt
+                        .spawn_blocking(move || view.into_record())
+                        .await
+                        .map_err(|e| StoreError::Unavailable(format!("reading a job: {e}")))?;
+                    Ok(Some(record))
+                }
+                view => Ok(view.map(|v| v.record)),
+            }
+        })
+    }
+
+    fn job_view<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<JobView>> {
+        let (record, on_disk) = {
             let maps = self.lock();
             let on_disk = maps.spilled.get(id).filter(|s| !s.in_memory).copied();
+            // Cheap: a job whose output has its file holds none in its record.
             (maps.jobs.get(id).cloned(), on_disk)
         };
-        let (mut job, s) = match (job, on_disk) {
-            (Some(job), Some(s)) => (job, s),
-            (job, _) => return ready(Ok(job)),
-        };
-        // Output a previous process spilled: read for this answer, not kept (a file
-        // read outside the lock; at most the output cap).
-        match super::spill::read(&self.dir, id, s.stdout_len) {
-            Ok((stdout, stderr)) => {
-                job.job.stdout = stdout;
-                job.job.stderr = stderr;
-            }
-            Err(e) => {
-                tracing::warn!(job_id = %id, error = %e, "a job's spilled output is unreadable");
-                job.job.stdout = DROPPED_NOTE.to_string();
-                job.job.output_truncated = true;
-            }
-        }
-        ready(Ok(Some(job)))
+        let view = record.map(|mut record| {
+            let output = on_disk.map(|s| (super::spill::open(&self.dir, id), s));
+            let output = match output {
+                None => None,
+                Some((Ok(file), s)) => Some(OutputFile {
+                    file,
+                    stdout_len: s.stdout_len,
+                    stderr_len: s.stderr_len,
+                }),
+                Some((Err(e), _)) => {
+                    tracing::warn!(job_id = %id, error = %e, "a job's spilled output is unreadable");
+                    record.job.stdout = DROPPED_NOTE.to_string();
+                    record.job.output_truncated = true;
+                    None
+                }
+            };
+            JobView { record, output }
+        });
+        ready(Ok(view))
     }
 
     fn take_job<'a>(

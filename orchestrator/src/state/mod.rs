@@ -47,6 +47,52 @@ use serde::{Deserialize, Serialize};
 pub use crate::backend::AgentEndpoint;
 use tokio::sync::watch;
 
+/// A job as [`StateStore::job_view`] answers it.
+#[derive(Debug)]
+pub struct JobView {
+    /// The record; its output is empty when `output` holds it.
+    pub record: JobRecord,
+    /// The output's own file, opened when the job was read (a purge after that does
+    /// not cut the answer short).
+    pub output: Option<OutputFile>,
+}
+
+/// A job's output in its file: stdout's bytes, then stderr's (valid UTF-8 each).
+#[derive(Debug)]
+pub struct OutputFile {
+    /// The file, open for reading.
+    pub file: std::fs::File,
+    /// Bytes of stdout, at the start of the file.
+    pub stdout_len: u64,
+    /// Bytes of stderr, after stdout's.
+    pub stderr_len: u64,
+}
+
+impl JobView {
+    /// The record with its output in it, read from the file if need be (blocking: a
+    /// file read of up to the output cap).
+    pub fn into_record(self) -> JobRecord {
+        let mut record = self.record;
+        if let Some(out) = self.output {
+            match read_output(&out.file, out.stdout_len) {
+                Ok((stdout, stderr)) => {
+                    record.job.stdout = stdout;
+                    record.job.stderr = stderr;
+                }
+                Err(e) => {
+                    let id = &record.job.job_id;
+                    tracing::warn!(job_id = %id, error = %e, "a job's spilled output is unreadable");
+                    record.job.stdout = memory::DROPPED_NOTE.to_string();
+                    record.job.output_truncated = true;
+                }
+            }
+        }
+        record
+    }
+}
+
+pub use spill::read_file as read_output;
+
 /// A boxed future of a store call.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
@@ -296,6 +342,18 @@ pub trait StateStore: Send + Sync + 'static {
     fn insert_job<'a>(&'a self, job: JobRecord, sandbox_uid: &'a str) -> StoreFuture<'a, ()>;
     /// The job `id`.
     fn job<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<JobRecord>>;
+    /// The job `id` for an answer that streams its output: where the output has a file
+    /// of its own, the record comes without it and the view holds the open file, so a
+    /// read costs neither a copy of the output nor the time to make one (issue 30: four
+    /// reads of one big job stalled every tenant's calls). By default, [`Self::job`].
+    fn job_view<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<JobView>> {
+        Box::pin(async move {
+            Ok(self.job(id).await?.map(|record| JobView {
+                record,
+                output: None,
+            }))
+        })
+    }
     /// Takes the oldest queued job of `sandbox` out of its queue, marked running, for
     /// the holder of `lease`; `None` when the queue is empty.
     fn take_job<'a>(

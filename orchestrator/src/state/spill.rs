@@ -47,11 +47,23 @@ pub fn write(
     Ok((stdout.len() as u64, stderr.len() as u64))
 }
 
-/// Reads a job's output back, split at `stdout_len`.
-pub fn read(journal_dir: &Path, job_id: &str, stdout_len: u64) -> io::Result<(String, String)> {
+/// Opens a job's output file for reading.
+pub fn open(journal_dir: &Path, job_id: &str) -> io::Result<std::fs::File> {
     let path = path_of(journal_dir, job_id)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a job id"))?;
-    let mut bytes = std::fs::read(path)?;
+    std::fs::File::open(path)
+}
+
+/// Reads a job's output back, split at `stdout_len`.
+#[cfg(test)]
+pub fn read(journal_dir: &Path, job_id: &str, stdout_len: u64) -> io::Result<(String, String)> {
+    read_file(&open(journal_dir, job_id)?, stdout_len)
+}
+
+/// Reads a job's output back from its open file, split at `stdout_len`.
+pub fn read_file(file: &std::fs::File, stdout_len: u64) -> io::Result<(String, String)> {
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut &*file, &mut bytes)?;
     let split = usize::try_from(stdout_len)
         .unwrap_or(usize::MAX)
         .min(bytes.len());

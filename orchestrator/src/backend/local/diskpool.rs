@@ -287,6 +287,22 @@ fn refill(shared: &Shared) {
     unsafe {
         libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
     }
+    // Nor the server's short slice, which lets a waking thread preempt (meant for
+    // request threads), nor its share of the disk: mkfs writes its inode tables in the
+    // idle I/O class, behind every create's and every sandbox's writes.
+    let _ = orchard_sched::set_thread_slice(Duration::ZERO);
+    // SAFETY: ioprio_set only changes this thread's I/O priority (IOPRIO_WHO_PROCESS
+    // with a thread id; children inherit it).
+    unsafe {
+        const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+        const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            libc::gettid() as libc::c_long,
+            IOPRIO_CLASS_IDLE << 13,
+        );
+    }
     loop {
         let n = {
             let mut state = shared.lock();
