@@ -228,9 +228,16 @@ pub struct ServeArgs {
     /// [default: 20].
     #[arg(long, env = "ORCHARD_HEADER_READ_TIMEOUT_S")]
     pub header_read_timeout_s: Option<u64>,
-    /// Seconds a request body may go without sending anything [default: 60].
+    /// Seconds a request body may go without sending anything [default: 60]. A file
+    /// upload must also bring 16 KiB a second over each such window.
     #[arg(long, env = "ORCHARD_BODY_TIMEOUT_S")]
     pub body_timeout_s: Option<u64>,
+    /// Bytes all file uploads in flight may hold spooled on the host together: a size
+    /// like "4Gi", a percentage of the data directory's file system like "5%", or 0 for
+    /// no bound; past it an upload is answered 503 [default: 4Gi]. Each sandbox's
+    /// uploads in flight are bounded by the room on its disk too (413 past it).
+    #[arg(long, env = "ORCHARD_UPLOAD_SPOOL_BYTES")]
+    pub upload_spool_bytes: Option<String>,
     /// Keep sandboxes running when the server stops (a restart adopts them)
     /// [default: false: delete them; true with `--state redis://...`, where the
     /// sandboxes belong to every replica and one replica's exit must not end them].
@@ -420,6 +427,7 @@ pub struct FileConfig {
     max_header_bytes: Option<usize>,
     header_read_timeout_s: Option<u64>,
     body_timeout_s: Option<u64>,
+    upload_spool_bytes: Option<String>,
     sandbox_disk: Option<String>,
     sandbox_disk_inodes: Option<u64>,
     keep_sandboxes_on_exit: Option<bool>,
@@ -553,6 +561,8 @@ pub struct Config {
     pub job_output_budget: u64,
     /// Each sandbox's writable-layer limit, if any.
     pub sandbox_disk: Option<crate::backend::local::disk::DiskLimit>,
+    /// The bound on all upload spools together.
+    pub upload_spool: Budget,
     /// Keep sandboxes on exit.
     pub keep_sandboxes_on_exit: bool,
     /// Registry mirrors: (registry, URL).
@@ -731,6 +741,14 @@ impl Config {
                 .unwrap_or(DEFAULT_SNAPSHOT_MIN_FREE),
         )
         .map_err(ConfigError::Invalid)?;
+        let upload_spool = Budget::parse_setting(
+            "upload_spool_bytes",
+            args.upload_spool_bytes
+                .as_deref()
+                .or(file.upload_spool_bytes.as_deref())
+                .unwrap_or(crate::server::spool::DEFAULT_UPLOAD_SPOOL_BYTES),
+        )
+        .map_err(ConfigError::Invalid)?;
         let sandbox_disk = match args
             .sandbox_disk
             .clone()
@@ -875,6 +893,7 @@ impl Config {
                 .unwrap_or(DEFAULT_JOB_OUTPUT_CAP)
                 .max(1024),
             sandbox_disk,
+            upload_spool,
             job_output_budget: args
                 .job_output_budget_bytes
                 .or(file.job_output_budget_bytes)
@@ -1041,10 +1060,15 @@ mod tests {
     }
 
     #[test]
-    fn snapshots_are_bounded_on_the_host_by_default() {
+    fn snapshots_and_upload_spools_are_bounded_on_the_host_by_default() {
         let c = Config::resolve(ServeArgs::default()).unwrap();
         assert_eq!(c.quotas.snapshot_bytes_total, Budget::Percent(50.0));
         assert_eq!(c.quotas.snapshot_min_free, Budget::Percent(5.0));
+        assert_eq!(
+            c.upload_spool,
+            Budget::Bytes(4 << 30),
+            "uploads' spools too"
+        );
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("orchard.toml");
         std::fs::write(
