@@ -30,6 +30,13 @@ pub const DEFAULT_MAX_SANDBOXES_PER_KEY: usize = 1024;
 pub const DEFAULT_CREATES_PER_MINUTE_PER_KEY: usize = 6000;
 /// Bytes one key's snapshots may hold by default.
 pub const DEFAULT_SNAPSHOT_BYTES_PER_KEY: u64 = 20 << 30;
+/// What all keys' snapshots may hold together by default: half the data directory's
+/// file system (issue 30: snapshot data lives on the host, outside `--sandbox-disk`,
+/// and the per-key quota times the keys is no bound).
+pub const DEFAULT_SNAPSHOT_BYTES_TOTAL: &str = "50%";
+/// Free space a snapshot leaves on the data directory's file system by default (the
+/// journals, spools and sandboxes' sparse disks need room too).
+pub const DEFAULT_SNAPSHOT_MIN_FREE: &str = "5%";
 
 /// A list of keys as Orchard's `API_KEYS` takes them: separated by commas, spaces or
 /// newlines, empty entries dropped.
@@ -157,6 +164,16 @@ pub struct ServeArgs {
     /// 0 for no limit [default: 20Gi].
     #[arg(long, env = "ORCHARD_SNAPSHOT_BYTES_PER_KEY")]
     pub snapshot_bytes_per_key: Option<String>,
+    /// Bytes all keys' snapshots may hold together on this host: a size like "100Gi",
+    /// a percentage of the data directory's file system like "50%", or 0 for no
+    /// bound [default: 50%].
+    #[arg(long, env = "ORCHARD_SNAPSHOT_BYTES_TOTAL")]
+    pub snapshot_bytes_total: Option<String>,
+    /// Free space the data directory's file system keeps: a snapshot is refused while
+    /// less is free, and undone when taking it left less. A size like "10Gi", a
+    /// percentage of the file system like "5%", or 0 for none [default: 5%].
+    #[arg(long, env = "ORCHARD_SNAPSHOT_MIN_FREE")]
+    pub snapshot_min_free: Option<String>,
     /// Size of each sandbox's writable layer, a quantity like "10Gi": its own sparse
     /// filesystem image, full is ENOSPC inside it and nothing outside; "0" or "none"
     /// leaves writes unbounded on the data directory's filesystem [default: 10Gi; the
@@ -211,9 +228,16 @@ pub struct ServeArgs {
     /// [default: 20].
     #[arg(long, env = "ORCHARD_HEADER_READ_TIMEOUT_S")]
     pub header_read_timeout_s: Option<u64>,
-    /// Seconds a request body may go without sending anything [default: 60].
+    /// Seconds a request body may go without sending anything [default: 60]. A file
+    /// upload must also bring 16 KiB a second over each such window.
     #[arg(long, env = "ORCHARD_BODY_TIMEOUT_S")]
     pub body_timeout_s: Option<u64>,
+    /// Bytes all file uploads in flight may hold spooled on the host together: a size
+    /// like "4Gi", a percentage of the data directory's file system like "5%", or 0 for
+    /// no bound; past it an upload is answered 503 [default: 4Gi]. Each sandbox's
+    /// uploads in flight are bounded by the room on its disk too (413 past it).
+    #[arg(long, env = "ORCHARD_UPLOAD_SPOOL_BYTES")]
+    pub upload_spool_bytes: Option<String>,
     /// Keep sandboxes running when the server stops (a restart adopts them)
     /// [default: false: delete them; true with `--state redis://...`, where the
     /// sandboxes belong to every replica and one replica's exit must not end them].
@@ -394,6 +418,8 @@ pub struct FileConfig {
     max_sandboxes_per_key: Option<usize>,
     creates_per_minute_per_key: Option<usize>,
     snapshot_bytes_per_key: Option<String>,
+    snapshot_bytes_total: Option<String>,
+    snapshot_min_free: Option<String>,
     max_concurrent_creates: Option<usize>,
     create_queue: Option<usize>,
     max_connections: Option<usize>,
@@ -401,6 +427,7 @@ pub struct FileConfig {
     max_header_bytes: Option<usize>,
     header_read_timeout_s: Option<u64>,
     body_timeout_s: Option<u64>,
+    upload_spool_bytes: Option<String>,
     sandbox_disk: Option<String>,
     sandbox_disk_inodes: Option<u64>,
     keep_sandboxes_on_exit: Option<bool>,
@@ -534,6 +561,8 @@ pub struct Config {
     pub job_output_budget: u64,
     /// Each sandbox's writable-layer limit, if any.
     pub sandbox_disk: Option<crate::backend::local::disk::DiskLimit>,
+    /// The bound on all upload spools together.
+    pub upload_spool: Budget,
     /// Keep sandboxes on exit.
     pub keep_sandboxes_on_exit: bool,
     /// Registry mirrors: (registry, URL).
@@ -696,6 +725,30 @@ impl Config {
             Some(q) => crate::service::units::parse_memory(&q)
                 .map_err(|e| ConfigError::Invalid(format!("snapshot_bytes_per_key: {e}")))?,
         };
+        let snapshot_bytes_total = Budget::parse_setting(
+            "snapshot_bytes_total",
+            args.snapshot_bytes_total
+                .as_deref()
+                .or(file.snapshot_bytes_total.as_deref())
+                .unwrap_or(DEFAULT_SNAPSHOT_BYTES_TOTAL),
+        )
+        .map_err(ConfigError::Invalid)?;
+        let snapshot_min_free = Budget::parse_setting(
+            "snapshot_min_free",
+            args.snapshot_min_free
+                .as_deref()
+                .or(file.snapshot_min_free.as_deref())
+                .unwrap_or(DEFAULT_SNAPSHOT_MIN_FREE),
+        )
+        .map_err(ConfigError::Invalid)?;
+        let upload_spool = Budget::parse_setting(
+            "upload_spool_bytes",
+            args.upload_spool_bytes
+                .as_deref()
+                .or(file.upload_spool_bytes.as_deref())
+                .unwrap_or(crate::server::spool::DEFAULT_UPLOAD_SPOOL_BYTES),
+        )
+        .map_err(ConfigError::Invalid)?;
         let sandbox_disk = match args
             .sandbox_disk
             .clone()
@@ -804,6 +857,8 @@ impl Config {
                     .or(file.creates_per_minute_per_key)
                     .unwrap_or(DEFAULT_CREATES_PER_MINUTE_PER_KEY),
                 snapshot_bytes,
+                snapshot_bytes_total,
+                snapshot_min_free,
             },
             defaults,
             max_concurrent_creates,
@@ -838,6 +893,7 @@ impl Config {
                 .unwrap_or(DEFAULT_JOB_OUTPUT_CAP)
                 .max(1024),
             sandbox_disk,
+            upload_spool,
             job_output_budget: args
                 .job_output_budget_bytes
                 .or(file.job_output_budget_bytes)
@@ -1001,6 +1057,49 @@ mod tests {
             ),
             (0, 0, 0)
         );
+    }
+
+    #[test]
+    fn snapshots_and_upload_spools_are_bounded_on_the_host_by_default() {
+        let c = Config::resolve(ServeArgs::default()).unwrap();
+        assert_eq!(c.quotas.snapshot_bytes_total, Budget::Percent(50.0));
+        assert_eq!(c.quotas.snapshot_min_free, Budget::Percent(5.0));
+        assert_eq!(
+            c.upload_spool,
+            Budget::Bytes(4 << 30),
+            "uploads' spools too"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("orchard.toml");
+        std::fs::write(
+            &file,
+            "snapshot_bytes_total = \"100Gi\"\nsnapshot_min_free = \"0\"\n",
+        )
+        .unwrap();
+        let c = Config::resolve(ServeArgs {
+            config: Some(file.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.quotas.snapshot_bytes_total, Budget::Bytes(100 << 30));
+        assert_eq!(c.quotas.snapshot_min_free, Budget::Off, "0 turns it off");
+        let c = Config::resolve(ServeArgs {
+            config: Some(file),
+            snapshot_bytes_total: Some("1Mi".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            c.quotas.snapshot_bytes_total,
+            Budget::Bytes(1 << 20),
+            "flag wins"
+        );
+        let e = Config::resolve(ServeArgs {
+            snapshot_min_free: Some("lots".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("snapshot_min_free"), "{e}");
     }
 
     #[test]

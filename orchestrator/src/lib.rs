@@ -10,11 +10,13 @@
 //! - [`config`], [`serve`]: `orchard serve`; [`cli`]: the commands for people.
 //! - [`metrics`], [`log`]: Prometheus metrics and JSON logs.
 //! - [`random`]: the one source of random ids, tokens and keys.
+//! - [`diskspace`]: what a file system holds and has free (`statvfs`).
 
 pub mod atomic_file;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod diskspace;
 pub mod egress;
 pub mod image;
 pub use orchard_log as log;

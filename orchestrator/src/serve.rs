@@ -93,9 +93,15 @@ pub async fn app(
         }
     }
     .map_err(|e| ServeError::Setup(format!("starting the service: {e}")))?;
+    let spools = crate::server::spool::Spools::new(
+        &config.data_dir,
+        config.upload_spool,
+        config.connections.body_timeout,
+    );
     let state = AppState {
         service: service.clone(),
         keys: Arc::new(keys),
+        spools: Arc::new(spools),
     };
     Ok((router(state), service))
 }

@@ -276,6 +276,24 @@ impl Capacity {
     }
 }
 
+/// A sandbox's writable disk, as far as its backend knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskRoom {
+    /// The disk's size (the local backend's `--sandbox-disk`, a pod's ephemeral-storage
+    /// limit).
+    pub size: u64,
+    /// Bytes free on it now, when the backend can tell (the local backend asks the
+    /// sandbox's mounted image; a pod's usage is not known here).
+    pub free: Option<u64>,
+}
+
+impl DiskRoom {
+    /// Bytes a write into the sandbox can still take: what is free, else the size.
+    pub fn room(&self) -> u64 {
+        self.free.map_or(self.size, |f| f.min(self.size))
+    }
+}
+
 /// What the server needs of a backend.
 pub trait Backend: Send + Sync + 'static {
     /// Short name (`local`), reported as the compatible API's `namespace`.
@@ -307,6 +325,12 @@ pub trait Backend: Send + Sync + 'static {
     /// cluster, where the limit is also a request the scheduler places).
     fn clamps_to_capacity(&self) -> bool {
         true
+    }
+    /// The room on sandbox `id`'s writable disk, when its disk is bounded: what an
+    /// upload into it may spool on the host (issue 30). `None`: unbounded or unknown.
+    fn disk_room(&self, id: &str) -> Option<DiskRoom> {
+        let _ = id;
+        None
     }
     /// Freezes every process of a sandbox (its memory kept, no CPU used).
     fn pause<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {

@@ -28,10 +28,12 @@ use super::reference::Reference;
 use super::store::{lock, GcReport, ImageStore, Inner, Record};
 use super::ImageError;
 
-/// How much disk the store may use.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// How much disk the store may use (also the snapshots' host-wide bound and their
+/// free-space reserve, which take the same forms).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Budget {
     /// No limit: nothing is collected.
+    #[default]
     Off,
     /// At most this many bytes.
     Bytes(u64),
@@ -43,17 +45,22 @@ impl Budget {
     /// Parses `0` (off), bytes with an optional unit (`500M`, `20Gi`, `1T`) or a
     /// percentage of the store's file system (`50%`).
     pub fn parse(text: &str) -> Result<Budget, String> {
+        Self::parse_setting("image disk budget", text)
+    }
+
+    /// [`Budget::parse`] for the setting named `what` (in its error messages).
+    pub fn parse_setting(what: &str, text: &str) -> Result<Budget, String> {
         let t = text.trim();
         let bad = || {
             format!(
-                "image disk budget {text:?}: use 0 (off), a size like \"20Gi\" or \"500M\", or a percentage like \"50%\""
+                "{what} {text:?}: use 0 (off), a size like \"20Gi\" or \"500M\", or a percentage like \"50%\""
             )
         };
         if let Some(percent) = t.strip_suffix('%') {
             let p: f64 = percent.trim().parse().map_err(|_| bad())?;
             if !(p > 0.0 && p <= 100.0) {
                 return Err(format!(
-                    "image disk budget {text:?}: a percentage must be above 0 and at most 100"
+                    "{what} {text:?}: a percentage must be above 0 and at most 100"
                 ));
             }
             return Ok(Budget::Percent(p));
@@ -93,7 +100,7 @@ impl Budget {
             Budget::Off => None,
             Budget::Bytes(n) => Some(n),
             Budget::Percent(p) => {
-                filesystem_size(root).map(|size| (size as f64 * p / 100.0) as u64)
+                crate::diskspace::size(root).map(|size| (size as f64 * p / 100.0) as u64)
             }
         }
     }
@@ -107,11 +114,6 @@ impl std::fmt::Display for Budget {
             Budget::Percent(p) => write!(f, "{p}% of the file system"),
         }
     }
-}
-
-fn filesystem_size(path: &Path) -> Option<u64> {
-    let stat = rustix::fs::statvfs(path).ok()?;
-    Some(stat.f_blocks.saturating_mul(stat.f_frsize))
 }
 
 /// What live sandboxes use, which a budget pass must keep.

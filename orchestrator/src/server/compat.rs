@@ -489,44 +489,53 @@ async fn patch_with_tools(
 }
 
 /// Streams the body through [`super::upload::UploadParser`] into a private spool file,
-/// then the spool to the agent: bounded memory whatever the file's size.
+/// then the spool to the agent: bounded memory whatever the file's size, and bounded
+/// spools ([`super::spool`]: the sandbox's disk, the host's bound, the pace).
 async fn upload(
     State(state): State<AppState>,
     Auth(tenant): Auth,
     ApiPath(id): ApiPath<String>,
+    headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<Uploaded>, Error> {
-    use http_body_util::BodyExt;
     let live = state.service.ready(&tenant, &id).await?;
-    let spool = Spool::new(&state.service.config().data_dir)?;
-    let file = std::fs::File::options()
-        .write(true)
-        .open(&spool.0)
-        .map_err(|e| Error::internal("cannot spool the upload", e))?;
-    let mut parser = super::upload::UploadParser::new(std::io::BufWriter::new(file));
+    let room = state.service.backend().disk_room(&id).map(|d| d.room());
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
     let mut body = body;
-    let mut read = 0usize;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Error::BadRequest(format!("reading the body: {e}")))?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        read += data.len();
-        if read > MAX_UPLOAD_JSON {
-            return Err(Error::TooLarge(format!(
-                "the body is larger than {MAX_UPLOAD_JSON} bytes"
-            )));
+    // Refused up front, from the declared length: the body is read on (not kept) only
+    // when it is short enough to read in vain, as `read_limited` does.
+    let (spooled, drain) = match state.spools.open(&id, room, declared) {
+        Ok(mut spool) => (
+            spool_body(&state.spools, &mut spool, &mut body)
+                .await
+                .map(|parsed| (spool, parsed)),
+            true,
+        ),
+        Err(e) => (
+            Err(e.into()),
+            declared.is_some_and(|d| d <= super::DRAIN_MAX as u64),
+        ),
+    };
+    let (spool, parsed) = match spooled {
+        Ok(s) => s,
+        Err(e) => {
+            // The spool is gone already (dropped with its charge). A refusal for size is
+            // answered once the body is read on (and dropped), so that the client, still
+            // sending, gets to see it.
+            if drain && matches!(e, Error::TooLarge(_) | Error::Unavailable(_)) {
+                super::drain(body).await;
+            }
+            return Err(e);
         }
-        parser.push(&data)?;
-    }
-    let (parsed, sink) = parser.finish()?;
-    sink.into_inner()
-        .map_err(|e| Error::internal("cannot spool the upload", e.error().to_string()))?;
+    };
     if parsed.path.is_empty() {
         return Err(Error::BadRequest("path must not be empty".into()));
     }
     let path = Service::resolve(&live, &parsed.path);
-    let file = tokio::fs::File::open(&spool.0)
+    let file = tokio::fs::File::open(spool.path())
         .await
         .map_err(|e| Error::internal("cannot read the spooled upload", e))?;
     let stream = tokio_util::io::ReaderStream::new(file);
@@ -560,31 +569,57 @@ async fn upload(
     }))
 }
 
-/// A private file under `<data_dir>/spool`, removed when dropped.
-struct Spool(std::path::PathBuf);
-
-impl Spool {
-    fn new(data_dir: &std::path::Path) -> Result<Spool, Error> {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        let dir = data_dir.join("spool");
-        let fail = |e: std::io::Error| Error::internal("cannot spool the upload", e);
-        std::fs::create_dir_all(&dir).map_err(fail)?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(fail)?;
-        let path = dir.join(format!("upload-{}", crate::random::hex(8)?));
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(fail)?;
-        Ok(Spool(path))
+/// Reads `body` into `spool` through the upload parser, charging the spool as it
+/// grows and holding the body to its pace; answers the parsed fields.
+async fn spool_body(
+    spools: &super::spool::Spools,
+    spool: &mut super::spool::Spool,
+    body: &mut axum::body::Body,
+) -> Result<super::upload::Parsed, Error> {
+    use super::spool::SpoolError;
+    use http_body_util::BodyExt;
+    let file = std::fs::File::options()
+        .write(true)
+        .open(spool.path())
+        .map_err(|e| Error::internal("cannot spool the upload", e))?;
+    let mut parser = super::upload::UploadParser::new(std::io::BufWriter::new(file));
+    let mut pace = spools.pace();
+    let mut read = 0usize;
+    loop {
+        let frame = match tokio::time::timeout_at(pace.deadline(), body.frame()).await {
+            // A window ended while waiting: it must have brought enough.
+            Err(_) => {
+                pace.window_ended()?;
+                continue;
+            }
+            Ok(None) => break,
+            Ok(Some(frame)) => frame,
+        };
+        let frame = frame.map_err(|e| {
+            if super::spool::is_body_timeout(&e) {
+                SpoolError::Stalled(spools.window()).into()
+            } else {
+                Error::BadRequest(format!("reading the body: {e}"))
+            }
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        read += data.len();
+        if read > MAX_UPLOAD_JSON {
+            return Err(Error::TooLarge(format!(
+                "the body is larger than {MAX_UPLOAD_JSON} bytes"
+            )));
+        }
+        pace.add(data.len())?;
+        parser.push(&data)?;
+        spool.charge_to(parser.size())?;
     }
-}
-
-impl Drop for Spool {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+    let (parsed, sink) = parser.finish()?;
+    spool.charge_to(parsed.size)?;
+    sink.into_inner()
+        .map_err(|e| Error::internal("cannot spool the upload", e.error().to_string()))?;
+    Ok(parsed)
 }
 
 #[derive(Deserialize)]

@@ -45,7 +45,9 @@ impl From<&Error> for ServiceErrorCode {
             | Error::Paused(_) => C::Conflict,
             Error::TooLarge(_) => C::BodyTooLarge,
             Error::Unprocessable(_) => C::Unprocessable,
-            Error::Quota(_) | Error::QuotaExceeded(_) => C::QuotaExceeded,
+            Error::Quota(_) | Error::QuotaExceeded(_) | Error::SnapshotStorage(_) => {
+                C::QuotaExceeded
+            }
             Error::Internal { .. } => C::Internal,
             Error::Sandbox(_) | Error::StartFailed { .. } | Error::SandboxFailed { .. } => {
                 C::SandboxFailed

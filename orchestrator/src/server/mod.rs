@@ -16,6 +16,7 @@ pub mod observe;
 pub mod openapi;
 pub mod proxy;
 pub mod snapshots;
+pub mod spool;
 pub mod upload;
 pub mod v1;
 
@@ -54,6 +55,27 @@ pub struct AppState {
     pub service: Service,
     /// The accepted API keys.
     pub keys: Arc<Keys>,
+    /// The compatible upload's spools and their bounds.
+    pub spools: Arc<spool::Spools>,
+}
+
+impl AppState {
+    /// The state of a router over `service` with the default bounds of upload spools
+    /// (`orchard serve` sets its own from the configuration).
+    pub fn new(service: Service, keys: Keys) -> AppState {
+        let host =
+            crate::image::gc::Budget::parse(spool::DEFAULT_UPLOAD_SPOOL_BYTES).unwrap_or_default();
+        let spools = spool::Spools::new(
+            &service.config().data_dir,
+            host,
+            listen::DEFAULT_BODY_TIMEOUT,
+        );
+        AppState {
+            service,
+            keys: Arc::new(keys),
+            spools: Arc::new(spools),
+        }
+    }
 }
 
 /// A JSON body of type `T`: malformed JSON is 400, the wrong shape 422, a body over
@@ -107,11 +129,11 @@ pub async fn read_limited(
 /// answered, and for how long. A server that answers while the client still sends, then
 /// closes, makes the client's write fail (broken pipe, reset) before it can read the
 /// answer: with the body read, the client sees the 413. Larger bodies are cut off.
-const DRAIN_MAX: usize = 64 << 20;
+pub(super) const DRAIN_MAX: usize = 64 << 20;
 const DRAIN_TIME: Duration = Duration::from_secs(10);
 
 /// Reads and drops the rest of `body`, within [`DRAIN_MAX`] bytes and [`DRAIN_TIME`].
-async fn drain(mut body: Body) {
+pub(super) async fn drain(mut body: Body) {
     let _ = tokio::time::timeout(DRAIN_TIME, async {
         let mut dropped = 0;
         while let Some(Ok(frame)) = body.frame().await {

@@ -132,6 +132,11 @@ impl<W: std::io::Write> UploadParser<W> {
         Ok(())
     }
 
+    /// Bytes of content decoded into the sink so far.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
     /// Feeds the next piece of the body.
     pub fn push(&mut self, chunk: &[u8]) -> Result<(), Error> {
         for &c in chunk {

@@ -113,6 +113,9 @@ pub enum Error {
     /// A quota of the caller's API key is used up.
     #[error(transparent)]
     QuotaExceeded(#[from] QuotaExceeded),
+    /// The host's snapshot storage is used up (all keys together, or its disk).
+    #[error(transparent)]
+    SnapshotStorage(#[from] SnapshotStorage),
     /// A create asks for more than one sandbox can have on this backend.
     #[error(transparent)]
     OverCapacity(#[from] OverCapacity),
@@ -202,6 +205,35 @@ pub enum QuotaExceeded {
     CreatesPerMinute {
         /// Creates it may make per minute.
         limit: usize,
+    },
+}
+
+/// Snapshot storage on this host is used up: not a quota of the caller's key, but
+/// the bound of all keys together (snapshot data lives on the data directory's file
+/// system, outside every sandbox's disk) or the file system's free-space reserve. No
+/// snapshot is kept until some are deleted or the disk has room again; answered like a
+/// quota (429), with the message saying which bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotStorage {
+    /// All keys' snapshots hold `used` bytes; with this one they would pass `limit`.
+    #[error(
+        "the server's snapshot storage is full: all keys' snapshots hold {used} bytes, its bound is {limit}; delete snapshots first"
+    )]
+    Full {
+        /// Bytes all snapshots hold (with the new one, when it was taken).
+        used: u64,
+        /// Bytes they may hold together.
+        limit: u64,
+    },
+    /// The data directory's file system has `free` bytes free, less than `reserve`.
+    #[error(
+        "the server's disk is nearly full: {free} bytes free, and snapshots leave at least {reserve}; delete snapshots first"
+    )]
+    LowSpace {
+        /// Bytes free (after the snapshot, when it was taken).
+        free: u64,
+        /// Bytes snapshots leave free.
+        reserve: u64,
     },
 }
 

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 pub use crate::state::{JobOptions, Phase, SandboxRecord};
 pub use crate::time::{now_ms, now_secs};
 pub use auth::{Keys, Tenant};
-pub use error::{BadEnv, BadLabel, Error, OverCapacity, QuotaExceeded};
+pub use error::{BadEnv, BadLabel, Error, OverCapacity, QuotaExceeded, SnapshotStorage};
 pub use runtime::Live;
 
 use crate::backend::Backend;
@@ -97,7 +97,8 @@ impl Default for Policy {
     }
 }
 
-/// Per-key quotas; 0 is unlimited.
+/// Per-key quotas (0 is unlimited), and the host-wide bounds of snapshot storage,
+/// which lives on the data directory's file system outside every sandbox's disk.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Quotas {
     /// Sandboxes (pending or running) one key may hold at once.
@@ -106,6 +107,12 @@ pub struct Quotas {
     pub creates_per_minute: usize,
     /// Bytes one key's snapshots may hold (their own layers).
     pub snapshot_bytes: u64,
+    /// Bytes all keys' snapshots may hold together (a percentage is of the data
+    /// directory's file system).
+    pub snapshot_bytes_total: crate::image::gc::Budget,
+    /// Space the data directory's file system keeps free: no snapshot is taken, or
+    /// kept, below it.
+    pub snapshot_min_free: crate::image::gc::Budget,
 }
 
 /// What a sandbox gets when its create does not say (an operator's settings).
@@ -219,6 +226,10 @@ struct Inner {
     held_reconciles: AtomicU64,
     /// One snapshot quota check at a time per key (`snapshots`).
     snapshot_checks: keyed::KeyedLock,
+    /// One check of the host-wide snapshot bounds at a time, whatever the key (taken
+    /// after the key's lock): two keys' snapshots finishing together must not both see
+    /// the total from before the other.
+    snapshot_host_check: tokio::sync::Mutex<()>,
 }
 
 /// The service. Cheap to clone.
@@ -353,6 +364,7 @@ impl Service {
                 holder: format!("orchard-{}-{}", std::process::id(), crate::random::hex(4)?),
                 held_reconciles: AtomicU64::new(0),
                 snapshot_checks: keyed::KeyedLock::default(),
+                snapshot_host_check: tokio::sync::Mutex::new(()),
             }),
         };
         service.adopt().await?;

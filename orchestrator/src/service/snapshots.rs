@@ -9,6 +9,13 @@
 //!   sandbox frozen. Snapshots belong to the key that made them (`orchard.tenant`
 //!   label), count against its `snapshot_bytes` quota, and carry what forks need to be
 //!   created like their sandbox (image, CPU, memory, network, environment).
+//! - Snapshot data lives on the data directory's file system, outside every sandbox's
+//!   disk, so it is bounded on the host too: all keys' snapshots together by
+//!   `snapshot_bytes_total`, and no snapshot is taken or kept while the file system has
+//!   less than `snapshot_min_free` free. Every bound is checked before the capture and
+//!   again once the snapshot exists, one check at a time (per key, then for the host);
+//!   a snapshot over a bound is deleted again and refused with 429. Deleting snapshots
+//!   frees their bytes at once: the totals are counted from the snapshots that exist.
 //! - A fork is a create from the snapshot: same settings, the snapshot's filesystem,
 //!   and once ready its sessions restored through the agent.
 //!
@@ -23,7 +30,8 @@ use crate::backend::{BackendError, BackendSandbox, BackendSnapshot, SnapshotSpec
 use crate::state::SandboxRecord;
 
 use super::{
-    validate_env_and_labels, BadLabel, CreateRequest, Error, QuotaExceeded, Service, Tenant, META,
+    validate_env_and_labels, BadLabel, CreateRequest, Error, QuotaExceeded, Service,
+    SnapshotStorage, Tenant, META,
 };
 
 /// Most forks one call may ask for.
@@ -59,13 +67,41 @@ impl Service {
     /// The caller's snapshots, oldest first.
     pub async fn snapshots(&self, tenant: &Tenant) -> Result<Vec<BackendSnapshot>, Error> {
         Ok(self
-            .backend()
-            .snapshots()
-            .await
-            .map_err(Error::Backend)?
+            .all_snapshots()
+            .await?
             .into_iter()
             .filter(|s| owned_by(s, tenant))
             .collect())
+    }
+
+    /// Every key's snapshots (for the host-wide bound only: never answered).
+    async fn all_snapshots(&self) -> Result<Vec<BackendSnapshot>, Error> {
+        self.backend().snapshots().await.map_err(Error::Backend)
+    }
+
+    /// The bounds a new snapshot is held to, in bytes, now (a percentage follows the
+    /// data directory's file system).
+    fn snapshot_bounds(&self) -> Bounds {
+        let quotas = &self.inner.config.quotas;
+        let dir = &self.inner.config.data_dir;
+        Bounds {
+            per_key: quotas.snapshot_bytes,
+            total: quotas.snapshot_bytes_total.bytes(dir),
+            min_free: quotas.snapshot_min_free.bytes(dir),
+        }
+    }
+
+    /// The refusal when the data directory's file system has less than `reserve` free.
+    /// A file system that cannot be asked refuses nothing: the reserve guards against a
+    /// full disk, and a failed `statvfs` is no evidence of one.
+    fn low_space(&self, reserve: u64) -> Option<Error> {
+        let free = crate::diskspace::free(&self.inner.config.data_dir)?;
+        (free < reserve).then(|| SnapshotStorage::LowSpace { free, reserve }.into())
+    }
+
+    /// [`Service::low_space`] as a result.
+    fn check_free_space(&self, reserve: u64) -> Result<(), Error> {
+        self.low_space(reserve).map_or(Ok(()), Err)
     }
 
     /// One of the caller's snapshots.
@@ -106,15 +142,26 @@ impl Service {
         reject_reserved(&req.labels)?;
         let rec = self.get(tenant, id).await?;
         let live = self.live_of(&rec)?;
-        let limit = self.inner.config.quotas.snapshot_bytes;
-        let held = if limit > 0 {
-            self.snapshots(tenant).await?
+        let bounds = self.snapshot_bounds();
+        if let Some(reserve) = bounds.min_free {
+            self.check_free_space(reserve)?;
+        }
+        let all = if bounds.counts() {
+            self.all_snapshots().await?
         } else {
             Vec::new()
         };
+        let held: Vec<&BackendSnapshot> = all.iter().filter(|s| owned_by(s, tenant)).collect();
         let used: u64 = held.iter().map(|s| s.size_bytes).sum();
+        let limit = bounds.per_key;
         if limit > 0 && used >= limit {
             return Err(QuotaExceeded::SnapshotBytes { used, limit }.into());
+        }
+        if let Some(limit) = bounds.total {
+            let used: u64 = all.iter().map(|s| s.size_bytes).sum();
+            if used >= limit {
+                return Err(SnapshotStorage::Full { used, limit }.into());
+            }
         }
         let sessions = self.session_states(&live.agent).await?;
         let mut labels = req.labels;
@@ -132,23 +179,26 @@ impl Service {
             .map_err(Error::Backend)?;
         // The same state again is a snapshot the key holds already: nothing new.
         let new = !held.iter().any(|s| s.id == snap.id);
-        if limit > 0 && new {
-            // Counted again now that it exists, with every snapshot of the key that
-            // finished meanwhile (issue 30: parallel snapshots each checked the total
-            // from before any of them and together kept 360 MiB under 100 MiB). One
-            // check at a time per key, so of two that together pass the quota one stays;
-            // across replicas both may go, never both stay.
+        if bounds.counts() && new {
+            // Counted again now that it exists, with every snapshot that finished
+            // meanwhile (issue 30: parallel snapshots each checked the total from before
+            // any of them and together kept 360 MiB under 100 MiB). One check at a time
+            // per key, and one at a time on the host for the host's bounds, so of two
+            // that together pass a bound one stays; across replicas both may go, never
+            // both stay.
             let _check = self.inner.snapshot_checks.lock(&tenant.0).await;
-            let now: u64 = self
-                .snapshots(tenant)
-                .await?
-                .iter()
-                .map(|s| s.size_bytes)
-                .sum();
-            if now > limit {
-                // Taken, but over the quota: it goes again.
+            let _host = if bounds.total.is_some() || bounds.min_free.is_some() {
+                Some(self.inner.snapshot_host_check.lock().await)
+            } else {
+                None
+            };
+            let now = self.all_snapshots().await?;
+            let refused = over_bounds(&now, tenant, &bounds)
+                .or_else(|| bounds.min_free.and_then(|r| self.low_space(r)));
+            if let Some(e) = refused {
+                // Taken, but over a bound: it goes again.
                 let _ = self.backend().delete_snapshot(&snap.id).await;
-                return Err(QuotaExceeded::SnapshotBytes { used: now, limit }.into());
+                return Err(e);
             }
         }
         tracing::info!(sandbox_id = %id, snapshot_id = %snap.id, bytes = %snap.size_bytes, frozen_ms = %snap.frozen_ms, "snapshot taken");
@@ -281,6 +331,42 @@ impl Service {
 /// `HOSTNAME`).
 fn hostname_of(id: &str) -> String {
     id.replace(['_', '.'], "-")
+}
+
+/// The bounds of snapshot storage, resolved to bytes for one snapshot.
+struct Bounds {
+    /// The key's quota; 0 for none.
+    per_key: u64,
+    /// All keys' snapshots together.
+    total: Option<u64>,
+    /// Free space the data directory's file system keeps.
+    min_free: Option<u64>,
+}
+
+impl Bounds {
+    /// Whether snapshots must be counted (a quota or the host-wide bound is on).
+    fn counts(&self) -> bool {
+        self.per_key > 0 || self.total.is_some() || self.min_free.is_some()
+    }
+}
+
+/// The refusal when the snapshots in `all` pass `tenant`'s quota or the host-wide
+/// bound.
+fn over_bounds(all: &[BackendSnapshot], tenant: &Tenant, bounds: &Bounds) -> Option<Error> {
+    let limit = bounds.per_key;
+    let used: u64 = all
+        .iter()
+        .filter(|s| owned_by(s, tenant))
+        .map(|s| s.size_bytes)
+        .sum();
+    if limit > 0 && used > limit {
+        return Some(QuotaExceeded::SnapshotBytes { used, limit }.into());
+    }
+    let used: u64 = all.iter().map(|s| s.size_bytes).sum();
+    match bounds.total {
+        Some(limit) if used > limit => Some(SnapshotStorage::Full { used, limit }.into()),
+        _ => None,
+    }
 }
 
 /// Whether `tenant` made snapshot `s`.

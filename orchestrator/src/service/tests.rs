@@ -153,10 +153,7 @@ impl Harness {
 }
 
 fn app(service: &Service) -> axum::Router {
-    router(AppState {
-        service: service.clone(),
-        keys: Arc::new(Keys::new([KEY])),
-    })
+    router(AppState::new(service.clone(), Keys::new([KEY])))
 }
 
 async fn call(
@@ -772,10 +769,7 @@ async fn every_error_maps_to_its_status_and_code() {
     );
     // Another tenant's sandbox is not found, not forbidden.
     let other = Keys::new(["key-2"]);
-    let app2 = router(AppState {
-        service: h.service.clone(),
-        keys: Arc::new(other),
-    });
+    let app2 = router(AppState::new(h.service.clone(), other));
     expect(
         StatusCode::NOT_FOUND,
         "not_found",

@@ -8,6 +8,7 @@ mod bench_hostile;
 mod bench_snapshots;
 mod defaults;
 mod hostile_load;
+mod hostile_load_storage;
 mod lifecycle;
 mod login_shell;
 mod registry_gc;

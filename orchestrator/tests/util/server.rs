@@ -66,6 +66,9 @@ impl Backend for SwitchableBackend {
     fn shutdown(&self) -> BackendFuture<'_, ()> {
         Backend::shutdown(&self.inner)
     }
+    fn disk_room(&self, id: &str) -> Option<orchard::backend::DiskRoom> {
+        Backend::disk_room(&self.inner, id)
+    }
     fn pause<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {
         Backend::pause(&self.inner, id)
     }

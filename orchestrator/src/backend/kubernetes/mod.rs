@@ -553,6 +553,15 @@ impl Backend for KubeBackend {
         true
     }
 
+    fn disk_room(&self, id: &str) -> Option<crate::backend::DiskRoom> {
+        let _ = id;
+        // The pod's ephemeral-storage limit (`--kube-ephemeral-storage`, else
+        // `--sandbox-disk`); what the pod uses of it is not known here, so all of it.
+        let size =
+            crate::service::units::parse_memory(self.cfg.ephemeral_storage.as_deref()?).ok()?;
+        Some(crate::backend::DiskRoom { size, free: None })
+    }
+
     fn create(&self, spec: CreateSpec) -> BackendFuture<'_, BackendSandbox> {
         Box::pin(async move {
             if spec.snapshot.is_some() {

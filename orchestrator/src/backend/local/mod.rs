@@ -589,6 +589,19 @@ fn backend_sandbox(info: SandboxInfo) -> crate::backend::BackendSandbox {
     }
 }
 
+/// Whether `path` is the root of a file system of its own (another device than its
+/// parent's): a sandbox's `disk` when its image is mounted there.
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (
+        std::fs::metadata(path),
+        path.parent().map(std::fs::metadata),
+    ) {
+        (Ok(at), Some(Ok(parent))) => at.dev() != parent.dev(),
+        _ => false,
+    }
+}
+
 impl crate::backend::Backend for LocalBackend {
     fn name(&self) -> &str {
         "local"
@@ -641,6 +654,23 @@ impl crate::backend::Backend for LocalBackend {
                 .into_iter()
                 .map(backend_sandbox)
                 .collect())
+        })
+    }
+
+    fn disk_room(&self, id: &str) -> Option<crate::backend::DiskRoom> {
+        let limit = self.inner.config.disk?;
+        if !valid_id(id) {
+            return None;
+        }
+        // The sandbox's image is mounted at its `disk`: what it has free is what the
+        // sandbox can still write. Not mounted (gone, or made without a bound by an
+        // earlier configuration): the size alone.
+        let disk = self.inner.paths(id).disk;
+        Some(crate::backend::DiskRoom {
+            size: limit.bytes,
+            free: is_mount_point(&disk)
+                .then(|| crate::diskspace::free(&disk))
+                .flatten(),
         })
     }
 
