@@ -816,16 +816,9 @@ class SandboxInstance:
         ``python_version`` (and ``has_bashrc``, ``conda_broken``, ``conda_exe``). With
         ``verbose`` a summary is printed.
         """
-        limit = _envcheck.PROBE_TIMEOUT
-        bare = self.exec(_envcheck.BARE_PROBE, timeout=limit)
-        login = self.exec(_envcheck.LOGIN_PROBE, timeout=limit, login_shell=True)
-        login_info = _envcheck.parse_probe(login.stdout)
-        conda_output = None
-        conda_cmd = _envcheck.conda_check_command(login_info)
-        if conda_cmd is not None:
-            tried = self.exec(conda_cmd, timeout=limit)
-            conda_output = tried.stdout + tried.stderr
-        info = _envcheck.report(_envcheck.parse_probe(bare.stdout), login_info, conda_output)
+        self._check()
+        wait_limit = self._client._state.job_wait_limit(_envcheck.PROBE_TIMEOUT)
+        info = self._driver.run(_envcheck.check(self.sandbox_id, wait_limit))
         if verbose:
             print(_envcheck.summary(self.sandbox_id, info))
         return info
