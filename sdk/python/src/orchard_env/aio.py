@@ -940,10 +940,7 @@ class AsyncSandboxInstance:
         init = _ops.pty_init_frame(
             command, cwd=cwd, env=env, rows=rows, cols=cols, login_shell=login_shell
         )
-        if self.direct:
-            target = agent_target(await self._endpoint(), "/v1/pty/compat")
-        else:
-            target = self._client._state.compat_pty_target(self.sandbox_id)
+        target = await self._ws_target(_ops.compat_pty_paths(self.sandbox_id))
         return await AsyncContainerProcess.open(target, init=init)
 
     async def get_job(self, job_id: str) -> JobResult:
@@ -1040,10 +1037,17 @@ class AsyncSandboxInstance:
                 http = self._client._agent_http(socket, url)
                 self._route_cache = Route(http, "/v1", {"x-orchard-token": endpoint.token})
             else:
-                self._route_cache = Route(
-                    self._client._http, f"/v1/sandboxes/{_ops._seg(self.sandbox_id)}"
-                )
+                prefix = _ops.server_agent_prefix(self.sandbox_id)
+                self._route_cache = Route(self._client._http, prefix)
         return self._route_cache
+
+    async def _ws_target(self, paths: tuple[str, str]) -> WsTarget:
+        """A WebSocket route given as ``(agent_path, server_path)`` (see
+        :func:`_ops.pty_attach_paths`): the agent's own when direct, else the server's."""
+        agent_path, server_path = paths
+        if self.direct:
+            return agent_target(await self._endpoint(), agent_path)
+        return self._client._state.ws_target(server_path)
 
     async def _run(self, op: Op[Any]) -> Any:
         self._check()
@@ -1247,9 +1251,7 @@ class AsyncSandboxInstance:
         return AsyncTerminal(self, await self._run(_ops.get_pty(pty_id)))
 
     async def _attach_target(self, pty_id: str) -> WsTarget:
-        if self.direct:
-            return agent_target(await self._endpoint(), f"/v1/pty/{_ops._seg(pty_id)}/attach")
-        return self._client._state.v1_attach_target(self.sandbox_id, pty_id)
+        return await self._ws_target(_ops.pty_attach_paths(self.sandbox_id, pty_id))
 
     # --- /v1: files --------------------------------------------------------------------------
 
