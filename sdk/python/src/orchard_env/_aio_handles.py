@@ -202,7 +202,7 @@ class AsyncProcess:
 
     async def read_output(self, max_bytes: int | None = None) -> ProcessOutput:
         """Output written since the previous call (offsets are tracked here)."""
-        out: ProcessOutput = await self._sandbox._run(
+        out = await self._sandbox._run(
             _ops.process_output(self.id, self._stdout_offset, self._stderr_offset, max_bytes)
         )
         self._stdout_offset = out.stdout_next_offset
@@ -261,10 +261,7 @@ class AsyncSession:
 
     async def run(self, command: str, *, timeout: float | None = None) -> SessionResult:
         """Runs shell text in the session; on ``timeout`` it is interrupted, the shell stays."""
-        result: SessionResult = await self._sandbox._run(
-            _ops.session_run(self.id, command, timeout)
-        )
-        return result
+        return await self._sandbox._run(_ops.session_run(self.id, command, timeout))
 
     async def refresh(self) -> SessionInfo:
         """Reloads :attr:`info`."""

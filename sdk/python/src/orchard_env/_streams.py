@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -128,6 +129,26 @@ def path_chunks(path: str | os.PathLike[str], size: int = CHUNK) -> Iterator[byt
     """Reads a local file in chunks, opening it only when the first chunk is wanted."""
     with open(path, "rb") as f:
         yield from file_chunks(f, size)
+
+
+def upload_source(source: Any, *, directories: bool = False) -> tuple[Any, bool]:
+    """Like :func:`body_from`, but a ``str`` or ``PathLike`` is a local path: a file, read
+    in chunks, or (with ``directories``) a directory, tarred on the fly."""
+    if isinstance(source, (str, os.PathLike)):
+        if directories and os.path.isdir(source):
+            return tar_directory(source), False
+        return path_chunks(source), False
+    return body_from(source)
+
+
+def file_sink(
+    dest: str | os.PathLike[str] | IO[bytes],
+) -> contextlib.AbstractContextManager[IO[bytes]]:
+    """Where to write a download: a path, opened (and closed when done), or a binary file
+    object, as it is (left open)."""
+    if isinstance(dest, (str, os.PathLike)):
+        return open(dest, "wb")
+    return contextlib.nullcontext(dest)
 
 
 async def to_async(chunks: Any) -> AsyncIterator[bytes]:

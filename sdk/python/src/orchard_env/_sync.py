@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any, Literal, overload
+from typing import IO, Any, Literal, TypeVar, overload
 
 import httpx
 
@@ -30,10 +30,12 @@ from ._streams import (
     archive_root,
     body_from,
     extract_tar,
+    file_sink,
     path_chunks,
     pull_event,
     sync_body,
     tar_directory,
+    upload_source,
 )
 from ._sync_handles import ExecStream, Process, Session, Terminal
 from .errors import OrchardError, SandboxDeletedError
@@ -69,6 +71,7 @@ __all__ = [
 ]
 
 Command = str | Sequence[str]
+_T = TypeVar("_T")
 
 
 class SandboxClient:
@@ -374,11 +377,7 @@ class SandboxClient:
         path to the archive, a path to an OCI layout *directory* (tarred on the fly),
         its bytes, or a binary file object.
         """
-        if isinstance(source, (str, os.PathLike)):
-            chunks = tar_directory(source) if os.path.isdir(source) else path_chunks(source)
-            content, replayable = chunks, False
-        else:
-            content, replayable = body_from(source)
+        content, replayable = upload_source(source, directories=True)
         op = _ops.import_image(name, sync_body(content), replayable=replayable)
         return self._driver.run(op)
 
@@ -851,7 +850,8 @@ class SandboxInstance:
             return agent_target(self._endpoint(), agent_path)
         return self._client._state.ws_target(server_path)
 
-    def _run(self, op: Op[Any]) -> Any:
+    def _run(self, op: Op[_T]) -> _T:
+        """Runs an agent operation on this sandbox's route."""
         self._check()
         return self._driver.run(op, self._route())
 
@@ -885,8 +885,7 @@ class SandboxInstance:
             max_output_bytes=max_output_bytes,
             shell=shell,
         )
-        result: ExecResult = self._run(_ops.run(body, timeout))
-        return result
+        return self._run(_ops.run(body, timeout))
 
     def exec_stream(
         self,
@@ -923,8 +922,7 @@ class SandboxInstance:
 
     def agent_health(self) -> dict[str, Any]:
         """The agent's health: version, uptime, processes, memory and CPU, limits."""
-        result: dict[str, Any] = self._run(_ops.agent_health())
-        return result
+        return self._run(_ops.agent_health())
 
     # --- /v1: background processes ---------------------------------------------------------
 
@@ -950,8 +948,7 @@ class SandboxInstance:
 
     def list_processes(self) -> list[ProcessInfo]:
         """Running background processes, and exited ones still kept."""
-        result: list[ProcessInfo] = self._run(_ops.list_processes())
-        return result
+        return self._run(_ops.list_processes())
 
     def get_process(self, process_id: str) -> Process:
         """A handle on an existing background process."""
@@ -977,8 +974,7 @@ class SandboxInstance:
 
     def list_sessions(self) -> list[SessionInfo]:
         """Every session of the sandbox."""
-        result: list[SessionInfo] = self._run(_ops.list_sessions())
-        return result
+        return self._run(_ops.list_sessions())
 
     def get_session(self, session_id: str) -> Session:
         """A handle on an existing session."""
@@ -1024,8 +1020,7 @@ class SandboxInstance:
 
     def list_ptys(self) -> list[PtyInfo]:
         """Every terminal of the sandbox."""
-        result: list[PtyInfo] = self._run(_ops.list_ptys())
-        return result
+        return self._run(_ops.list_ptys())
 
     def get_pty(self, pty_id: str) -> Terminal:
         """A handle on an existing terminal (to re-attach)."""
@@ -1053,19 +1048,17 @@ class SandboxInstance:
         (b'data', '0o600')
         """
         content, replayable = body_from(data)
-        result: int = self._run(
+        return self._run(
             _ops.write_file(
                 path, sync_body(content), replayable=replayable, mode=mode, parents=parents
             )
         )
-        return result
 
     def read_file(
         self, path: str, *, offset: int | None = None, length: int | None = None
     ) -> bytes:
         """The bytes of ``path`` (or ``length`` bytes from ``offset``)."""
-        result: bytes = self._run(_ops.read_file(path, offset, length))
-        return result
+        return self._run(_ops.read_file(path, offset, length))
 
     def iter_file(self, path: str, *, chunk_size: int = 256 * 1024) -> Iterator[bytes]:
         """The bytes of ``path`` as a stream of chunks (nothing held in memory)."""
@@ -1079,8 +1072,7 @@ class SandboxInstance:
         op = _ops.write_file(
             remote, sync_body(path_chunks(local)), replayable=False, mode=mode, parents=True
         )
-        result: int = self._run(op)
-        return result
+        return self._run(op)
 
     def download_path(self, remote: str, local: str | os.PathLike[str]) -> int:
         """Streams the file ``remote`` into ``local``; returns the size."""
@@ -1093,13 +1085,11 @@ class SandboxInstance:
 
     def stat(self, path: str) -> FileStat:
         """Metadata of ``path`` (links are not followed)."""
-        result: FileStat = self._run(_ops.stat(path))
-        return result
+        return self._run(_ops.stat(path))
 
     def list_dir(self, path: str, *, depth: int = 1) -> list[FileStat]:
         """Entries of a directory, ``depth`` levels deep."""
-        result: list[FileStat] = self._run(_ops.list_dir(path, depth))
-        return result
+        return self._run(_ops.list_dir(path, depth))
 
     def mkdir(self, path: str, *, mode: int | None = None) -> None:
         """Creates a directory and its missing parents."""
@@ -1120,13 +1110,9 @@ class SandboxInstance:
     ) -> ExtractResult:
         """Extracts a tar or tar.gz (bytes, a path to one, a file object or chunks) into
         ``remote_dir``, all or nothing."""
-        if isinstance(archive, (str, os.PathLike)):
-            content, replayable = path_chunks(archive), False
-        else:
-            content, replayable = body_from(archive)
+        content, replayable = upload_source(archive)
         op = _ops.upload_tar(remote_dir, sync_body(content), replayable=replayable)
-        result: ExtractResult = self._run(op)
-        return result
+        return self._run(op)
 
     def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str) -> ExtractResult:
         """Copies the contents of the local directory into ``remote_dir`` (a streamed tar).
@@ -1137,8 +1123,7 @@ class SandboxInstance:
         1
         """
         op = _ops.upload_tar(remote_dir, sync_body(tar_directory(local_dir)), replayable=False)
-        result: ExtractResult = self._run(op)
-        return result
+        return self._run(op)
 
     def download_tar(self, remote_path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
         """Saves ``remote_path`` (a file or a directory) as a tar.gz into ``dest`` (a path or
@@ -1146,14 +1131,9 @@ class SandboxInstance:
         size = 0
         route = self._route()
         with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
-            if isinstance(dest, (str, os.PathLike)):
-                with open(dest, "wb") as f:
-                    for chunk in response.iter_bytes():
-                        f.write(chunk)
-                        size += len(chunk)
-            else:
+            with file_sink(dest) as f:
                 for chunk in response.iter_bytes():
-                    dest.write(chunk)
+                    f.write(chunk)
                     size += len(chunk)
         return size
 
@@ -1170,8 +1150,7 @@ class SandboxInstance:
 
     def git_status(self, repo: str) -> GitStatus:
         """Branch, HEAD and changed paths of the repository at ``repo``."""
-        result: GitStatus = self._run(_ops.git_status(repo))
-        return result
+        return self._run(_ops.git_status(repo))
 
     def git_diff(
         self,
@@ -1182,16 +1161,14 @@ class SandboxInstance:
         binary: bool = True,
     ) -> GitDiff:
         """The work tree against ``base`` (default HEAD) as a patch ``git apply`` accepts."""
-        result: GitDiff = self._run(_ops.git_diff(repo, base, include_untracked, binary))
-        return result
+        return self._run(_ops.git_diff(repo, base, include_untracked, binary))
 
     def git_apply(
         self, repo: str, patch: str, *, check_only: bool = False, fuzzy: bool = False
     ) -> GitApplyResult:
         """Applies ``patch`` all or nothing; a patch that does not apply is reported in
         ``conflicts``, not raised."""
-        result: GitApplyResult = self._run(_ops.git_apply(repo, patch, check_only, fuzzy))
-        return result
+        return self._run(_ops.git_apply(repo, patch, check_only, fuzzy))
 
     def git_commit(
         self,
@@ -1203,10 +1180,7 @@ class SandboxInstance:
         allow_empty: bool = False,
     ) -> GitCommitResult:
         """Stages everything and commits it on HEAD."""
-        result: GitCommitResult = self._run(
-            _ops.git_commit(repo, message, author_name, author_email, allow_empty)
-        )
-        return result
+        return self._run(_ops.git_commit(repo, message, author_name, author_email, allow_empty))
 
     def git_reset(
         self,
@@ -1217,7 +1191,4 @@ class SandboxInstance:
         keep_ignored: bool = True,
     ) -> GitResetResult:
         """Hard reset to ``target`` (default HEAD), removing untracked files by default."""
-        result: GitResetResult = self._run(
-            _ops.git_reset(repo, target, clean_untracked, keep_ignored)
-        )
-        return result
+        return self._run(_ops.git_reset(repo, target, clean_untracked, keep_ignored))

@@ -125,7 +125,7 @@ class Process:
 
     def read_output(self, max_bytes: int | None = None) -> ProcessOutput:
         """Output written since the previous call (offsets are tracked here)."""
-        out: ProcessOutput = self._sandbox._run(
+        out = self._sandbox._run(
             _ops.process_output(self.id, self._stdout_offset, self._stderr_offset, max_bytes)
         )
         self._stdout_offset = out.stdout_next_offset
@@ -179,8 +179,7 @@ class Session:
 
     def run(self, command: str, *, timeout: float | None = None) -> SessionResult:
         """Runs shell text in the session; on ``timeout`` it is interrupted, the shell stays."""
-        result: SessionResult = self._sandbox._run(_ops.session_run(self.id, command, timeout))
-        return result
+        return self._sandbox._run(_ops.session_run(self.id, command, timeout))
 
     def refresh(self) -> SessionInfo:
         """Reloads :attr:`info`."""

@@ -53,7 +53,7 @@ from collections.abc import (
 # from ._streams import IterReader
 # unasync: end
 from types import TracebackType
-from typing import IO, Any, Literal, overload
+from typing import IO, Any, Literal, TypeVar, overload
 
 import httpx
 
@@ -69,9 +69,11 @@ from ._streams import (
     async_body,
     body_from,
     extract_tar,
+    file_sink,
     path_chunks,
     pull_event,
     tar_directory,
+    upload_source,
 )
 from .errors import OrchardError, SandboxDeletedError
 from .models import (
@@ -106,6 +108,7 @@ __all__ = [
 ]
 
 Command = str | Sequence[str]
+_T = TypeVar("_T")
 
 
 # unasync: async
@@ -483,11 +486,7 @@ class AsyncSandboxClient:
         path to the archive, a path to an OCI layout *directory* (tarred on the fly),
         its bytes, or a binary file object.
         """
-        if isinstance(source, (str, os.PathLike)):
-            chunks = tar_directory(source) if os.path.isdir(source) else path_chunks(source)
-            content, replayable = chunks, False
-        else:
-            content, replayable = body_from(source)
+        content, replayable = upload_source(source, directories=True)
         op = _ops.import_image(name, async_body(content), replayable=replayable)
         return await self._driver.run(op)
 
@@ -1049,7 +1048,8 @@ class AsyncSandboxInstance:
             return agent_target(await self._endpoint(), agent_path)
         return self._client._state.ws_target(server_path)
 
-    async def _run(self, op: Op[Any]) -> Any:
+    async def _run(self, op: Op[_T]) -> _T:
+        """Runs an agent operation on this sandbox's route."""
         self._check()
         return await self._driver.run(op, await self._route())
 
@@ -1087,8 +1087,7 @@ class AsyncSandboxInstance:
             max_output_bytes=max_output_bytes,
             shell=shell,
         )
-        result: ExecResult = await self._run(_ops.run(body, timeout))
-        return result
+        return await self._run(_ops.run(body, timeout))
 
     def exec_stream(
         self,
@@ -1130,8 +1129,7 @@ class AsyncSandboxInstance:
 
     async def agent_health(self) -> dict[str, Any]:
         """The agent's health: version, uptime, processes, memory and CPU, limits."""
-        result: dict[str, Any] = await self._run(_ops.agent_health())
-        return result
+        return await self._run(_ops.agent_health())
 
     # --- /v1: background processes ---------------------------------------------------------
 
@@ -1161,8 +1159,7 @@ class AsyncSandboxInstance:
 
     async def list_processes(self) -> list[ProcessInfo]:
         """Running background processes, and exited ones still kept."""
-        result: list[ProcessInfo] = await self._run(_ops.list_processes())
-        return result
+        return await self._run(_ops.list_processes())
 
     async def get_process(self, process_id: str) -> AsyncProcess:
         """A handle on an existing background process."""
@@ -1192,8 +1189,7 @@ class AsyncSandboxInstance:
 
     async def list_sessions(self) -> list[SessionInfo]:
         """Every session of the sandbox."""
-        result: list[SessionInfo] = await self._run(_ops.list_sessions())
-        return result
+        return await self._run(_ops.list_sessions())
 
     async def get_session(self, session_id: str) -> AsyncSession:
         """A handle on an existing session."""
@@ -1243,8 +1239,7 @@ class AsyncSandboxInstance:
 
     async def list_ptys(self) -> list[PtyInfo]:
         """Every terminal of the sandbox."""
-        result: list[PtyInfo] = await self._run(_ops.list_ptys())
-        return result
+        return await self._run(_ops.list_ptys())
 
     async def get_pty(self, pty_id: str) -> AsyncTerminal:
         """A handle on an existing terminal (to re-attach)."""
@@ -1276,19 +1271,17 @@ class AsyncSandboxInstance:
         # """
         # unasync: end
         content, replayable = body_from(data)
-        result: int = await self._run(
+        return await self._run(
             _ops.write_file(
                 path, async_body(content), replayable=replayable, mode=mode, parents=parents
             )
         )
-        return result
 
     async def read_file(
         self, path: str, *, offset: int | None = None, length: int | None = None
     ) -> bytes:
         """The bytes of ``path`` (or ``length`` bytes from ``offset``)."""
-        result: bytes = await self._run(_ops.read_file(path, offset, length))
-        return result
+        return await self._run(_ops.read_file(path, offset, length))
 
     async def iter_file(self, path: str, *, chunk_size: int = 256 * 1024) -> AsyncIterator[bytes]:
         # unasync: async
@@ -1310,8 +1303,7 @@ class AsyncSandboxInstance:
         op = _ops.write_file(
             remote, async_body(path_chunks(local)), replayable=False, mode=mode, parents=True
         )
-        result: int = await self._run(op)
-        return result
+        return await self._run(op)
 
     async def download_path(self, remote: str, local: str | os.PathLike[str]) -> int:
         """Streams the file ``remote`` into ``local``; returns the size."""
@@ -1324,13 +1316,11 @@ class AsyncSandboxInstance:
 
     async def stat(self, path: str) -> FileStat:
         """Metadata of ``path`` (links are not followed)."""
-        result: FileStat = await self._run(_ops.stat(path))
-        return result
+        return await self._run(_ops.stat(path))
 
     async def list_dir(self, path: str, *, depth: int = 1) -> list[FileStat]:
         """Entries of a directory, ``depth`` levels deep."""
-        result: list[FileStat] = await self._run(_ops.list_dir(path, depth))
-        return result
+        return await self._run(_ops.list_dir(path, depth))
 
     async def mkdir(self, path: str, *, mode: int | None = None) -> None:
         """Creates a directory and its missing parents."""
@@ -1356,13 +1346,9 @@ class AsyncSandboxInstance:
     ) -> ExtractResult:
         """Extracts a tar or tar.gz (bytes, a path to one, a file object or chunks) into
         ``remote_dir``, all or nothing."""
-        if isinstance(archive, (str, os.PathLike)):
-            content, replayable = path_chunks(archive), False
-        else:
-            content, replayable = body_from(archive)
+        content, replayable = upload_source(archive)
         op = _ops.upload_tar(remote_dir, async_body(content), replayable=replayable)
-        result: ExtractResult = await self._run(op)
-        return result
+        return await self._run(op)
 
     async def upload_dir(self, local_dir: str | os.PathLike[str], remote_dir: str) -> ExtractResult:
         # unasync: async
@@ -1377,8 +1363,7 @@ class AsyncSandboxInstance:
         # """
         # unasync: end
         op = _ops.upload_tar(remote_dir, async_body(tar_directory(local_dir)), replayable=False)
-        result: ExtractResult = await self._run(op)
-        return result
+        return await self._run(op)
 
     async def download_tar(self, remote_path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
         """Saves ``remote_path`` (a file or a directory) as a tar.gz into ``dest`` (a path or
@@ -1386,14 +1371,9 @@ class AsyncSandboxInstance:
         size = 0
         route = await self._route()
         async with self._driver.stream(_ops.download_tar_request(remote_path), route) as response:
-            if isinstance(dest, (str, os.PathLike)):
-                with open(dest, "wb") as f:
-                    async for chunk in response.aiter_bytes():
-                        f.write(chunk)
-                        size += len(chunk)
-            else:
+            with file_sink(dest) as f:
                 async for chunk in response.aiter_bytes():
-                    dest.write(chunk)
+                    f.write(chunk)
                     size += len(chunk)
         return size
 
@@ -1419,8 +1399,7 @@ class AsyncSandboxInstance:
 
     async def git_status(self, repo: str) -> GitStatus:
         """Branch, HEAD and changed paths of the repository at ``repo``."""
-        result: GitStatus = await self._run(_ops.git_status(repo))
-        return result
+        return await self._run(_ops.git_status(repo))
 
     async def git_diff(
         self,
@@ -1431,16 +1410,14 @@ class AsyncSandboxInstance:
         binary: bool = True,
     ) -> GitDiff:
         """The work tree against ``base`` (default HEAD) as a patch ``git apply`` accepts."""
-        result: GitDiff = await self._run(_ops.git_diff(repo, base, include_untracked, binary))
-        return result
+        return await self._run(_ops.git_diff(repo, base, include_untracked, binary))
 
     async def git_apply(
         self, repo: str, patch: str, *, check_only: bool = False, fuzzy: bool = False
     ) -> GitApplyResult:
         """Applies ``patch`` all or nothing; a patch that does not apply is reported in
         ``conflicts``, not raised."""
-        result: GitApplyResult = await self._run(_ops.git_apply(repo, patch, check_only, fuzzy))
-        return result
+        return await self._run(_ops.git_apply(repo, patch, check_only, fuzzy))
 
     async def git_commit(
         self,
@@ -1452,10 +1429,9 @@ class AsyncSandboxInstance:
         allow_empty: bool = False,
     ) -> GitCommitResult:
         """Stages everything and commits it on HEAD."""
-        result: GitCommitResult = await self._run(
+        return await self._run(
             _ops.git_commit(repo, message, author_name, author_email, allow_empty)
         )
-        return result
 
     async def git_reset(
         self,
@@ -1466,7 +1442,4 @@ class AsyncSandboxInstance:
         keep_ignored: bool = True,
     ) -> GitResetResult:
         """Hard reset to ``target`` (default HEAD), removing untracked files by default."""
-        result: GitResetResult = await self._run(
-            _ops.git_reset(repo, target, clean_untracked, keep_ignored)
-        )
-        return result
+        return await self._run(_ops.git_reset(repo, target, clean_untracked, keep_ignored))
