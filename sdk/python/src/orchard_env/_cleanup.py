@@ -80,7 +80,8 @@ def delete_now(
     base_url: str, api_key: str | None, sandbox_id: str, *, timeout: float, retry: RetryPolicy
 ) -> None:
     """Deletes a sandbox over a connection of its own, needing no client or event loop
-    (what the exit hooks do); raises on failure."""
+    (what the exit hooks and ``AsyncSandboxInstance.delete_sync`` do); raises on failure.
+    """
     headers = {"X-API-Key": api_key} if api_key else {}
     with httpx.Client(base_url=base_url, headers=headers, timeout=timeout) as http:
         SyncDriver(http, retry).run(_ops.delete_sandbox(sandbox_id, missing_ok=True))

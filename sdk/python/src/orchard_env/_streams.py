@@ -87,6 +87,29 @@ def exec_event(frame: dict[str, Any]) -> ExecEvent | None:
     return None
 
 
+class ExecDecoder:
+    """The events of an ``/exec/stream`` body, chunk by chunk: keep-alives left out, an
+    ``error`` frame raised (after the events before it)."""
+
+    def __init__(self) -> None:
+        self._frames = NdjsonDecoder()
+
+    def feed(self, chunk: bytes) -> Iterator[ExecEvent]:
+        """The events that ``chunk`` completes."""
+        return self._events(self._frames.feed(chunk))
+
+    def end(self) -> Iterator[ExecEvent]:
+        """The last event when the body did not end with a newline."""
+        return self._events(self._frames.end())
+
+    @staticmethod
+    def _events(frames: list[Any]) -> Iterator[ExecEvent]:
+        for frame in frames:
+            event = exec_event(frame)
+            if event is not None:
+                yield event
+
+
 def pull_event(frame: dict[str, Any]) -> dict[str, Any]:
     """A frame of ``/v1/images/pull``; an ``error`` frame raises."""
     if frame.get("type") == "error":
