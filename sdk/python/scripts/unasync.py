@@ -124,7 +124,7 @@ class Docs:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
                 for key, value in zip(node.value.keys, node.value.values, strict=True):
                     assert isinstance(key, ast.Constant) and isinstance(value, ast.Constant)
-                    modules[key.value] = segment(text, value)
+                    modules[str(key.value)] = segment(text, value)
         for qualname, node in definitions(tree):
             doc = docstring(node)
             if doc is not None:
@@ -140,21 +140,23 @@ def segment(text: str, node: ast.AST) -> str:
     return found
 
 
-def definitions(tree: ast.Module, prefix: str = "") -> list[tuple[str, ast.AST]]:
+Definition = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def definitions(tree: ast.Module | ast.ClassDef, prefix: str = "") -> list[tuple[str, Definition]]:
     """Every class and function of a module, nested in classes, by qualified name."""
-    out: list[tuple[str, ast.AST]] = []
+    out: list[tuple[str, Definition]] = []
     for node in tree.body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             qualname = prefix + node.name
             out.append((qualname, node))
             if isinstance(node, ast.ClassDef):
-                out.extend(definitions(node, qualname + "."))  # type: ignore[arg-type]
+                out.extend(definitions(node, qualname + "."))
     return out
 
 
-def docstring(node: ast.AST) -> ast.Expr | None:
-    body = getattr(node, "body", [])
-    first = body[0] if body else None
+def docstring(node: ast.Module | Definition) -> ast.Expr | None:
+    first = node.body[0] if node.body else None
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
         if isinstance(first.value.value, str):
             return first
@@ -168,10 +170,11 @@ class Edits:
         self.lines = text.splitlines(keepends=True)
         self.edits: list[tuple[tuple[int, int], tuple[int, int], str]] = []
 
-    def replace(self, node: ast.AST, new: str) -> None:
-        start = (node.lineno, node.col_offset)  # type: ignore[attr-defined]
-        end = (node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
-        self.edits.append((start, end, new))
+    def replace(self, node: ast.stmt, new: str) -> None:
+        assert node.end_lineno is not None and node.end_col_offset is not None
+        self.edits.append(
+            ((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset), new)
+        )
 
     def drop_lines(self, first: int, last: int) -> None:
         self.edits.append(((first, 0), (last + 1, 0), ""))
@@ -208,7 +211,8 @@ def reindent(literal: str, from_col: int, to_col: int) -> str:
 
 
 def rewrite(source: str, text: str, docs: Docs, used: set[str]) -> str:
-    """Steps 1 and 2: the sync docstrings, and no async-only definitions or imports."""
+    """Steps 1 and 2: the sync docstrings, and no async-only definitions or imports.
+    Adds to ``used`` the docstring places and ``ASYNC_ONLY`` names it found."""
     tree = ast.parse(text)
     edits = Edits(text)
     lines = text.splitlines()
@@ -219,12 +223,14 @@ def rewrite(source: str, text: str, docs: Docs, used: set[str]) -> str:
             raise SystemExit(f"{source}: no module docstring to replace")
         edits.replace(doc, docs.modules[module_name])
         used.add(module_name)
-    dropped = {name for name, where in ASYNC_ONLY.items() if "." not in name}
+    dropped = {name for name in ASYNC_ONLY if "." not in name}
     for qualname, node in definitions(tree):
+        if any(qualname.startswith(name + ".") for name in ASYNC_ONLY):
+            continue  # inside a definition left out
         if qualname in ASYNC_ONLY:
             if ASYNC_ONLY[qualname] != source:
                 raise SystemExit(f"{source}: {qualname} is listed in ASYNC_ONLY for another file")
-            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             while first > 1 and lines[first - 2].strip().startswith("#"):
                 first -= 1
             edits.drop_lines(first, node.end_lineno or node.lineno)
@@ -232,18 +238,18 @@ def rewrite(source: str, text: str, docs: Docs, used: set[str]) -> str:
             continue
         name = sync_name(qualname)
         doc = docstring(node)
-        if name in docs.defs and doc is not None:
+        if name in docs.defs and doc is not None:  # (an @overload stub has none)
             literal, column = docs.defs[name]
             edits.replace(doc, reindent(literal, column, doc.col_offset))
             used.add(name)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and any(a.name in dropped for a in node.names):
-            kept = [a for a in node.names if a.name not in dropped]
-            used.update(a.name for a in node.names if a.name in dropped)
+    for imp in ast.walk(tree):
+        if isinstance(imp, ast.ImportFrom) and any(a.name in dropped for a in imp.names):
+            kept = [a for a in imp.names if a.name not in dropped]
+            used.update(a.name for a in imp.names if a.name in dropped)
             if kept:
-                edits.replace(node, ast.unparse(ast.ImportFrom(node.module, kept, node.level)))
+                edits.replace(imp, ast.unparse(ast.ImportFrom(imp.module, kept, imp.level)))
             else:
-                edits.drop_lines(node.lineno, node.end_lineno or node.lineno)
+                edits.drop_lines(imp.lineno, imp.end_lineno or imp.lineno)
     return edits.apply()
 
 
