@@ -6,6 +6,7 @@ import inspect
 import io
 import json
 import pickle
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -101,13 +102,35 @@ def test_sync_and_async_have_the_same_methods(sync_cls: type, async_cls: type) -
 
 
 def test_the_sync_client_is_generated_from_the_async_one() -> None:
-    # The sync modules are made from aio.py and _aio_handles.py by scripts/unasync.py and
-    # committed; an edit of either side alone makes this fail with the diff.
+    # The sync modules are made from aio.py and the _aio_*.py modules by scripts/unasync.py
+    # and committed; an edit of either side alone makes this fail with the diff.
     script = Path(__file__).resolve().parents[1] / "scripts" / "unasync.py"
     done = subprocess.run(
         [sys.executable, str(script), "--check"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("edit", ["generated", "source"])
+def test_the_generation_check_fails_when_a_sync_module_is_stale(tmp_path: Path, edit: str) -> None:
+    # On a copy of the SDK: a hand edit of a generated module, or an edit of an async one
+    # that was not generated again.
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "scripts", tmp_path / "scripts")
+    shutil.copytree(root / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(root / "pyproject.toml", tmp_path)
+    package = tmp_path / "src" / "orchard_env"
+    path = package / ("_sync_git.py" if edit == "generated" else "_aio_git.py")
+    path.write_text(path.read_text().replace("Branch, HEAD", "The branch, HEAD"))
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "scripts" / "unasync.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "out of date: _sync_git.py" in done.stderr
+    assert '"""Branch, HEAD' in done.stdout  # the diff shows the change
 
 
 def test_every_public_name_is_documented() -> None:
@@ -116,12 +139,17 @@ def test_every_public_name_is_documented() -> None:
         obj = getattr(orchard_env, name)
         if not (inspect.getdoc(obj) or "").strip():
             missing.append(name)
-        if inspect.isclass(obj) and obj.__module__.startswith("orchard_env"):
-            for attr, member in vars(obj).items():
+        if not inspect.isclass(obj):
+            continue
+        # The clients are made of a class per capability: their members too.
+        for cls in obj.__mro__:
+            if not cls.__module__.startswith("orchard_env"):
+                continue
+            for attr, member in vars(cls).items():
                 if attr.startswith("_") or not (callable(member) or isinstance(member, property)):
                     continue
                 if not (inspect.getdoc(member) or "").strip():
-                    missing.append(f"{name}.{attr}")
+                    missing.append(f"{name}.{attr} ({cls.__qualname__})")
     assert missing == []
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import doctest
+import importlib
+import pkgutil
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,37 +15,13 @@ from typing import Any
 import pytest
 
 import orchard_env
-from orchard_env import (
-    AsyncSandboxClient,
-    SandboxClient,
-    _aio_handles,
-    _config,
-    _envcheck,
-    _retry,
-    _streams,
-    _sync,
-    _sync_handles,
-    aio,
-    errors,
-    models,
-    pty,
-)
+from orchard_env import AsyncSandboxClient, SandboxClient
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-MODULES = [
-    orchard_env,
-    _sync,
-    _sync_handles,
-    aio,
-    _aio_handles,
-    pty,
-    errors,
-    models,
-    _retry,
-    _streams,
-    _aio_handles,
-    _config,
-    _envcheck,
+#: Every module of the package: the generated sync ones hold the reference examples.
+MODULES = [orchard_env] + [
+    importlib.import_module(m.name)
+    for m in pkgutil.walk_packages(orchard_env.__path__, "orchard_env.")
 ]
 
 

@@ -6,7 +6,6 @@ import os
 
 from . import _cleanup
 from ._config import ClientConfig
-from ._ops import _seg
 from .errors import SandboxError
 from .models import AgentEndpoint, SandboxInfo
 from .pty import WsTarget
@@ -43,24 +42,12 @@ class ClientState:
         """Auth header of the orchestrator."""
         return {"X-API-Key": self.config.api_key} if self.config.api_key else {}
 
-    def compat_pty_target(self, sandbox_id: str) -> WsTarget:
-        """``/sandboxes/{id}/exec/pty`` on the orchestrator."""
+    def ws_target(self, path: str) -> WsTarget:
+        """The WebSocket route ``path`` on the server, with the key in the header and in
+        the query (``?api_key=``, which the server's WebSocket routes also take)."""
         key = self.config.api_key
         return WsTarget.make(
-            self.config.base_url,
-            f"/sandboxes/{_seg(sandbox_id)}/exec/pty",
-            self.api_headers(),
-            query={"api_key": key} if key else None,
-        )
-
-    def v1_attach_target(self, sandbox_id: str, tid: str) -> WsTarget:
-        """``/v1/sandboxes/{id}/pty/{tid}/attach`` on the orchestrator."""
-        key = self.config.api_key
-        return WsTarget.make(
-            self.config.base_url,
-            f"/v1/sandboxes/{_seg(sandbox_id)}/pty/{_seg(tid)}/attach",
-            self.api_headers(),
-            query={"api_key": key} if key else None,
+            self.config.base_url, path, self.api_headers(), query={"api_key": key} if key else None
         )
 
 

@@ -21,6 +21,10 @@ from typing import Any
 
 import httpx
 
+from . import _ops
+from ._http import SyncDriver
+from ._retry import RetryPolicy
+
 log = logging.getLogger("orchard_env")
 
 _Key = tuple[str, str | None, str]  # (base_url, api_key, sandbox_id)
@@ -37,6 +41,10 @@ _running = threading.Event()
 
 #: Seconds each exit-time delete may take.
 DELETE_TIMEOUT = 30.0
+#: Exit-time deletes try three times, at once: a process on its way out does not wait.
+EXIT_RETRY = RetryPolicy(
+    attempts=2, backoff=0.0, retry_after_default=0.0, retry_after_jitter=0.0, max_retry_after=0.0
+)
 
 
 def _forget_in_child() -> None:
@@ -68,18 +76,21 @@ def pending() -> list[str]:
         return [k[2] for k in _pending]
 
 
+def delete_now(
+    base_url: str, api_key: str | None, sandbox_id: str, *, timeout: float, retry: RetryPolicy
+) -> None:
+    """Deletes a sandbox over a connection of its own, needing no client or event loop
+    (what the exit hooks and ``AsyncSandboxInstance.delete_sync`` do); raises on failure.
+    """
+    headers = {"X-API-Key": api_key} if api_key else {}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=timeout) as http:
+        SyncDriver(http, retry).run(_ops.delete_sandbox(sandbox_id, missing_ok=True))
+
+
 def _delete_one(key: _Key) -> None:
     base_url, api_key, sandbox_id = key
-    headers = {"X-API-Key": api_key} if api_key else {}
     try:
-        with httpx.Client(base_url=base_url, headers=headers, timeout=DELETE_TIMEOUT) as http:
-            for _ in range(3):
-                try:
-                    response = http.delete(f"/sandboxes/{sandbox_id}")
-                except httpx.TransportError:
-                    continue
-                if response.status_code != 503:
-                    break
+        delete_now(base_url, api_key, sandbox_id, timeout=DELETE_TIMEOUT, retry=EXIT_RETRY)
     except Exception as err:  # never let cleanup raise at exit
         log.warning("orchard_env: could not delete sandbox %s: %s", sandbox_id, err)
 

@@ -1,6 +1,7 @@
 """``check_env``: how a sandbox's shells are set up, as Orchard's SDK reports it.
 
-Sans I/O: the probe commands and how their output becomes the report. Two probes run:
+Sans I/O: the probe commands, the operation that runs them (:func:`check`, run by either
+client's driver) and how their output becomes the report. Two probes run:
 a bare one (``bash -c``, no ``~/.bashrc``) and a login-shell one (``login_shell=True``,
 which sources ``~/.bashrc`` past its non-interactive guard). ``~/.bashrc`` counts as
 loaded when it exists and the login shell's environment differs from the bare one
@@ -12,6 +13,10 @@ defines the shell function but fails with ``ModuleNotFoundError``.
 from __future__ import annotations
 
 from typing import Any
+
+from ._http import Op
+from ._ops import exec_job
+from .models import JobResult
 
 #: The bare probe: the baseline PATH and HISTCONTROL.
 BARE_PROBE = 'echo "__BARE_PATH=$PATH"; echo "__BARE_HISTCONTROL=${HISTCONTROL:-}"'
@@ -34,6 +39,30 @@ LOGIN_PROBE = "; ".join(
 
 #: Seconds each probe may take.
 PROBE_TIMEOUT = 15
+
+
+def check(sandbox_id: str, wait_limit: float) -> Op[dict[str, Any]]:
+    """Runs the probes as compatible jobs (as ``exec`` does, each waited for at most
+    ``wait_limit`` seconds) and answers the report."""
+
+    def probe(command: str, login_shell: bool = False) -> Op[JobResult]:
+        return exec_job(
+            sandbox_id,
+            command,
+            timeout=PROBE_TIMEOUT,
+            wait_limit=wait_limit,
+            login_shell=login_shell,
+        )
+
+    bare = yield from probe(BARE_PROBE)
+    login = yield from probe(LOGIN_PROBE, login_shell=True)
+    login_info = parse_probe(login.stdout)
+    conda_output = None
+    conda_cmd = conda_check_command(login_info)
+    if conda_cmd is not None:
+        tried = yield from probe(conda_cmd)
+        conda_output = tried.stdout + tried.stderr
+    return report(parse_probe(bare.stdout), login_info, conda_output)
 
 
 def parse_probe(stdout: str) -> dict[str, str]:

@@ -509,7 +509,17 @@ def pty_init_frame(
     )
 
 
+def compat_pty_paths(sandbox_id: str) -> tuple[str, str]:
+    """The compatible PTY WebSocket: the agent's own path, and the server's."""
+    return "/v1/pty/compat", f"/sandboxes/{_seg(sandbox_id)}/exec/pty"
+
+
 # --- /v1 agent routes -------------------------------------------------------------------
+
+
+def server_agent_prefix(sandbox_id: str) -> str:
+    """Where the server forwards a sandbox's agent routes (``agent=True`` requests)."""
+    return f"/v1/sandboxes/{_seg(sandbox_id)}"
 
 
 def exec_body(
@@ -711,6 +721,12 @@ def create_pty(
     )
     reply = yield Request("POST", "/pty", json=body, idempotency=UNSENT, agent=True)
     return PtyInfo.from_json(reply.json())
+
+
+def pty_attach_paths(sandbox_id: str, pty_id: str) -> tuple[str, str]:
+    """A ``/v1`` terminal's attach WebSocket: the agent's own path, and the server's."""
+    path = f"/pty/{_seg(pty_id)}/attach"
+    return "/v1" + path, server_agent_prefix(sandbox_id) + path
 
 
 def list_ptys() -> Op[list[PtyInfo]]:

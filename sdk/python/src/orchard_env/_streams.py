@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -86,6 +87,29 @@ def exec_event(frame: dict[str, Any]) -> ExecEvent | None:
     return None
 
 
+class ExecDecoder:
+    """The events of an ``/exec/stream`` body, chunk by chunk: keep-alives left out, an
+    ``error`` frame raised (after the events before it)."""
+
+    def __init__(self) -> None:
+        self._frames = NdjsonDecoder()
+
+    def feed(self, chunk: bytes) -> Iterator[ExecEvent]:
+        """The events that ``chunk`` completes."""
+        return self._events(self._frames.feed(chunk))
+
+    def end(self) -> Iterator[ExecEvent]:
+        """The last event when the body did not end with a newline."""
+        return self._events(self._frames.end())
+
+    @staticmethod
+    def _events(frames: list[Any]) -> Iterator[ExecEvent]:
+        for frame in frames:
+            event = exec_event(frame)
+            if event is not None:
+                yield event
+
+
 def pull_event(frame: dict[str, Any]) -> dict[str, Any]:
     """A frame of ``/v1/images/pull``; an ``error`` frame raises."""
     if frame.get("type") == "error":
@@ -128,6 +152,26 @@ def path_chunks(path: str | os.PathLike[str], size: int = CHUNK) -> Iterator[byt
     """Reads a local file in chunks, opening it only when the first chunk is wanted."""
     with open(path, "rb") as f:
         yield from file_chunks(f, size)
+
+
+def upload_source(source: Any, *, directories: bool = False) -> tuple[Any, bool]:
+    """Like :func:`body_from`, but a ``str`` or ``PathLike`` is a local path: a file, read
+    in chunks, or (with ``directories``) a directory, tarred on the fly."""
+    if isinstance(source, (str, os.PathLike)):
+        if directories and os.path.isdir(source):
+            return tar_directory(source), False
+        return path_chunks(source), False
+    return body_from(source)
+
+
+def file_sink(
+    dest: str | os.PathLike[str] | IO[bytes],
+) -> contextlib.AbstractContextManager[IO[bytes]]:
+    """Where to write a download: a path, opened (and closed when done), or a binary file
+    object, as it is (left open)."""
+    if isinstance(dest, (str, os.PathLike)):
+        return open(dest, "wb")
+    return contextlib.nullcontext(dest)
 
 
 async def to_async(chunks: Any) -> AsyncIterator[bytes]:

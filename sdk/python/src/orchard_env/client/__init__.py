@@ -3,8 +3,9 @@
 Orchard code imports ``from orchard_env.client import SandboxClient, AsyncSandboxClient``
 and the submodules :mod:`orchard_env.client.sandbox_client` and
 :mod:`orchard_env.client.process`; all of them name the same classes as
-``orchard_env`` itself (the async client is written in ``orchard_env.aio``; the sync
-one, ``orchard_env._sync``, is generated from it by ``scripts/unasync.py``).
+``orchard_env`` itself (the async client is written in ``orchard_env.aio`` and the
+``_aio_*`` modules it gathers; the sync one, ``orchard_env._sync`` and its ``_sync_*``
+modules, is generated from them by ``scripts/unasync.py``).
 """
 
 from .._sync import ExecStream, Process, SandboxClient, SandboxInstance, Session, Terminal
