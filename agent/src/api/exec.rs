@@ -1,29 +1,41 @@
-//! `POST /v1/exec` and `POST /v1/exec/stream`: run a command to its end, answering once
-//! with the captured output, or streaming NDJSON frames as output arrives.
+//! `POST /v1/exec`, `POST /v1/exec/stream` and `GET /v1/exec/results/{id}`: run a
+//! command to its end, answering once with the captured output, or streaming NDJSON
+//! frames as output arrives; and collect a result kept for a caller that left
+//! ([`crate::api::kept`]).
+//!
+//! [`Commands`] is what starting a supervised command takes (the reaper, the exec
+//! slots, the limits and kill timings); background processes share it. [`Execs`], this
+//! capability's state, adds the kept results and the keepalive interval.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{FromRef, Path, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use bytes::Bytes;
 use orchard_protocol::exec::{timeout_stderr_line, ExitInfo, TIMEOUT_EXIT_CODE};
 use orchard_protocol::frames::{self, FrameKind};
+use orchard_protocol::health::Limits;
 use orchard_protocol::output::{b64_decode, b64_encode};
-use orchard_protocol::{ErrorCode, ExecEvent, ExecRequest, ExecResult};
+use orchard_protocol::process::ProcessState;
+use orchard_protocol::{ErrorCode, ExecEvent, ExecKept, ExecRequest, ExecResult};
+use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-use crate::api::extract::JsonBody;
+use crate::api::extract::{ApiQuery, BodyLimit, JsonBody};
+use crate::api::kept::KeptTable;
+use crate::config::Config;
 use crate::error::{ApiError, ApiResult};
 use crate::proc::buffer::HeadTail;
-use crate::proc::spawn::{kill_group, spawn, SpawnSpec, Spawned};
+use crate::proc::reaper::Reaper;
+use crate::proc::spawn::{kill_group, spawn, SpawnError, SpawnSpec, Spawned};
 use crate::proc::supervise::{supervise, Counters, Sink, Stream, Timing};
-use crate::server::state::AppState;
 
 /// Frames buffered between the pumps and a slow streaming client.
 const STREAM_QUEUE: usize = 64;
@@ -40,42 +52,137 @@ pub struct Prepared {
     pub max_output: usize,
 }
 
-/// Checks a request against the limits and resolves it.
-pub fn prepare(state: &AppState, req: &ExecRequest, stdin_pipe: bool) -> ApiResult<Prepared> {
-    let limits = &state.config.limits;
-    let stdin = match (&req.stdin, &req.stdin_b64) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "give either stdin or stdin_b64, not both",
-            ))
+/// How commands are started and bounded: the reaper their exits go through, the exec
+/// slots, the limits, and the kill timings. Clones share the reaper and the slots.
+#[derive(Clone)]
+pub struct Commands {
+    /// The one owner of `waitpid`.
+    reaper: Arc<Reaper>,
+    /// One permit per running command (sync, streamed or background).
+    slots: Arc<Semaphore>,
+    /// Limits in force.
+    limits: Limits,
+    /// Time between SIGTERM and SIGKILL.
+    kill_grace: Duration,
+    /// How long pipes held by a background grandchild are read after the leader exits.
+    drain_after_exit: Duration,
+}
+
+impl Commands {
+    /// Commands under `config`'s limits and timings, reaped through `reaper`.
+    pub fn new(config: &Config, reaper: Arc<Reaper>) -> Self {
+        let slots = config.limits.max_concurrent_execs as usize;
+        Self {
+            reaper,
+            slots: Arc::new(Semaphore::new(slots)),
+            limits: config.limits.clone(),
+            kill_grace: config.kill_grace,
+            drain_after_exit: config.drain_after_exit,
         }
-        (Some(text), None) => Some(text.clone().into_bytes()),
-        (None, Some(b64)) => Some(
-            b64_decode(b64)
-                .map_err(|e| ApiError::invalid(format!("stdin_b64 is not base64: {e}")))?,
-        ),
-        (None, None) => None,
-    };
-    let timeout_ms = req.timeout_ms.unwrap_or(limits.default_timeout_ms);
-    if timeout_ms == 0 {
-        return Err(ApiError::invalid("timeout_ms must be at least 1"));
     }
-    let max_output =
-        req.max_output_bytes
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Commands holding an exec slot now.
+    pub fn running(&self) -> u64 {
+        self.limits.max_concurrent_execs - self.slots.available_permits() as u64
+    }
+
+    /// Starts `spec` (see [`spawn`]).
+    pub fn spawn(&self, spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+        spawn(&self.reaper, spec)
+    }
+
+    /// Checks a request against the limits and resolves it.
+    pub fn prepare(&self, req: &ExecRequest, stdin_pipe: bool) -> ApiResult<Prepared> {
+        let limits = &self.limits;
+        let stdin = match (&req.stdin, &req.stdin_b64) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "give either stdin or stdin_b64, not both",
+                ))
+            }
+            (Some(text), None) => Some(text.clone().into_bytes()),
+            (None, Some(b64)) => Some(
+                b64_decode(b64)
+                    .map_err(|e| ApiError::invalid(format!("stdin_b64 is not base64: {e}")))?,
+            ),
+            (None, None) => None,
+        };
+        let timeout_ms = req.timeout_ms.unwrap_or(limits.default_timeout_ms);
+        if timeout_ms == 0 {
+            return Err(ApiError::invalid("timeout_ms must be at least 1"));
+        }
+        let max_output = req
+            .max_output_bytes
             .unwrap_or(limits.max_output_bytes)
-            .min(limits.max_output_ceiling_bytes.max(limits.max_output_bytes)) as usize;
-    let spec = SpawnSpec::from_request(req, stdin_pipe || stdin.is_some())?;
-    Ok(Prepared {
-        spec,
-        stdin,
-        timing: Timing {
-            timeout: Duration::from_millis(timeout_ms),
-            grace: state.config.kill_grace,
-            drain: state.config.drain_after_exit,
-            stall: crate::proc::supervise::STALL_LIMIT,
-        },
-        max_output,
-    })
+            .min(limits.max_output_ceiling_bytes.max(limits.max_output_bytes))
+            as usize;
+        let spec = SpawnSpec::from_request(req, stdin_pipe || stdin.is_some())?;
+        Ok(Prepared {
+            spec,
+            stdin,
+            timing: Timing {
+                timeout: Duration::from_millis(timeout_ms),
+                grace: self.kill_grace,
+                drain: self.drain_after_exit,
+                stall: crate::proc::supervise::STALL_LIMIT,
+            },
+            max_output,
+        })
+    }
+
+    /// Takes an exec slot or answers `too_many_execs`.
+    pub fn acquire_slot(&self) -> ApiResult<OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                ErrorCode::TooManyExecs,
+                format!(
+                    "{} commands are already running; retry when one ends",
+                    self.limits.max_concurrent_execs
+                ),
+            )
+        })
+    }
+}
+
+/// The exec capability's state: how commands start, the results kept for callers that
+/// left, and the keepalive interval of streamed execs.
+#[derive(Clone)]
+pub struct Execs {
+    /// Shared with background processes.
+    pub commands: Commands,
+    /// Execs run with a `result_id`.
+    pub kept: Arc<KeptTable>,
+    /// Interval of keepalive frames on a streamed exec.
+    pub keepalive: Duration,
+}
+
+impl Execs {
+    /// The state for `config`, starting commands through `commands`.
+    pub fn new(config: &Config, commands: Commands) -> Self {
+        Self {
+            commands,
+            kept: Arc::default(),
+            keepalive: config.keepalive,
+        }
+    }
+}
+
+/// Routes of the exec capability.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Execs: FromRef<S>,
+    BodyLimit: FromRef<S>,
+{
+    Router::new()
+        .route("/v1/exec", post(exec_sync))
+        .route("/v1/exec/stream", post(exec_stream))
+        .route("/v1/exec/results/{id}", get(result))
 }
 
 /// Refuses a `result_id` where it means nothing (a streamed exec, a background
@@ -87,19 +194,6 @@ pub fn no_result_id(req: &ExecRequest, route: &str) -> ApiResult<()> {
         ))),
         None => Ok(()),
     }
-}
-
-/// Takes an exec slot or answers `too_many_execs`.
-pub fn acquire_slot(state: &AppState) -> ApiResult<OwnedSemaphorePermit> {
-    state.exec_slots.clone().try_acquire_owned().map_err(|_| {
-        ApiError::new(
-            ErrorCode::TooManyExecs,
-            format!(
-                "{} commands are already running; retry when one ends",
-                state.config.limits.max_concurrent_execs
-            ),
-        )
-    })
 }
 
 /// Writes `data` to the child's stdin, then closes it. A child that exits without
@@ -125,31 +219,33 @@ impl Sink for CaptureSink {
 
 /// `POST /v1/exec`. With a `result_id` the command runs in its own task, to its end
 /// whether or not the caller stays ([`crate::api::kept`]).
-pub async fn exec_sync(
-    State(state): State<Arc<AppState>>,
+async fn exec_sync(
+    State(execs): State<Execs>,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> ApiResult<Response> {
-    let prepared = prepare(&state, &req, false)?;
+    let commands = &execs.commands;
+    let prepared = commands.prepare(&req, false)?;
     let Some(id) = &req.result_id else {
-        let slot = acquire_slot(&state)?;
-        let child = spawn(&state.reaper, &prepared.spec)?;
+        let slot = commands.acquire_slot()?;
+        let child = commands.spawn(&prepared.spec)?;
         let result = run_captured(child, prepared, req.timeout_exit_124, slot).await;
         return Ok(Json(result).into_response());
     };
-    let (running, mut caller) = state.kept.begin(id)?;
-    let started =
-        acquire_slot(&state).and_then(|slot| Ok((slot, spawn(&state.reaper, &prepared.spec)?)));
+    let (running, mut caller) = execs.kept.begin(id)?;
+    let started = commands
+        .acquire_slot()
+        .and_then(|slot| Ok((slot, commands.spawn(&prepared.spec)?)));
     let (slot, child) = match started {
         Ok(s) => s,
         Err(e) => {
-            state.kept.abandon(running);
+            execs.kept.abandon(running);
             return Err(e);
         }
     };
-    let task_state = state.clone();
+    let kept = execs.kept.clone();
     tokio::spawn(async move {
         let result = run_captured(child, prepared, req.timeout_exit_124, slot).await;
-        task_state.kept.end(running, result);
+        kept.end(running, result);
     });
     match caller.result().await {
         Some(result) => Ok(Json(&*result).into_response()),
@@ -296,23 +392,23 @@ impl Sink for StreamSink {
 }
 
 /// `POST /v1/exec/stream`.
-pub async fn exec_stream(
-    State(state): State<Arc<AppState>>,
+async fn exec_stream(
+    State(execs): State<Execs>,
     headers: HeaderMap,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> ApiResult<Response> {
     no_result_id(&req, "POST /v1/exec/stream")?;
     let binary = wants_frames(&headers);
-    let prepared = prepare(&state, &req, false)?;
-    let slot = acquire_slot(&state)?;
-    let mut child = spawn(&state.reaper, &prepared.spec)?;
+    let prepared = execs.commands.prepare(&req, false)?;
+    let slot = execs.commands.acquire_slot()?;
+    let mut child = execs.commands.spawn(&prepared.spec)?;
     let pid = child.pid;
     feed_stdin(&mut child, prepared.stdin);
     let (tx, rx) = mpsc::channel::<Bytes>(STREAM_QUEUE);
     let _ = tx.try_send(framed(&ExecEvent::Start { pid: pid as u32 }, binary));
     let keepalive = tokio::spawn(keepalive_loop(
         tx.clone(),
-        state.config.keepalive,
+        execs.keepalive,
         framed(&ExecEvent::Keepalive, binary),
     ));
     let sink = StreamSink {
@@ -388,6 +484,34 @@ fn wants_frames(headers: &HeaderMap) -> bool {
         .any(|t| t.split(';').next().unwrap_or("").trim() == frames::EXEC_FRAMES)
 }
 
+/// Query of `GET /v1/exec/results/{id}`.
+#[derive(Deserialize)]
+struct ResultQuery {
+    /// How long to wait for a running command; default 0.
+    timeout_ms: Option<u64>,
+}
+
+/// `GET /v1/exec/results/{id}`.
+async fn result(
+    State(execs): State<Execs>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<ResultQuery>,
+) -> ApiResult<Json<ExecKept>> {
+    let mut slot = execs.kept.get(&id)?;
+    let limit = Duration::from_millis(q.timeout_ms.unwrap_or(0));
+    let _ = tokio::time::timeout(limit, slot.wait_for(Option::is_some)).await;
+    let result = slot.borrow().as_deref().cloned();
+    Ok(Json(ExecKept {
+        id,
+        state: if result.is_some() {
+            ProcessState::Exited
+        } else {
+            ProcessState::Running
+        },
+        result,
+    }))
+}
+
 async fn keepalive_loop(tx: mpsc::Sender<Bytes>, every: Duration, line: Bytes) {
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
@@ -406,11 +530,10 @@ mod tests {
     use orchard_protocol::Command;
 
     use super::*;
-    use crate::config::Config;
     use crate::proc::reaper::tests::shared;
 
-    fn state() -> Arc<AppState> {
-        AppState::new(Config::new("t"), shared())
+    fn state() -> Commands {
+        Commands::new(&Config::new("t"), shared())
     }
 
     fn req(f: impl FnOnce(&mut ExecRequest)) -> ExecRequest {
@@ -436,10 +559,12 @@ mod tests {
             r.stdin = Some("a".into());
             r.stdin_b64 = Some("YQ==".into());
         });
-        assert_eq!(code(prepare(&s, &both, false)), ErrorCode::InvalidArgument);
+        assert_eq!(code(s.prepare(&both, false)), ErrorCode::InvalidArgument);
         let bad = req(|r| r.stdin_b64 = Some("!!".into()));
-        assert_eq!(code(prepare(&s, &bad, false)), ErrorCode::InvalidArgument);
-        let ok = prepare(&s, &req(|r| r.stdin_b64 = Some("AP8=".into())), false).unwrap();
+        assert_eq!(code(s.prepare(&bad, false)), ErrorCode::InvalidArgument);
+        let ok = s
+            .prepare(&req(|r| r.stdin_b64 = Some("AP8=".into())), false)
+            .unwrap();
         assert_eq!(ok.stdin, Some(vec![0, 255]));
         assert!(ok.spec.stdin_pipe, "stdin bytes need a pipe");
     }
@@ -448,21 +573,22 @@ mod tests {
     fn limits_apply_defaults_and_caps() {
         let s = state();
         assert_eq!(
-            code(prepare(&s, &req(|r| r.timeout_ms = Some(0)), false)),
+            code(s.prepare(&req(|r| r.timeout_ms = Some(0)), false)),
             ErrorCode::InvalidArgument
         );
-        let p = prepare(&s, &req(|_| {}), false).unwrap();
+        let p = s.prepare(&req(|_| {}), false).unwrap();
         assert_eq!(
             p.timing.timeout,
-            Duration::from_millis(s.config.limits.default_timeout_ms)
+            Duration::from_millis(s.limits().default_timeout_ms)
         );
-        assert_eq!(p.max_output as u64, s.config.limits.max_output_bytes);
-        let p = prepare(&s, &req(|r| r.max_output_bytes = Some(u64::MAX)), false).unwrap();
-        assert_eq!(
-            p.max_output as u64,
-            s.config.limits.max_output_ceiling_bytes
-        );
-        let p = prepare(&s, &req(|r| r.max_output_bytes = Some(10)), false).unwrap();
+        assert_eq!(p.max_output as u64, s.limits().max_output_bytes);
+        let p = s
+            .prepare(&req(|r| r.max_output_bytes = Some(u64::MAX)), false)
+            .unwrap();
+        assert_eq!(p.max_output as u64, s.limits().max_output_ceiling_bytes);
+        let p = s
+            .prepare(&req(|r| r.max_output_bytes = Some(10)), false)
+            .unwrap();
         assert_eq!(p.max_output, 10);
     }
 
@@ -470,10 +596,11 @@ mod tests {
     fn the_exec_slot_limit_is_too_many_execs() {
         let mut config = Config::new("t");
         config.limits.max_concurrent_execs = 1;
-        let s = AppState::new(config, shared());
-        let held = acquire_slot(&s).unwrap();
-        assert_eq!(acquire_slot(&s).unwrap_err().code, ErrorCode::TooManyExecs);
+        let s = Commands::new(&config, shared());
+        let held = s.acquire_slot().unwrap();
+        assert_eq!(s.running(), 1);
+        assert_eq!(s.acquire_slot().unwrap_err().code, ErrorCode::TooManyExecs);
         drop(held);
-        assert!(acquire_slot(&s).is_ok());
+        assert!(s.acquire_slot().is_ok());
     }
 }

@@ -1,10 +1,12 @@
 //! Request extractors and body helpers shared by the capability modules: JSON bodies
 //! and query strings refused with the API's own error body, and bodies read within a
 //! limit.
+//!
+//! [`JsonBody`] reads its limit from whatever state the router serves, through
+//! [`BodyLimit`]'s `FromRef`, so a capability needs to know nothing of that state
+//! beyond the limit.
 
-use std::sync::Arc;
-
-use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
 use http_body_util::BodyExt;
@@ -12,17 +14,25 @@ use orchard_protocol::ErrorCode;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
-use crate::server::state::AppState;
 
-/// A JSON request body, read up to the body limit and parsed into `T`; failures are
+/// The largest JSON request body, in bytes (`--max-body-bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimit(pub u64);
+
+/// A JSON request body, read up to the [`BodyLimit`] and parsed into `T`; failures are
 /// answered as `body_too_large` or `invalid_json` with serde's description.
 pub struct JsonBody<T>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
+impl<T, S> FromRequest<S> for JsonBody<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+    BodyLimit: FromRef<S>,
+{
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
-        let limit = state.config.limits.max_body_bytes;
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let BodyLimit(limit) = BodyLimit::from_ref(state);
         let bytes = read_limited(req, limit).await?;
         // serde's derived structs also accept a JSON array, filling fields by position;
         // every request body of ours is an object.

@@ -5,27 +5,52 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
-use axum::extract::State;
-use axum::Json;
+use axum::extract::{FromRef, State};
+use axum::routing::get;
+use axum::{Json, Router};
 use orchard_protocol::health::Health;
 
+use crate::api::exec::Commands;
+use crate::api::process::ProcessTable;
 use crate::proc::procfs;
-use crate::server::state::AppState;
+
+/// The health capability's state: when the agent started, the commands (for the
+/// limits and the exec slots in use) and the table of background processes (for its
+/// size). It reads them, never changes them.
+#[derive(Clone)]
+pub struct HealthState {
+    /// When the agent started.
+    pub started: Instant,
+    /// The limits and the exec slots.
+    pub commands: Commands,
+    /// Background processes.
+    pub processes: Arc<ProcessTable>,
+}
+
+/// Routes of the health capability.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    HealthState: FromRef<S>,
+{
+    Router::new().route("/v1/health", get(health))
+}
 
 /// `GET /v1/health`.
-pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {
+async fn health(State(state): State<HealthState>) -> Json<Health> {
     // Inline, not on the blocking pool: health must answer even when a fork bomb has
     // used up the pids limit and no new thread can start.
     let usage = usage();
-    let limits = &state.config.limits;
+    let limits = state.commands.limits();
     Json(Health {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         uptime_ms: state.started.elapsed().as_millis() as u64,
         pid1: crate::pid1::init::owns_pid1(),
         processes: usage.processes,
-        running_execs: limits.max_concurrent_execs - state.exec_slots.available_permits() as u64,
+        running_execs: state.commands.running(),
         tracked_processes: state.processes.len() as u64,
         memory_bytes: usage.memory_bytes,
         cpu_ms: usage.cpu_ms,

@@ -1,5 +1,6 @@
-//! Commands run by `POST /v1/exec` with a `result_id`, and `GET /v1/exec/results/{id}`:
-//! a result that outlives its caller. The orchestrator names each compatible job's
+//! The results of commands run by `POST /v1/exec` with a `result_id`, which
+//! `GET /v1/exec/results/{id}` collects (both routes are [`crate::api::exec`]'s): a
+//! result that outlives its caller. The orchestrator names each compatible job's
 //! exec after the job, so that when the replica running the job dies mid-command,
 //! another replica collects the real output instead of failing the job.
 //!
@@ -17,23 +18,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, State};
-use axum::Json;
 use orchard_protocol::exec::{KEPT_FOR_SECS, KEPT_RESULTS};
-use orchard_protocol::process::ProcessState;
-use orchard_protocol::{ErrorCode, ExecKept, ExecResult};
-use serde::Deserialize;
+use orchard_protocol::{ErrorCode, ExecResult};
 use tokio::sync::watch;
 
-use crate::api::extract::ApiQuery;
 use crate::error::{ApiError, ApiResult};
-use crate::server::state::AppState;
 
 /// Longest `result_id`.
 const MAX_ID_LEN: usize = 128;
 
 /// A result, once there is one.
-type Slot = watch::Receiver<Option<Arc<ExecResult>>>;
+pub type Slot = watch::Receiver<Option<Arc<ExecResult>>>;
 
 /// The commands with an id: running, and ended ones kept for a caller that left.
 #[derive(Default)]
@@ -143,7 +138,8 @@ impl KeptTable {
         inner.prune(now);
     }
 
-    fn get(&self, id: &str) -> ApiResult<Slot> {
+    /// The result of `id`, running or kept; `not_found` when it is neither.
+    pub fn get(&self, id: &str) -> ApiResult<Slot> {
         let mut inner = self.lock();
         inner.prune(Instant::now());
         inner.slots.get(id).cloned().ok_or_else(|| {
@@ -182,34 +178,6 @@ impl Inner {
             self.slots.remove(&id);
         }
     }
-}
-
-/// Query of `GET /v1/exec/results/{id}`.
-#[derive(Deserialize)]
-pub struct ResultQuery {
-    /// How long to wait for a running command; default 0.
-    timeout_ms: Option<u64>,
-}
-
-/// `GET /v1/exec/results/{id}`.
-pub async fn result(
-    State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    ApiQuery(q): ApiQuery<ResultQuery>,
-) -> ApiResult<Json<ExecKept>> {
-    let mut slot = state.kept.get(&id)?;
-    let limit = Duration::from_millis(q.timeout_ms.unwrap_or(0));
-    let _ = tokio::time::timeout(limit, slot.wait_for(Option::is_some)).await;
-    let result = slot.borrow().as_deref().cloned();
-    Ok(Json(ExecKept {
-        id,
-        state: if result.is_some() {
-            ProcessState::Exited
-        } else {
-            ProcessState::Running
-        },
-        result,
-    }))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
@@ -24,15 +24,14 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
 use tokio::sync::{watch, Notify};
 
-use crate::api::exec::{acquire_slot, prepare};
-use crate::api::extract::{ApiQuery, JsonBody};
+use crate::api::exec::{no_result_id, Commands};
+use crate::api::extract::{ApiQuery, BodyLimit, JsonBody};
 use crate::api::registry::Registry;
 use crate::config::{Config, MAX_TRACKED_PROCESSES};
 use crate::error::{ApiError, ApiResult};
 use crate::proc::buffer::Ring;
-use crate::proc::spawn::{kill_group, kill_one, spawn};
+use crate::proc::spawn::{kill_group, kill_one};
 use crate::proc::supervise::{supervise, Counters, Sink, Stream};
-use crate::server::state::AppState;
 
 /// Timeout of a background process that sets none: effectively never.
 const NO_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -140,6 +139,26 @@ impl ProcessTable {
     }
 }
 
+/// The processes capability's state: how commands start (shared with exec, so both
+/// draw on the same exec slots) and the table of background processes.
+#[derive(Clone)]
+pub struct Processes {
+    /// How commands start.
+    pub commands: Commands,
+    /// Background processes.
+    pub table: Arc<ProcessTable>,
+}
+
+impl Processes {
+    /// The state for `config`, starting commands through `commands`.
+    pub fn new(config: &Config, commands: Commands) -> Self {
+        Self {
+            commands,
+            table: Arc::new(ProcessTable::new(config)),
+        }
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -148,7 +167,12 @@ fn now_ms() -> u64 {
 }
 
 /// Routes of the processes capability.
-pub fn routes() -> Router<Arc<AppState>> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Processes: FromRef<S>,
+    BodyLimit: FromRef<S>,
+{
     Router::new()
         .route("/v1/processes", post(start).get(list))
         .route("/v1/processes/{id}", get(one).delete(remove))
@@ -159,15 +183,16 @@ pub fn routes() -> Router<Arc<AppState>> {
 }
 
 async fn start(
-    State(state): State<Arc<AppState>>,
+    State(processes): State<Processes>,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    crate::api::exec::no_result_id(&req, "POST /v1/processes")?;
-    let mut prepared = prepare(&state, &req, true)?;
+    no_result_id(&req, "POST /v1/processes")?;
+    let commands = &processes.commands;
+    let mut prepared = commands.prepare(&req, true)?;
     if req.timeout_ms.is_none() {
         prepared.timing.timeout = NO_TIMEOUT;
     }
-    let table = &state.processes;
+    let table = &processes.table;
     table.prune();
     if table.len() >= MAX_TRACKED_PROCESSES {
         return Err(ApiError::new(
@@ -177,8 +202,8 @@ async fn start(
             ),
         ));
     }
-    let slot = acquire_slot(&state)?;
-    let mut child = spawn(&state.reaper, &prepared.spec)?;
+    let slot = commands.acquire_slot()?;
+    let mut child = commands.spawn(&prepared.spec)?;
     let mut stdin = child.stdin.take();
     if let (Some(pipe), Some(data)) = (stdin.as_mut(), prepared.stdin.as_ref()) {
         // A process that exits before reading its initial stdin is not an error.
@@ -218,9 +243,9 @@ async fn start(
     Ok(Json(info))
 }
 
-async fn list(State(state): State<Arc<AppState>>) -> Json<ProcessList> {
-    state.processes.prune();
-    let procs = state.processes.procs.values();
+async fn list(State(processes): State<Processes>) -> Json<ProcessList> {
+    processes.table.prune();
+    let procs = processes.table.procs.values();
     let mut processes = Vec::with_capacity(procs.len());
     for p in procs {
         processes.push(p.snapshot().await);
@@ -230,22 +255,22 @@ async fn list(State(state): State<Arc<AppState>>) -> Json<ProcessList> {
 }
 
 async fn one(
-    State(state): State<Arc<AppState>>,
+    State(processes): State<Processes>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    Ok(Json(state.processes.procs.get(&id)?.snapshot().await))
+    Ok(Json(processes.table.procs.get(&id)?.snapshot().await))
 }
 
 async fn remove(
-    State(state): State<Arc<AppState>>,
+    State(processes): State<Processes>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    let proc = state.processes.procs.get(&id)?;
+    let proc = processes.table.procs.get(&id)?;
     if proc.is_running() {
         // SIGTERM, then SIGKILL after the grace period, like a timeout.
         proc.kill.notify_one();
     }
-    state.processes.procs.remove(&id);
+    processes.table.procs.remove(&id);
     Ok(Json(proc.snapshot().await))
 }
 
@@ -269,11 +294,11 @@ fn chunk(ring: &Ring, from: u64, max: usize) -> OutputChunk {
 }
 
 async fn output(
-    State(state): State<Arc<AppState>>,
+    State(processes): State<Processes>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> ApiResult<Json<ProcessOutput>> {
-    let proc = state.processes.procs.get(&id)?;
+    let proc = processes.table.procs.get(&id)?;
     let max = q
         .max_bytes
         .unwrap_or(DEFAULT_READ_BYTES)
@@ -295,11 +320,11 @@ async fn output(
 }
 
 async fn write_stdin(
-    State(state): State<Arc<AppState>>,
+    State(processes): State<Processes>,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<StdinWrite>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    let proc = state.processes.procs.get(&id)?;
+    let proc = processes.table.procs.get(&id)?;
     let data = match (req.data, req.data_b64) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid("give either data or data_b64, not both"))
@@ -348,11 +373,11 @@ async fn write_stdin(
 }
 
 async fn signal(
-    State(state): State<Arc<AppState>>,
+    State(processes): State<Processes>,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<SignalRequest>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    let proc = state.processes.procs.get(&id)?;
+    let proc = processes.table.procs.get(&id)?;
     let number = req
         .signal
         .number()
@@ -377,11 +402,11 @@ struct WaitQuery {
 }
 
 async fn wait(
-    State(state): State<Arc<AppState>>,
+    State(processes): State<Processes>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> ApiResult<Json<ProcessInfo>> {
-    let proc = state.processes.procs.get(&id)?;
+    let proc = processes.table.procs.get(&id)?;
     let limit = Duration::from_millis(q.timeout_ms.unwrap_or(DEFAULT_WAIT_MS));
     let mut rx = proc.exit.subscribe();
     let _ = tokio::time::timeout(limit, rx.wait_for(Option::is_some)).await;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -30,14 +30,13 @@ use orchard_protocol::{Command, ErrorCode, ExecRequest};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{broadcast, watch};
 
-use crate::api::extract::JsonBody;
+use crate::api::extract::{BodyLimit, JsonBody};
 use crate::api::registry::Registry;
 use crate::error::{ApiError, ApiResult};
 use crate::proc::buffer::Ring;
 use crate::proc::procfs;
-use crate::proc::reaper::Exit;
+use crate::proc::reaper::{Exit, Reaper};
 use crate::proc::spawn::{kill_one, spawn_pty, SpawnSpec};
-use crate::server::state::AppState;
 
 /// Scrollback kept per terminal for re-attaching viewers.
 pub const SCROLLBACK_BYTES: usize = 256 * 1024;
@@ -205,8 +204,33 @@ impl PtyTable {
     }
 }
 
+/// The terminal capability's state: the reaper the programs' exits go through and the
+/// table of terminals.
+#[derive(Clone)]
+pub struct Terminals {
+    /// The one owner of `waitpid`.
+    pub reaper: Arc<Reaper>,
+    /// Terminals.
+    pub table: Arc<PtyTable>,
+}
+
+impl Terminals {
+    /// No terminals yet; their programs are reaped through `reaper`.
+    pub fn new(reaper: Arc<Reaper>) -> Self {
+        Self {
+            reaper,
+            table: Arc::default(),
+        }
+    }
+}
+
 /// Routes of the terminal capability.
-pub fn routes() -> Router<Arc<AppState>> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Terminals: FromRef<S>,
+    BodyLimit: FromRef<S>,
+{
     Router::new()
         .route("/v1/pty", post(create).get(list))
         .route("/v1/pty/compat", get(compat))
@@ -224,8 +248,8 @@ fn default_shell() -> String {
 }
 
 /// Starts a terminal and its reader and exit tasks.
-fn open(state: &Arc<AppState>, req: &PtyCreate) -> ApiResult<Arc<Pty>> {
-    let table = &state.ptys;
+fn open(terminals: &Terminals, req: &PtyCreate) -> ApiResult<Arc<Pty>> {
+    let table = &terminals.table;
     table.sweep();
     if table.0.len() >= MAX_PTYS {
         return Err(ApiError::new(
@@ -256,7 +280,7 @@ fn open(state: &Arc<AppState>, req: &PtyCreate) -> ApiResult<Arc<Pty>> {
         },
         false,
     )?;
-    let child = spawn_pty(&state.reaper, &spec, rows, cols)?;
+    let child = spawn_pty(&terminals.reaper, &spec, rows, cols)?;
     // SAFETY: the master fd is owned by the AsyncFd from here on and stays open.
     let master = unsafe {
         AsyncFd::register_with_interest(
@@ -324,42 +348,48 @@ async fn read_loop(pty: Arc<Pty>) {
 }
 
 async fn create(
-    State(state): State<Arc<AppState>>,
+    State(terminals): State<Terminals>,
     JsonBody(req): JsonBody<PtyCreate>,
 ) -> ApiResult<Json<PtyInfo>> {
-    Ok(Json(open(&state, &req)?.info()))
+    Ok(Json(open(&terminals, &req)?.info()))
 }
 
-async fn list(State(state): State<Arc<AppState>>) -> Json<PtyList> {
-    let ptys = state.ptys.0.values().iter().map(|p| p.info()).collect();
+async fn list(State(terminals): State<Terminals>) -> Json<PtyList> {
+    let ptys = terminals
+        .table
+        .0
+        .values()
+        .iter()
+        .map(|p| p.info())
+        .collect();
     Json(PtyList { ptys })
 }
 
 async fn one(
-    State(state): State<Arc<AppState>>,
+    State(terminals): State<Terminals>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<PtyInfo>> {
-    Ok(Json(state.ptys.0.get(&id)?.info()))
+    Ok(Json(terminals.table.0.get(&id)?.info()))
 }
 
 async fn remove(
-    State(state): State<Arc<AppState>>,
+    State(terminals): State<Terminals>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<PtyInfo>> {
-    let pty = state.ptys.0.get(&id)?;
+    let pty = terminals.table.0.get(&id)?;
     if pty.exit.borrow().is_none() {
         pty.close();
     }
-    state.ptys.0.remove(&id);
+    terminals.table.0.remove(&id);
     Ok(Json(pty.info()))
 }
 
 async fn resize(
-    State(state): State<Arc<AppState>>,
+    State(terminals): State<Terminals>,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<PtyResize>,
 ) -> ApiResult<Json<PtyInfo>> {
-    let pty = state.ptys.0.get(&id)?;
+    let pty = terminals.table.0.get(&id)?;
     pty.resize(req.rows, req.cols)?;
     Ok(Json(pty.info()))
 }
@@ -370,11 +400,11 @@ fn upgrade(ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>) -> ApiResult
 }
 
 async fn attach(
-    State(state): State<Arc<AppState>>,
+    State(terminals): State<Terminals>,
     Path(id): Path<String>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
-    let pty = state.ptys.0.get(&id)?;
+    let pty = terminals.table.0.get(&id)?;
     Ok(upgrade(ws)?.on_upgrade(move |socket| viewer(socket, pty)))
 }
 
@@ -502,10 +532,10 @@ async fn viewer(mut socket: WebSocket, pty: Arc<Pty>) {
 }
 
 async fn compat(
-    State(state): State<Arc<AppState>>,
+    State(terminals): State<Terminals>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
-    Ok(upgrade(ws)?.on_upgrade(move |socket| compat_session(socket, state)))
+    Ok(upgrade(ws)?.on_upgrade(move |socket| compat_session(socket, terminals)))
 }
 
 async fn close_with(mut socket: WebSocket, code: u16, reason: &str) {
@@ -539,7 +569,7 @@ async fn close_gracefully(socket: &mut WebSocket, code: u16, reason: &str) {
 
 /// The Orchard-compatible terminal protocol: `init` first, then the same terminal
 /// machinery as ours.
-async fn compat_session(mut socket: WebSocket, state: Arc<AppState>) {
+async fn compat_session(mut socket: WebSocket, terminals: Terminals) {
     let first = tokio::time::timeout(INIT_TIMEOUT, socket.recv()).await;
     let init = match first {
         Ok(Some(Ok(Message::Text(t)))) => serde_json::from_str::<CompatClientFrame>(&t).ok(),
@@ -575,7 +605,7 @@ async fn compat_session(mut socket: WebSocket, state: Arc<AppState>) {
         cols,
         idle_timeout_ms: None,
     };
-    let pty = match open(&state, &req) {
+    let pty = match open(&terminals, &req) {
         Ok(pty) => pty,
         Err(e) => {
             let _ = socket

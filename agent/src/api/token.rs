@@ -4,30 +4,32 @@
 //! refused from then on.
 //!
 //! The check reads the current token under a read lock (uncontended: a few ns per
-//! request) and compares in constant time.
+//! request) and compares in constant time. [`Token`] is this capability's whole state,
+//! shared with the server's gate, which checks every request against it.
 
 use std::sync::{Arc, RwLock};
 
-use axum::extract::State;
-use axum::Json;
+use axum::extract::{FromRef, State};
+use axum::routing::put;
+use axum::{Json, Router};
 use orchard_protocol::error::ErrorCode;
 use orchard_protocol::health::{TokenRotate, TokenRotated};
 
 use crate::error::ApiError;
-use crate::server::state::AppState;
 
 /// Shortest token accepted by a rotation.
 pub const MIN_LEN: usize = 16;
 /// Longest token accepted by a rotation.
 pub const MAX_LEN: usize = 256;
 
-/// The current token.
-pub struct Token(RwLock<Arc<[u8]>>);
+/// The current token; clones share it, so a rotation is seen by every holder.
+#[derive(Clone)]
+pub struct Token(Arc<RwLock<Arc<[u8]>>>);
 
 impl Token {
     /// Starts with `token`.
     pub fn new(token: &str) -> Token {
-        Token(RwLock::new(token.as_bytes().into()))
+        Token(Arc::new(RwLock::new(token.as_bytes().into())))
     }
 
     fn current(&self) -> Arc<[u8]> {
@@ -40,7 +42,7 @@ impl Token {
 
     /// Whether `given` is the current token (constant time in its contents).
     pub fn matches(&self, given: &[u8]) -> bool {
-        crate::server::router::constant_time_eq(given, &self.current())
+        constant_time_eq(given, &self.current())
     }
 
     /// Replaces the token.
@@ -51,6 +53,12 @@ impl Token {
             Err(p) => *p.into_inner() = new,
         }
     }
+}
+
+/// Compares two byte strings in time that does not depend on their contents (`subtle`
+/// answers at once when the lengths differ; a token's length is no secret).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    bool::from(subtle::ConstantTimeEq::ct_eq(a, b))
 }
 
 /// Whether `token` may become the agent's token.
@@ -67,13 +75,22 @@ pub fn acceptable(token: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Routes of the token capability.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Token: FromRef<S>,
+{
+    Router::new().route("/v1/token", put(rotate))
+}
+
 /// `PUT /v1/token`.
-pub async fn rotate(
-    State(state): State<Arc<AppState>>,
+async fn rotate(
+    State(token): State<Token>,
     Json(req): Json<TokenRotate>,
 ) -> Result<Json<TokenRotated>, ApiError> {
     acceptable(&req.token).map_err(|m| ApiError::new(ErrorCode::InvalidArgument, m))?;
-    state.token.replace(&req.token);
+    token.replace(&req.token);
     Ok(Json(TokenRotated { rotated: true }))
 }
 
@@ -88,6 +105,17 @@ mod tests {
         t.replace("claimed-token-abcdefghij");
         assert!(!t.matches(b"pool-token-0123456789"));
         assert!(t.matches(b"claimed-token-abcdefghij"));
+    }
+
+    #[test]
+    fn constant_time_eq_compares_content_and_length() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+        // Lengths differing by a multiple of 256 must still differ.
+        assert!(!constant_time_eq(&[0u8; 256], b""));
     }
 
     #[test]

@@ -1,8 +1,7 @@
-//! HTTP transport: the router, token auth, and draining what a handler left unread.
-//! Handlers live in their capability's module (`exec`, `process`, `session`, `pty`,
-//! `files`, `git`, `health`); this module only wires them. The state they share is in
-//! [`crate::server::state`], the extractors and body limits in [`crate::api::extract`], so no
-//! capability depends on this module.
+//! HTTP transport: the router, the gate every request passes (token, shutdown), and
+//! draining what a handler left unread. Handlers live in their capability's module
+//! under [`crate::api`], each with its own routes and state; this module only merges
+//! them over [`AppState`] ([`super::state`]), which hands each its part.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,21 +12,16 @@ use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 use futures_util::StreamExt;
 use orchard_protocol::{ErrorCode, TOKEN_HEADER};
 
+use super::state::{AppState, Gate};
+use crate::api;
 use crate::error::ApiError;
-use crate::server::state::AppState;
 
-/// Compares two byte strings in time that does not depend on their contents (`subtle`
-/// answers at once when the lengths differ; a token's length is no secret).
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    bool::from(subtle::ConstantTimeEq::ct_eq(a, b))
-}
-
-async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn require_token(State(gate): State<Gate>, req: Request, next: Next) -> Response {
     let given = req
         .headers()
         .get(TOKEN_HEADER)
@@ -37,7 +31,7 @@ async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: N
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
         });
-    let ok = given.is_some_and(|t| state.token.matches(t));
+    let ok = given.is_some_and(|t| gate.token.matches(t));
     if !ok {
         return ApiError::new(
             ErrorCode::Unauthorized,
@@ -45,7 +39,7 @@ async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: N
         )
         .into_response();
     }
-    if state.shutting_down.load(Ordering::Relaxed) {
+    if gate.shutting_down.load(Ordering::Relaxed) {
         return ApiError::new(ErrorCode::ShuttingDown, "the agent is shutting down")
             .into_response();
     }
@@ -100,18 +94,16 @@ async fn livez() -> &'static str {
 }
 
 /// The full router.
-pub fn router(state: Arc<AppState>) -> Router {
+pub fn router(state: AppState) -> Router {
     let authed = Router::new()
-        .route("/v1/health", get(crate::api::health::health))
-        .route("/v1/token", axum::routing::put(crate::api::token::rotate))
-        .route("/v1/exec", post(crate::api::exec::exec_sync))
-        .route("/v1/exec/stream", post(crate::api::exec::exec_stream))
-        .route("/v1/exec/results/{id}", get(crate::api::kept::result))
-        .merge(crate::api::process::routes())
-        .merge(crate::api::session::routes())
-        .merge(crate::api::pty::routes())
-        .merge(crate::api::files::routes())
-        .merge(crate::api::git::routes())
+        .merge(api::health::routes())
+        .merge(api::token::routes())
+        .merge(api::exec::routes())
+        .merge(api::process::routes())
+        .merge(api::session::routes())
+        .merge(api::pty::routes())
+        .merge(api::files::routes())
+        .merge(api::git::routes())
         .fallback(route_not_found)
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -119,7 +111,10 @@ pub fn router(state: Arc<AppState>) -> Router {
                 "method not allowed on this route",
             )
         })
-        .layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .layer(middleware::from_fn_with_state(
+            state.gate.clone(),
+            require_token,
+        ));
     Router::new()
         .route("/livez", get(livez))
         .merge(authed)
@@ -129,7 +124,6 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::server::test_http;
 
     #[tokio::test]
@@ -145,16 +139,5 @@ mod tests {
             .await
             .expect("answered, not cut off mid-body");
         assert_eq!((status, &answer["code"]), (404, &"route_not_found".into()));
-    }
-
-    #[test]
-    fn constant_time_eq_compares_content_and_length() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
-        assert!(constant_time_eq(b"", b""));
-        // Lengths differing by a multiple of 256 must still differ.
-        assert!(!constant_time_eq(&[0u8; 256], b""));
     }
 }

@@ -2,7 +2,6 @@
 //! SIGINT (the signal is forwarded to every command, which gets the grace period before
 //! SIGKILL; then the listeners close and the socket file is removed).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -182,13 +181,12 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         servers.push(serve_until(listener, app, stop_rx.clone()));
     }
 
-    let prune_state = state.clone();
+    let sweep_state = state.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
-            prune_state.processes.prune();
-            prune_state.ptys.sweep();
+            sweep_state.sweep();
         }
     });
 
@@ -196,7 +194,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         _ = sigterm.recv() => libc::SIGTERM,
         _ = sigint.recv() => libc::SIGINT,
     };
-    state.shutting_down.store(true, Ordering::Relaxed);
+    state.begin_shutdown();
     let children = reaper.live_pids();
     for pid in &children {
         kill_group(*pid, received);

@@ -13,16 +13,16 @@
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::extract::FromRef;
 use axum::routing::{get, post};
 use axum::Router;
 use orchard_protocol::ErrorCode;
 use serde::Deserialize;
 
+use crate::api::extract::BodyLimit;
 use crate::error::{ApiError, ApiResult};
-use crate::server::state::AppState;
 
 use self::manage::{make_dir, move_path, remove_path};
 use self::read::read_file;
@@ -49,8 +49,21 @@ const DEFAULT_FILE_MODE: u32 = 0o644;
 /// Mode of created directories when none is given.
 const DEFAULT_DIR_MODE: u32 = 0o755;
 
+/// The files capability's state: the largest uploaded file or archive, in bytes
+/// (`--max-upload-bytes`). Everything else a file operation needs is in its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Files {
+    /// Largest uploaded file or archive in bytes.
+    pub max_upload_bytes: u64,
+}
+
 /// Routes of the files capability.
-pub fn routes() -> Router<Arc<AppState>> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Files: FromRef<S>,
+    BodyLimit: FromRef<S>,
+{
     Router::new()
         .route(
             "/v1/files",

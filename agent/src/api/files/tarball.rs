@@ -8,7 +8,6 @@
 //! so a slow side holds the other back instead of buffering the whole stream.
 
 use std::io::{self, BufWriter, Read};
-use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -23,12 +22,13 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
 
-use super::{absolute, blocking_failed, guard, too_large, unreadable_body, PathQuery, CHUNK};
+use super::{
+    absolute, blocking_failed, guard, too_large, unreadable_body, Files, PathQuery, CHUNK,
+};
 use crate::api::extract::{content_length, ApiQuery};
 use crate::api::files::archive;
 use crate::error::{ApiError, ApiResult};
 use crate::pid1::fsuser;
-use crate::server::state::AppState;
 
 /// Chunks queued between the async body and a blocking tar reader or writer; bounded
 /// so a slow side holds the other back instead of buffering the whole stream.
@@ -100,12 +100,12 @@ async fn feed_body(body: Body, tx: mpsc::Sender<Chunk>, limit: u64) -> ApiResult
 }
 
 pub(super) async fn upload_archive(
-    State(state): State<Arc<AppState>>,
+    State(files): State<Files>,
     ApiQuery(q): ApiQuery<PathQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<ExtractResult>> {
-    let limit = state.config.limits.max_upload_bytes;
+    let limit = files.max_upload_bytes;
     extract_body(q.path, &headers, body, limit).await.map(Json)
 }
 

@@ -6,7 +6,6 @@ use std::fs::{self, Permissions};
 use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -19,12 +18,12 @@ use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
 use super::{
-    absolute, blocking_failed, parse_mode, too_large, unique_suffix, unreadable_body, TEMP_PREFIX,
+    absolute, blocking_failed, parse_mode, too_large, unique_suffix, unreadable_body, Files,
+    TEMP_PREFIX,
 };
 use crate::api::extract::{content_length, ApiQuery};
 use crate::error::{ApiError, ApiResult};
 use crate::pid1::fsuser;
-use crate::server::state::AppState;
 
 #[derive(Deserialize)]
 pub(super) struct WriteQuery {
@@ -87,12 +86,12 @@ async fn create_temp(dir: &Path, target: &str) -> ApiResult<(tokio::fs::File, Te
 }
 
 pub(super) async fn write_file(
-    State(state): State<Arc<AppState>>,
+    State(files): State<Files>,
     ApiQuery(q): ApiQuery<WriteQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<WriteResult>> {
-    let limit = state.config.limits.max_upload_bytes;
+    let limit = files.max_upload_bytes;
     write_body(&q, &headers, body, limit).await.map(Json)
 }
 

@@ -33,8 +33,9 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Once};
+use std::sync::Once;
 
+use axum::extract::FromRef;
 use axum::routing::post;
 use axum::{Json, Router};
 use git2::{Delta, Repository, RepositoryOpenFlags, Tree};
@@ -44,9 +45,8 @@ use orchard_protocol::git::{
 };
 use orchard_protocol::ErrorCode;
 
-use crate::api::extract::JsonBody;
+use crate::api::extract::{BodyLimit, JsonBody};
 use crate::error::{ApiError, ApiResult};
-use crate::server::state::AppState;
 
 mod analyze;
 mod apply;
@@ -150,8 +150,13 @@ fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
-/// Routes of the git capability.
-pub fn routes() -> Router<Arc<AppState>> {
+/// Routes of the git capability. It has no state of its own: a request names its
+/// repository, and only the body limit applies.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    BodyLimit: FromRef<S>,
+{
     Router::new()
         .route("/v1/git/status", post(status_route))
         .route("/v1/git/diff", post(diff_route))

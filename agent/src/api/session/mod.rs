@@ -28,9 +28,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use orchard_protocol::health::Limits;
 use orchard_protocol::session::{
     SessionCreate, SessionInfo, SessionList, SessionRun, SessionRunResult,
 };
@@ -40,14 +41,13 @@ use tokio::net::unix::pipe;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use crate::api::extract::JsonBody;
+use crate::api::extract::{BodyLimit, JsonBody};
 use crate::api::registry::Registry;
 use crate::error::{ApiError, ApiResult};
 use crate::proc::buffer::HeadTail;
 use crate::proc::procfs;
-use crate::proc::reaper::Exit;
+use crate::proc::reaper::{Exit, Reaper};
 use crate::proc::spawn::{kill_group, kill_one, spawn, SpawnSpec};
-use crate::server::state::AppState;
 
 /// Most sessions alive at once.
 pub const MAX_SESSIONS: usize = 64;
@@ -108,8 +108,36 @@ impl Default for SessionTable {
     }
 }
 
+/// The sessions capability's state: the reaper the shells' exits go through, the
+/// limits a command's timeout and output default to, and the table of sessions.
+#[derive(Clone)]
+pub struct Sessions {
+    /// The one owner of `waitpid`.
+    pub reaper: Arc<Reaper>,
+    /// Limits in force.
+    pub limits: Limits,
+    /// Persistent shell sessions.
+    pub table: Arc<SessionTable>,
+}
+
+impl Sessions {
+    /// No sessions yet; shells are reaped through `reaper`.
+    pub fn new(limits: Limits, reaper: Arc<Reaper>) -> Self {
+        Self {
+            reaper,
+            limits,
+            table: Arc::default(),
+        }
+    }
+}
+
 /// Routes of the sessions capability.
-pub fn routes() -> Router<Arc<AppState>> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Sessions: FromRef<S>,
+    BodyLimit: FromRef<S>,
+{
     Router::new()
         .route("/v1/sessions", post(create).get(list))
         .route("/v1/sessions/{id}", delete(remove).get(one))
@@ -126,10 +154,10 @@ fn default_shell() -> &'static str {
 }
 
 async fn create(
-    State(state): State<Arc<AppState>>,
+    State(sessions): State<Sessions>,
     JsonBody(req): JsonBody<SessionCreate>,
 ) -> ApiResult<Json<SessionInfo>> {
-    if state.sessions.0.len() >= MAX_SESSIONS {
+    if sessions.table.0.len() >= MAX_SESSIONS {
         return Err(ApiError::new(
             ErrorCode::TooManyProcesses,
             format!("{MAX_SESSIONS} sessions are open; delete one first"),
@@ -141,12 +169,12 @@ async fn create(
                 "restore brings back the session's own shell, cwd and env: give none of them with it",
             ));
         }
-        return state::restore(&state, restored).await.map(Json);
+        return state::restore(&sessions, restored).await.map(Json);
     }
     let shell = req.shell.unwrap_or_else(|| default_shell().to_string());
-    let started = start_shell(&state, shell, req.cwd, req.env, false)?;
-    let session = state
-        .sessions
+    let started = start_shell(&sessions.reaper, shell, req.cwd, req.env, false)?;
+    let session = sessions
+        .table
         .0
         .insert_with(None, |id| started.into_session(id))?;
     Ok(Json(session.info()))
@@ -177,7 +205,7 @@ impl Started {
 /// Starts `shell` reading commands from a pipe, with `env` added to the agent's
 /// environment, or as all of it with `clear_env`.
 fn start_shell(
-    state: &AppState,
+    reaper: &Arc<Reaper>,
     shell: String,
     cwd: Option<String>,
     env: BTreeMap<String, String>,
@@ -199,7 +227,7 @@ fn start_shell(
     } else {
         vec![shell.clone()]
     };
-    let mut child = spawn(&state.reaper, &spec)?;
+    let mut child = spawn(reaper, &spec)?;
     let Some(stdin) = child.stdin.take() else {
         kill_group(child.pid, libc::SIGKILL);
         return Err(ApiError::new(
@@ -243,26 +271,26 @@ fn kill_shell(pid: i32) {
     }
 }
 
-async fn list(State(state): State<Arc<AppState>>) -> Json<SessionList> {
-    let sessions = state.sessions.0.values().iter().map(|s| s.info()).collect();
+async fn list(State(sessions): State<Sessions>) -> Json<SessionList> {
+    let sessions = sessions.table.0.values().iter().map(|s| s.info()).collect();
     Json(SessionList { sessions })
 }
 
 async fn one(
-    State(state): State<Arc<AppState>>,
+    State(sessions): State<Sessions>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SessionInfo>> {
-    Ok(Json(state.sessions.0.get(&id)?.info()))
+    Ok(Json(sessions.table.0.get(&id)?.info()))
 }
 
 async fn remove(
-    State(state): State<Arc<AppState>>,
+    State(sessions): State<Sessions>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SessionInfo>> {
-    let session = state.sessions.0.get(&id)?;
+    let session = sessions.table.0.get(&id)?;
     kill_shell(session.pid);
     session.alive.store(false, Ordering::Relaxed);
-    state.sessions.0.remove(&id);
+    sessions.table.0.remove(&id);
     Ok(Json(session.info()))
 }
 
@@ -413,18 +441,16 @@ impl Drop for CancelOnDrop {
 }
 
 async fn run(
-    State(state): State<Arc<AppState>>,
+    State(sessions): State<Sessions>,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<SessionRun>,
 ) -> ApiResult<Json<SessionRunResult>> {
-    let session = state.sessions.0.get(&id)?;
-    let timeout_ms = req
-        .timeout_ms
-        .unwrap_or(state.config.limits.default_timeout_ms);
+    let session = sessions.table.0.get(&id)?;
+    let timeout_ms = req.timeout_ms.unwrap_or(sessions.limits.default_timeout_ms);
     if timeout_ms == 0 {
         return Err(ApiError::invalid("timeout_ms must be at least 1"));
     }
-    let cap = state.config.limits.max_output_bytes as usize;
+    let cap = sessions.limits.max_output_bytes as usize;
     // The command runs in its own task: a client that gives up must not leave it
     // half-read in the shell, where its output and marker would leak into the next
     // run. Dropping the request interrupts the command instead, and the task reads up

@@ -22,10 +22,9 @@ use orchard_protocol::session::{SessionInfo, SessionState};
 use orchard_protocol::ErrorCode;
 use tokio::sync::Notify;
 
-use super::{run_locked, sh_quote, start_shell, CancelOnDrop, KillShell, Session};
+use super::{run_locked, sh_quote, start_shell, CancelOnDrop, KillShell, Session, Sessions};
 use crate::api::registry::is_valid_id;
 use crate::error::{ApiError, ApiResult};
-use crate::server::state::AppState;
 
 /// Longest id a restored session may have.
 const MAX_ID_LEN: usize = 64;
@@ -40,7 +39,7 @@ const FUNCTIONS_COMMAND: &str = "if [ -n \"${BASH_VERSION-}\" ]; then builtin de
 /// `POST /v1/sessions` with `restore`: the shell of `restored` started again, its
 /// shell-maintained variables and functions set up as its first command (not counted
 /// in `commands`), then registered under its id.
-pub(super) async fn restore(state: &AppState, restored: SessionState) -> ApiResult<SessionInfo> {
+pub(super) async fn restore(sessions: &Sessions, restored: SessionState) -> ApiResult<SessionInfo> {
     let SessionState {
         id,
         shell,
@@ -54,18 +53,18 @@ pub(super) async fn restore(state: &AppState, restored: SessionState) -> ApiResu
         )));
     }
     // Early and cheap; `insert_with` checks again, atomically, at the end.
-    if state.sessions.0.get(&id).is_ok() {
+    if sessions.table.0.get(&id).is_ok() {
         return Err(ApiError::new(
             ErrorCode::AlreadyExists,
             format!("a session with id {id} exists"),
         ));
     }
     let script = restore_script(&env, &functions);
-    let mut started = start_shell(state, shell, Some(cwd), env, true)?;
+    let mut started = start_shell(&sessions.reaper, shell, Some(cwd), env, true)?;
     // Killed if this request is dropped or fails before the session is registered.
     let mut guard = KillShell(Some(started.pid));
-    let timeout = Duration::from_millis(state.config.limits.default_timeout_ms);
-    let cap = state.config.limits.max_output_bytes as usize;
+    let timeout = Duration::from_millis(sessions.limits.default_timeout_ms);
+    let cap = sessions.limits.max_output_bytes as usize;
     let ran = run_locked(
         started.pid,
         &started.exit,
@@ -87,8 +86,8 @@ pub(super) async fn restore(state: &AppState, restored: SessionState) -> ApiResu
             String::from_utf8_lossy(&stderr).trim_end()
         )));
     }
-    let session = state
-        .sessions
+    let session = sessions
+        .table
         .0
         .insert_with(Some(id), |id| started.into_session(id))?;
     guard.0 = None;
@@ -107,11 +106,11 @@ fn restore_script(env: &BTreeMap<String, String>, functions: &str) -> String {
 
 /// `GET /v1/sessions/{id}/state`.
 pub(super) async fn capture(
-    State(state): State<Arc<AppState>>,
+    State(sessions): State<Sessions>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SessionState>> {
-    let session = state.sessions.0.get(&id)?;
-    let limits = &state.config.limits;
+    let session = sessions.table.0.get(&id)?;
+    let limits = &sessions.limits;
     let timeout = Duration::from_millis(limits.default_timeout_ms);
     // A state larger than a request body could not be restored.
     let cap = limits.max_body_bytes as usize;
