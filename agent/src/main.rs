@@ -60,7 +60,7 @@ struct Args {
     /// Run every command as this user: `UID:GID[,GROUP...]` (the image's `User`). The
     /// agent itself stays root.
     #[arg(long)]
-    user: Option<orchard_agent::proc::spawn::RunAs>,
+    user: Option<orchard_agent::pid1::user::RunAs>,
     /// Publish the harness tools found in DIR/bin (a path inside the sandbox, e.g.
     /// /opt/sandbox-tools): shims in /usr/local/bin for tools the image lacks and an
     /// /etc/profile.d entry, before serving (see the `tools` module).
@@ -153,7 +153,7 @@ fn main() -> anyhow::Result<()> {
     // Commands must not see the token in their environment.
     std::env::remove_var("ORCHARD_AGENT_TOKEN");
     if let Some(user) = args.user.clone() {
-        orchard_agent::proc::spawn::set_run_as(user);
+        orchard_agent::pid1::user::set_run_as(user);
     }
     if let Some(dir) = &args.publish_tools {
         let path = std::env::var("PATH").unwrap_or_default();

@@ -692,7 +692,7 @@ pub fn shell_join(argv: &[String]) -> String {
             {
                 a.clone()
             } else {
-                crate::api::session::sh_quote(a)
+                crate::proc::spawn::sh_quote(a)
             }
         })
         .collect::<Vec<_>>()

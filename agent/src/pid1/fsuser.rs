@@ -28,7 +28,7 @@
 
 use rustix::process::Gid;
 
-use crate::proc::spawn::{run_as, RunAs};
+use super::user::{run_as, RunAs};
 
 /// The thread's credentials before the switch.
 struct Restore {

@@ -3,3 +3,4 @@
 pub mod fsuser;
 pub mod init;
 pub mod tools;
+pub mod user;

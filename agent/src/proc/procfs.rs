@@ -59,8 +59,62 @@ pub fn all() -> Vec<Stat> {
     pids().into_iter().filter_map(stat).collect()
 }
 
+/// Direct children of `pid`, from `/proc/PID/task/*/children` (one small read per
+/// thread), or `None` where the kernel does not offer that file.
+fn children(pid: i32) -> Option<Vec<i32>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut out = Vec::new();
+    let mut any = false;
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            any = true;
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+    any.then_some(out)
+}
+
+/// Pids of every descendant of `root`. Cheap (it runs before every session command)
+/// where the kernel lists children; a scan of all of /proc otherwise.
+pub fn descendants(root: i32) -> Vec<i32> {
+    if children(root).is_some() {
+        let mut found = Vec::new();
+        let mut queue = vec![root];
+        while let Some(pid) = queue.pop() {
+            for child in children(pid).unwrap_or_default() {
+                if !found.contains(&child) {
+                    found.push(child);
+                    queue.push(child);
+                }
+            }
+        }
+        return found;
+    }
+    let parent_of: Vec<(i32, i32)> = all().iter().map(|p| (p.pid, p.ppid)).collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        for (pid, ppid) in &parent_of {
+            if *ppid == parent && !found.contains(pid) {
+                found.push(*pid);
+            }
+        }
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use crate::proc::spawn::kill_one;
+
     use super::*;
 
     #[test]
@@ -85,5 +139,26 @@ mod tests {
         let me = std::process::id() as i32;
         assert!(pids().contains(&me));
         assert_eq!(stat(me).map(|s| s.pid), Some(me));
+    }
+
+    #[test]
+    fn descendants_include_grandchildren() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut found = descendants(pid);
+        while found.len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+            found = descendants(pid);
+        }
+        for p in &found {
+            kill_one(*p, libc::SIGKILL);
+        }
+        kill_one(pid, libc::SIGKILL);
+        let _ = child.wait();
+        assert_eq!(found.len(), 2, "{found:?}");
     }
 }

@@ -19,6 +19,7 @@ use rustix::process::{Gid, Pid, Uid};
 use tokio::net::unix::pipe;
 
 use crate::error::ApiError;
+use crate::pid1::user::run_as;
 use crate::proc::placement::Pin;
 use crate::proc::reaper::{ExitWaiter, Reaper};
 
@@ -148,49 +149,6 @@ pub struct Spawned {
     pub started: Instant,
 }
 
-/// The user commands run as: uid, gid and supplementary groups.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunAs {
-    /// User id.
-    pub uid: u32,
-    /// Primary group id.
-    pub gid: u32,
-    /// Supplementary groups.
-    pub groups: Vec<u32>,
-}
-
-impl std::str::FromStr for RunAs {
-    type Err = String;
-
-    /// Parses `UID:GID[,GROUP...]`, e.g. `1000:1000,27,100`.
-    fn from_str(text: &str) -> Result<Self, String> {
-        let bad = || format!("{text:?} is not UID:GID[,GROUP...]");
-        let (uid, rest) = text.split_once(':').ok_or_else(bad)?;
-        let mut ids = rest.split(',');
-        let gid = ids.next().ok_or_else(bad)?;
-        let num = |v: &str| v.trim().parse::<u32>().map_err(|_| bad());
-        Ok(RunAs {
-            uid: num(uid)?,
-            gid: num(gid)?,
-            groups: ids.map(num).collect::<Result<_, _>>()?,
-        })
-    }
-}
-
-/// The image's user, when it is not root: set once at start-up from `--user`.
-static RUN_AS: std::sync::OnceLock<RunAs> = std::sync::OnceLock::new();
-
-/// Makes every command (exec, process, session, terminal) run as `user`. The agent
-/// itself stays root: it must bind its socket and serve files anywhere.
-pub fn set_run_as(user: RunAs) {
-    let _ = RUN_AS.set(user);
-}
-
-/// The user commands run as, when the agent was given one.
-pub fn run_as() -> Option<&'static RunAs> {
-    RUN_AS.get()
-}
-
 /// A `Command` for `spec` with its argv, environment and cwd; stdio is the caller's.
 fn command(spec: &SpawnSpec) -> std::process::Command {
     let mut cmd = std::process::Command::new(&spec.argv[0]);
@@ -204,7 +162,7 @@ fn command(spec: &SpawnSpec) -> std::process::Command {
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
     }
-    if let Some(user) = RUN_AS.get() {
+    if let Some(user) = run_as() {
         // The rustix calls are the raw system calls, which act on the calling thread
         // only: right in the child, which has just the one thread.
         let groups: Vec<Gid> = user.groups.iter().map(|&g| Gid::from_raw(g)).collect();
@@ -237,7 +195,7 @@ fn start(
     // When no CPU is idle, the child starts on this thread's CPU and gets the full
     // mask back once it has exec'd ([`crate::proc::placement`]). Not for commands run as
     // another user: without CAP_SYS_NICE the agent could not give their mask back.
-    let pin = if RUN_AS.get().is_none() {
+    let pin = if run_as().is_none() {
         Pin::when_busy()
     } else {
         None
@@ -467,6 +425,11 @@ pub fn group_alive(pgid: i32) -> bool {
         .is_some_and(|pgid| rustix::process::test_kill_process_group(pgid).is_ok())
 }
 
+/// Quotes `text` for a POSIX shell: `'` becomes `'\''`.
+pub fn sh_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,22 +439,6 @@ mod tests {
             command,
             ..Default::default()
         }
-    }
-
-    #[test]
-    fn run_as_parses_uid_gid_and_groups() {
-        let u: RunAs = "1000:100,27,44".parse().unwrap();
-        assert_eq!(
-            u,
-            RunAs {
-                uid: 1000,
-                gid: 100,
-                groups: vec![27, 44]
-            }
-        );
-        assert_eq!("0:0".parse::<RunAs>().unwrap().groups, Vec::<u32>::new());
-        assert!("root".parse::<RunAs>().is_err());
-        assert!("1:x".parse::<RunAs>().is_err());
     }
 
     #[test]
@@ -517,5 +464,10 @@ mod tests {
         r.cwd = Some("/definitely/not/here".into());
         let err = SpawnSpec::from_request(&r, false).unwrap_err();
         assert_eq!(ApiError::from(err).code, ErrorCode::CwdNotFound);
+    }
+
+    #[test]
+    fn quoting_survives_single_quotes() {
+        assert_eq!(sh_quote("it's"), r"'it'\''s'");
     }
 }

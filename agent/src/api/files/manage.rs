@@ -12,12 +12,13 @@ use orchard_protocol::files::{Done, MkdirRequest, MoveRequest};
 use orchard_protocol::ErrorCode;
 use serde::Deserialize;
 
-use super::{
-    absolute, blocking_failed, check_mode, is_root, unique_suffix, DEFAULT_DIR_MODE, TEMP_PREFIX,
+use super::common::{
+    absolute, blocking_failed, check_mode, is_root, DEFAULT_DIR_MODE, TEMP_PREFIX,
 };
 use crate::api::extract::{ApiQuery, JsonBody};
 use crate::error::{ApiError, ApiResult};
 use crate::pid1::fsuser;
+use crate::sys::unique_suffix;
 
 #[derive(Deserialize)]
 pub(super) struct RemoveQuery {

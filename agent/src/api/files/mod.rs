@@ -7,23 +7,18 @@
 //! uploads and downloads stream through blocking threads (see `tarball`).
 //!
 //! One file per operation: `read`, `write` (upload), `stat` (stat and list),
-//! `manage` (remove, mkdir, move) and `tarball` (tar upload and download). This module
-//! holds the routes and what they share: path and mode parsing, the common errors and
-//! temporary names.
-
-use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+//! `manage` (remove, mkdir, move) and `tarball` (tar upload and download, over
+//! [`archive`], the tar logic itself); `guard` resolves read paths safely, and `common`
+//! holds this capability's state and what the operations share: path and mode
+//! parsing, the common errors and temporary names. This module holds the routes.
 
 use axum::extract::FromRef;
 use axum::routing::{get, post};
 use axum::Router;
-use orchard_protocol::ErrorCode;
-use serde::Deserialize;
 
 use crate::api::extract::BodyLimit;
-use crate::error::{ApiError, ApiResult};
 
+pub use self::common::{absolute, parse_mode, Files, MAX_LIST_ENTRIES, TEMP_PREFIX};
 use self::manage::{make_dir, move_path, remove_path};
 use self::read::read_file;
 use self::stat::{list_path, stat_path};
@@ -31,31 +26,13 @@ use self::tarball::{download_archive, upload_archive};
 use self::write::write_file;
 
 pub mod archive;
+mod common;
 mod guard;
 mod manage;
 mod read;
 mod stat;
 mod tarball;
 mod write;
-
-/// Most entries one listing returns.
-pub const MAX_LIST_ENTRIES: usize = 10_000;
-/// Prefix of the temporary files writes go through.
-pub const TEMP_PREFIX: &str = ".orchard-tmp-";
-/// Size of the chunks files are streamed in.
-const CHUNK: usize = 64 * 1024;
-/// Mode of written files when none is given.
-const DEFAULT_FILE_MODE: u32 = 0o644;
-/// Mode of created directories when none is given.
-const DEFAULT_DIR_MODE: u32 = 0o755;
-
-/// The files capability's state: the largest uploaded file or archive, in bytes
-/// (`--max-upload-bytes`). Everything else a file operation needs is in its request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Files {
-    /// Largest uploaded file or archive in bytes.
-    pub max_upload_bytes: u64,
-}
 
 /// Routes of the files capability.
 pub fn routes<S>() -> Router<S>
@@ -79,102 +56,13 @@ where
         )
 }
 
-#[derive(Deserialize)]
-struct PathQuery {
-    path: String,
-}
-
-/// Parses a client path: it must be absolute. The result has no `.` components,
-/// repeated or trailing slashes; a trailing slash would make the kernel follow a final
-/// symbolic link, which remove and stat must never do.
-pub fn absolute(raw: &str) -> ApiResult<PathBuf> {
-    if !raw.starts_with('/') {
-        return Err(ApiError::invalid(format!(
-            "path must be absolute, got {raw:?}"
-        )));
-    }
-    if raw.contains('\0') {
-        return Err(ApiError::invalid("path must not contain a NUL byte"));
-    }
-    Ok(Path::new(raw).components().collect())
-}
-
-/// Whether `path` names `/`, also through `..` (which is `/` at the top).
-fn is_root(path: &Path) -> bool {
-    let mut depth = 0usize;
-    for component in path.components() {
-        match component {
-            Component::Normal(_) => depth += 1,
-            Component::ParentDir => depth = depth.saturating_sub(1),
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-        }
-    }
-    depth == 0
-}
-
-/// Parses an octal mode such as `755` or `0644`.
-pub fn parse_mode(raw: Option<&str>) -> ApiResult<u32> {
-    let Some(raw) = raw else {
-        return Ok(DEFAULT_FILE_MODE);
-    };
-    let digits = raw.strip_prefix("0o").unwrap_or(raw);
-    match u32::from_str_radix(digits, 8) {
-        Ok(mode) if mode <= 0o7777 && !digits.is_empty() => Ok(mode),
-        _ => Err(ApiError::invalid(format!(
-            "mode must be octal permission bits such as 644 or 755, got {raw:?}"
-        ))),
-    }
-}
-
-fn check_mode(mode: u32) -> ApiResult<u32> {
-    if mode > 0o7777 {
-        return Err(ApiError::invalid(format!(
-            "mode must be permission bits (at most 0o7777), got {mode:#o}"
-        )));
-    }
-    Ok(mode)
-}
-
-fn too_large(limit: u64) -> ApiError {
-    ApiError::new(
-        ErrorCode::BodyTooLarge,
-        format!("request body is larger than the limit of {limit} bytes"),
-    )
-}
-
-fn unreadable_body() -> ApiError {
-    ApiError::invalid("the request body could not be read")
-}
-
-fn blocking_failed(what: &str) -> ApiError {
-    ApiError::new(ErrorCode::Internal, format!("{what} stopped unexpectedly"))
-}
-
-/// A short random-looking hex string for temporary names. It only has to make
-/// collisions unlikely: every temporary name is created exclusively, so a collision is
-/// a retry, never a clobber.
-pub fn unique_suffix() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut x = nanos
-        ^ u64::from(std::process::id()).rotate_left(32)
-        ^ count.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    // splitmix64's finalizer, so consecutive calls do not share a prefix.
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 27;
-    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^= x >> 31;
-    format!("{x:016x}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::fs;
+    use std::path::Path;
+
+    use orchard_protocol::ErrorCode;
     use tokio::io::AsyncReadExt;
 
     use orchard_protocol::files::{ExtractResult, FileKind, FileList, FileStat, WriteResult};
@@ -230,47 +118,6 @@ mod tests {
             let name = name.to_string_lossy();
             !name.starts_with(TEMP_PREFIX) && !name.starts_with(archive::STAGING_PREFIX)
         })
-    }
-
-    #[test]
-    fn paths_must_be_absolute_and_are_normalized() {
-        assert_eq!(
-            absolute("relative/x").unwrap_err().code,
-            ErrorCode::InvalidArgument
-        );
-        assert_eq!(absolute("").unwrap_err().code, ErrorCode::InvalidArgument);
-        assert_eq!(
-            absolute("/a\0b").unwrap_err().code,
-            ErrorCode::InvalidArgument
-        );
-        assert_eq!(absolute("/a//b/./c/").unwrap(), PathBuf::from("/a/b/c"));
-        assert!(is_root(&absolute("/").unwrap()));
-        assert!(is_root(&absolute("//./").unwrap()));
-        assert!(is_root(&absolute("/a/..").unwrap()));
-        assert!(is_root(&absolute("/../..").unwrap()));
-        assert!(!is_root(&absolute("/a").unwrap()));
-    }
-
-    #[test]
-    fn modes_parse_as_octal() {
-        assert_eq!(parse_mode(None).unwrap(), 0o644);
-        assert_eq!(parse_mode(Some("755")).unwrap(), 0o755);
-        assert_eq!(parse_mode(Some("0600")).unwrap(), 0o600);
-        assert_eq!(parse_mode(Some("0o4755")).unwrap(), 0o4755);
-        for bad in ["", "9", "rwx", "77777", "-1"] {
-            assert_eq!(
-                parse_mode(Some(bad)).unwrap_err().code,
-                ErrorCode::InvalidArgument
-            );
-        }
-    }
-
-    #[test]
-    fn unique_suffixes_differ() {
-        let a = unique_suffix();
-        let b = unique_suffix();
-        assert_eq!(a.len(), 16);
-        assert_ne!(a, b);
     }
 
     /// One HTTP/1.1 exchange over a fresh connection: status, head, body.

@@ -10,7 +10,8 @@ use orchard_protocol::ErrorCode;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
-use super::{absolute, blocking_failed, guard, CHUNK};
+use super::common::{absolute, blocking_failed, CHUNK};
+use super::guard;
 use crate::api::extract::ApiQuery;
 use crate::error::{ApiError, ApiResult};
 use crate::pid1::fsuser;

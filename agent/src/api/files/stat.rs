@@ -12,7 +12,8 @@ use orchard_protocol::files::{FileKind, FileList, FileStat};
 use orchard_protocol::ErrorCode;
 use serde::Deserialize;
 
-use super::{absolute, blocking_failed, guard, PathQuery, MAX_LIST_ENTRIES};
+use super::common::{absolute, blocking_failed, PathQuery, MAX_LIST_ENTRIES};
+use super::guard;
 use crate::api::extract::ApiQuery;
 use crate::error::{ApiError, ApiResult};
 use crate::pid1::fsuser;

@@ -22,9 +22,10 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
 
-use super::{
-    absolute, blocking_failed, guard, too_large, unreadable_body, Files, PathQuery, CHUNK,
+use super::common::{
+    absolute, blocking_failed, too_large, unreadable_body, Files, PathQuery, CHUNK,
 };
+use super::guard;
 use crate::api::extract::{content_length, ApiQuery};
 use crate::api::files::archive;
 use crate::error::{ApiError, ApiResult};

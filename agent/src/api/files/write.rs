@@ -17,13 +17,13 @@ use orchard_protocol::ErrorCode;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
-use super::{
-    absolute, blocking_failed, parse_mode, too_large, unique_suffix, unreadable_body, Files,
-    TEMP_PREFIX,
+use super::common::{
+    absolute, blocking_failed, parse_mode, too_large, unreadable_body, Files, TEMP_PREFIX,
 };
 use crate::api::extract::{content_length, ApiQuery};
 use crate::error::{ApiError, ApiResult};
 use crate::pid1::fsuser;
+use crate::sys::unique_suffix;
 
 #[derive(Deserialize)]
 pub(super) struct WriteQuery {

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use git2::{Diff, Patch, Repository};
 use orchard_protocol::git::GitConflict;
 
-use super::apply::run_apply;
-use super::{delta_path, git, GitError};
+use super::partial::run_apply;
+use super::repo::{delta_path, git, GitError};
 
 /// Why a patch does not apply.
 pub(super) struct Analysis {

@@ -7,7 +7,7 @@ use git2::{RepositoryState, Signature};
 use orchard_protocol::git::GitCommitResult;
 
 use super::diff::stage_work_tree;
-use super::{git, head_commit, open, GitError};
+use super::repo::{git, head_commit, open, GitError};
 
 /// Stages everything (`git add -A`) and commits it on HEAD with `message`, authored
 /// and committed by `name <email>`.

@@ -7,7 +7,7 @@ use std::path::Path;
 use git2::{Diff, DiffFindOptions, DiffOptions, IndexAddOption, Patch, Repository, Tree};
 use orchard_protocol::git::GitDiff;
 
-use super::{base_tree, git, lossy, open, GitError, MEMPACK_PRIORITY};
+use super::repo::{base_tree, git, lossy, open, GitError, MEMPACK_PRIORITY};
 
 /// The patch of the work tree of `repo` against `base` (default HEAD), untracked and
 /// binary files included: what the diff route answers, for benchmarks.

@@ -12,8 +12,11 @@ use git2::{Delta, Diff, Patch, Repository};
 use orchard_protocol::git::GitConflict;
 
 use super::analyze::{hunk_header, Analysis};
-use super::apply::{run_apply, write_apply};
-use super::{delta_path, git, io_error, prune_empty_dirs, GitError, MAX_FUZZ};
+use super::partial::{run_apply, write_apply};
+use super::repo::{delta_path, git, io_error, prune_empty_dirs, GitError};
+
+/// Most context lines the fuzzy fallback may ignore at each end of a hunk.
+pub const MAX_FUZZ: usize = 2;
 
 /// Prefix of the temporary files the fuzzy fallback writes before renaming them.
 pub(super) const TEMP_PREFIX: &str = ".orchard-git-";
@@ -352,10 +355,7 @@ impl Staged {
     fn write(&mut self, target: &Path, content: &[u8], mode: u32) -> Result<(), GitError> {
         let dir = target.parent().unwrap_or(Path::new("/"));
         fs::create_dir_all(dir).map_err(io_error("create", dir))?;
-        let temp = dir.join(format!(
-            "{TEMP_PREFIX}{}",
-            crate::api::files::unique_suffix()
-        ));
+        let temp = dir.join(format!("{TEMP_PREFIX}{}", crate::sys::unique_suffix()));
         let mut file = OpenOptions::new()
             .write(true)
             .create_new(true)

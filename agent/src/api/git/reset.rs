@@ -8,7 +8,7 @@ use std::path::Path;
 use git2::{Repository, ResetType, Status, StatusOptions};
 use orchard_protocol::git::GitResetResult;
 
-use super::{
+use super::repo::{
     git, head_commit, io_error, lossy, open, prune_empty_dirs, resolve_commit, workdir, GitError,
 };
 

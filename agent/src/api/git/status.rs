@@ -6,7 +6,7 @@ use std::path::Path;
 use git2::{Status, StatusOptions};
 use orchard_protocol::git::{GitFileStatus, GitStatus, GitStatusEntry};
 
-use super::{git, head_commit, lossy, open, GitError};
+use super::repo::{git, head_commit, lossy, open, GitError};
 
 /// Branch, HEAD and changed paths of the repository at `repo`.
 pub fn status(repo: &Path) -> Result<GitStatus, GitError> {

@@ -22,9 +22,10 @@ use orchard_protocol::session::{SessionInfo, SessionState};
 use orchard_protocol::ErrorCode;
 use tokio::sync::Notify;
 
-use super::{run_locked, sh_quote, start_shell, CancelOnDrop, KillShell, Session, Sessions};
+use super::shell::{run_locked, start_shell, CancelOnDrop, KillShell, Session, Sessions};
 use crate::api::registry::is_valid_id;
 use crate::error::{ApiError, ApiResult};
+use crate::proc::spawn::sh_quote;
 
 /// Longest id a restored session may have.
 const MAX_ID_LEN: usize = 64;

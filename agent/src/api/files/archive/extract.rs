@@ -58,10 +58,7 @@ impl Staging {
     fn create(dir: &Path) -> Result<Self, ArchiveError> {
         let mut last = None;
         for _ in 0..16 {
-            let path = dir.join(format!(
-                "{STAGING_PREFIX}{}",
-                crate::api::files::unique_suffix()
-            ));
+            let path = dir.join(format!("{STAGING_PREFIX}{}", crate::sys::unique_suffix()));
             match DirBuilder::new().mode(STAGED_DIR_MODE).create(&path) {
                 Ok(()) => return Ok(Self { path }),
                 Err(err) if err.kind() == io::ErrorKind::AlreadyExists => last = Some(err),
