@@ -570,40 +570,13 @@ async fn close_gracefully(socket: &mut WebSocket, code: u16, reason: &str) {
 /// The Orchard-compatible terminal protocol: `init` first, then the same terminal
 /// machinery as ours.
 async fn compat_session(mut socket: WebSocket, terminals: Terminals) {
-    let first = tokio::time::timeout(INIT_TIMEOUT, socket.recv()).await;
-    let init = match first {
-        Ok(Some(Ok(Message::Text(t)))) => serde_json::from_str::<CompatClientFrame>(&t).ok(),
-        _ => None,
-    };
-    let Some(CompatClientFrame::Init {
-        cmd,
-        env,
-        cwd,
-        rows,
-        cols,
-        login_shell,
-    }) = init
-    else {
+    let Some(req) = compat_init(&mut socket).await else {
         return close_with(
             socket,
             close_code::BAD_FIRST_FRAME,
             "the first frame must be init",
         )
         .await;
-    };
-    let command = match (cmd, login_shell) {
-        (Some(argv), true) if !argv.is_empty() => Some(Command::Shell(shell_join(&argv))),
-        (Some(argv), false) if !argv.is_empty() => Some(Command::Argv(argv)),
-        _ => None,
-    };
-    let req = PtyCreate {
-        command,
-        login_shell,
-        cwd,
-        env,
-        rows,
-        cols,
-        idle_timeout_ms: None,
     };
     let pty = match open(&terminals, &req) {
         Ok(pty) => pty,
@@ -658,27 +631,76 @@ async fn compat_session(mut socket: WebSocket, terminals: Terminals) {
                     Message::Close(_) => return,
                     _ => continue,
                 };
-                let problem = match frame {
-                    Ok(CompatClientFrame::Stdin { data }) => match b64_decode(&data) {
-                        Ok(bytes) => pty.write(&bytes).await.err().map(|e| format!("write failed: {e}")),
-                        Err(e) => Some(format!("stdin data is not base64: {e}")),
-                    },
-                    Ok(CompatClientFrame::Resize { rows, cols }) => pty.resize(rows, cols).err().map(|e| e.message),
-                    Ok(CompatClientFrame::Signal { sig }) => pty.signal(&sig).err().map(|e| e.message),
-                    Ok(CompatClientFrame::Close) => {
-                        pty.close();
-                        None
-                    }
-                    Ok(CompatClientFrame::Init { .. }) => Some("init was already received".to_string()),
-                    Err(e) => Some(format!("bad frame: {e}")),
-                };
-                if let Some(message) = problem {
+                if let Some(message) = compat_input(&pty, frame).await {
                     if socket.send(text(&CompatServerFrame::Error { message })).await.is_err() {
                         return;
                     }
                 }
             }
         }
+    }
+}
+
+/// The terminal the compatible protocol's first frame asks for; `None` when that frame
+/// is not an `init` or does not come within [`INIT_TIMEOUT`].
+async fn compat_init(socket: &mut WebSocket) -> Option<PtyCreate> {
+    let first = tokio::time::timeout(INIT_TIMEOUT, socket.recv()).await;
+    let init = match first {
+        Ok(Some(Ok(Message::Text(t)))) => serde_json::from_str::<CompatClientFrame>(&t).ok(),
+        _ => None,
+    };
+    let Some(CompatClientFrame::Init {
+        cmd,
+        env,
+        cwd,
+        rows,
+        cols,
+        login_shell,
+    }) = init
+    else {
+        return None;
+    };
+    let command = match (cmd, login_shell) {
+        (Some(argv), true) if !argv.is_empty() => Some(Command::Shell(shell_join(&argv))),
+        (Some(argv), false) if !argv.is_empty() => Some(Command::Argv(argv)),
+        _ => None,
+    };
+    Some(PtyCreate {
+        command,
+        login_shell,
+        cwd,
+        env,
+        rows,
+        cols,
+        idle_timeout_ms: None,
+    })
+}
+
+/// Does what a client frame of the compatible protocol after `init` asks; answers the
+/// problem to report in an `error` frame, if any.
+async fn compat_input(
+    pty: &Arc<Pty>,
+    frame: Result<CompatClientFrame, serde_json::Error>,
+) -> Option<String> {
+    match frame {
+        Ok(CompatClientFrame::Stdin { data }) => match b64_decode(&data) {
+            Ok(bytes) => pty
+                .write(&bytes)
+                .await
+                .err()
+                .map(|e| format!("write failed: {e}")),
+            Err(e) => Some(format!("stdin data is not base64: {e}")),
+        },
+        Ok(CompatClientFrame::Resize { rows, cols }) => {
+            pty.resize(rows, cols).err().map(|e| e.message)
+        }
+        Ok(CompatClientFrame::Signal { sig }) => pty.signal(&sig).err().map(|e| e.message),
+        Ok(CompatClientFrame::Close) => {
+            pty.close();
+            None
+        }
+        Ok(CompatClientFrame::Init { .. }) => Some("init was already received".to_string()),
+        Err(e) => Some(format!("bad frame: {e}")),
     }
 }
 

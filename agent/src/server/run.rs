@@ -114,22 +114,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     }
     // Lowering needs CAP_SYS_RESOURCE; without it the agent just keeps its score.
     let _ = std::fs::write("/proc/self/oom_score_adj", AGENT_OOM_SCORE_ADJ);
-
-    // Start blocking-pool threads now, while threads can be created: when the pids
-    // limit is used up later, tokio queues blocking work on these instead of failing.
-    // A barrier holds each task until all have started, so each got its own thread.
-    let all_started = Arc::new(std::sync::Barrier::new(WARM_BLOCKING_THREADS));
-    let warm: Vec<_> = (0..WARM_BLOCKING_THREADS)
-        .map(|_| {
-            let all_started = all_started.clone();
-            tokio::task::spawn_blocking(move || {
-                all_started.wait();
-            })
-        })
-        .collect();
-    for thread in warm {
-        let _ = thread.await;
-    }
+    warm_blocking_pool().await;
 
     let reaper = Arc::new(Reaper::new());
     reaper.clone().spawn_loop().map_err(RunError::Signals)?;
@@ -137,49 +122,8 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     let mut sigint = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
 
     let state = AppState::new(config.clone(), reaper.clone());
-    let app = router(state.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut servers = Vec::new();
-
-    if let Some(path) = &config.unix {
-        if let Some(parent) = path.parent() {
-            let _ = std::fs::create_dir_all(parent);
-        }
-        // A socket file left by an earlier run would make bind fail.
-        let _ = std::fs::remove_file(path);
-        let listener = UnixListener::bind(path).map_err(|source| RunError::Bind {
-            what: path.display().to_string(),
-            source,
-        })?;
-        servers.push(serve_until(
-            with_send_buffer(listener),
-            app.clone(),
-            stop_rx.clone(),
-        ));
-    }
-    if let Some(fd) = config.listen_fd {
-        let listener = inherited_listener(fd).map_err(|source| RunError::Bind {
-            what: format!("inherited descriptor {fd}"),
-            source,
-        })?;
-        servers.push(serve_until(
-            with_send_buffer(listener),
-            app.clone(),
-            stop_rx.clone(),
-        ));
-    }
-    if let Some(addr) = config.tcp {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| RunError::Bind {
-                what: addr.to_string(),
-                source,
-            })?;
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        servers.push(serve_until(listener, app, stop_rx.clone()));
-    }
+    let servers = listen(&config, router(state.clone()), &stop_rx).await?;
 
     let sweep_state = state.clone();
     tokio::spawn(async move {
@@ -195,6 +139,89 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         _ = sigint.recv() => libc::SIGINT,
     };
     state.begin_shutdown();
+    stop_commands(&reaper, received).await;
+    let _ = stop_tx.send(true);
+    for server in servers {
+        // Streams still open would hold a graceful shutdown forever.
+        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    }
+    if let Some(path) = &config.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// Starts blocking-pool threads now, while threads can be created: when the pids limit
+/// is used up later, tokio queues blocking work on these instead of failing. A barrier
+/// holds each task until all have started, so each got its own thread.
+async fn warm_blocking_pool() {
+    let all_started = Arc::new(std::sync::Barrier::new(WARM_BLOCKING_THREADS));
+    let warm: Vec<_> = (0..WARM_BLOCKING_THREADS)
+        .map(|_| {
+            let all_started = all_started.clone();
+            tokio::task::spawn_blocking(move || {
+                all_started.wait();
+            })
+        })
+        .collect();
+    for thread in warm {
+        let _ = thread.await;
+    }
+}
+
+/// Serves `app` on every listener `config` names (Unix socket, inherited descriptor,
+/// TCP) until `stop` turns true; answers the server tasks.
+async fn listen(
+    config: &Config,
+    app: axum::Router,
+    stop: &watch::Receiver<bool>,
+) -> Result<Vec<JoinHandle<()>>, RunError> {
+    let mut servers = Vec::new();
+    if let Some(path) = &config.unix {
+        if let Some(parent) = path.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        // A socket file left by an earlier run would make bind fail.
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path).map_err(|source| RunError::Bind {
+            what: path.display().to_string(),
+            source,
+        })?;
+        servers.push(serve_until(
+            with_send_buffer(listener),
+            app.clone(),
+            stop.clone(),
+        ));
+    }
+    if let Some(fd) = config.listen_fd {
+        let listener = inherited_listener(fd).map_err(|source| RunError::Bind {
+            what: format!("inherited descriptor {fd}"),
+            source,
+        })?;
+        servers.push(serve_until(
+            with_send_buffer(listener),
+            app.clone(),
+            stop.clone(),
+        ));
+    }
+    if let Some(addr) = config.tcp {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| RunError::Bind {
+                what: addr.to_string(),
+                source,
+            })?;
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        servers.push(serve_until(listener, app, stop.clone()));
+    }
+    Ok(servers)
+}
+
+/// Forwards `received` to every command's group, waits up to [`SHUTDOWN_GRACE`] for
+/// them to end, then kills what is left.
+async fn stop_commands(reaper: &Reaper, received: i32) {
     let children = reaper.live_pids();
     for pid in &children {
         kill_group(*pid, received);
@@ -206,15 +233,6 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     for pid in &children {
         kill_group(*pid, libc::SIGKILL);
     }
-    let _ = stop_tx.send(true);
-    for server in servers {
-        // Streams still open would hold a graceful shutdown forever.
-        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
-    }
-    if let Some(path) = &config.unix {
-        let _ = std::fs::remove_file(path);
-    }
-    Ok(())
 }
 
 #[cfg(test)]
