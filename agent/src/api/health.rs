@@ -2,6 +2,9 @@
 //!
 //! Usage comes from the sandbox's cgroup when it is mounted (cgroup v2 or v1), since
 //! that is what limits are enforced on; otherwise it is summed from `/proc`.
+//!
+//! Its state, [`HealthState`], is read only: the start time, the [`Commands`] (limits
+//! and exec slots in use) and the table of background processes.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -4,6 +4,9 @@
 //! by group) but its output goes into per-stream ring buffers that clients read by
 //! offset, its stdin stays open for writes, and its record outlives it for the
 //! configured retention so a late reader still gets the exit status.
+//!
+//! Its state, [`Processes`], is the [`Commands`] it shares with exec (the same exec
+//! slots) and the table of background processes.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};

@@ -6,6 +6,8 @@
 //! the scrollback and then exactly the output that followed it: no gap, no duplicate.
 //! Viewers come and go; the terminal lives until its program exits, someone closes it,
 //! or nobody has watched it for its idle timeout.
+//!
+//! Its state, [`Terminals`], is the reaper and the table of terminals.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,5 +1,6 @@
 //! Reading `/proc`: the one place that parses `/proc/PID/stat`, used to count
-//! processes, sum their CPU time, find a shell's descendants and a terminal's session.
+//! processes, sum their CPU time and find a terminal's session, and that lists a
+//! process's descendants (a session's shell, before each of its commands).
 
 /// The fields of `/proc/PID/stat` the agent uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,8 @@
 //! Everything the agent runs goes through [`spawn`], so every process gets the same
 //! treatment: its own process group (so a timeout can kill the whole group,
 //! grandchildren included), an OOM score above the agent's (so a memory hog dies before PID 1), and
-//! stdio the agent reads asynchronously.
+//! stdio the agent reads asynchronously. Commands run as the image's user when it has
+//! one ([`crate::pid1::user`]); [`sh_quote`] quotes for the shells they run in.
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;

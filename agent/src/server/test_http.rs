@@ -1,7 +1,6 @@
 //! Tests only: the full router served over TCP, and raw HTTP/1.1 against it, for tests
 //! that go through auth and body draining or need the connection itself. Like
-//! [`crate::server::run`], it starts the server, so it is the one other module that uses the
-//! router module.
+//! [`crate::server::run`], it starts the server from [`crate::server::router`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;

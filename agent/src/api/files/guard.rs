@@ -1,7 +1,7 @@
 //! Where a client's read may lead: never through a `/proc` magic link, never into the
 //! agent's own `/proc` entries.
 //!
-//! Reads run as the image's user (see `fsuser`), and the kernel then refuses root-only
+//! Reads run as the image's user (see [`crate::pid1::fsuser`]), and the kernel then refuses root-only
 //! files. Two things it still lets through, because the reading thread belongs to the
 //! agent itself: a process may always list its own `/proc/PID/fd` and follow its own
 //! descriptors' magic links (`/proc/1/fd/1` is the agent's log on the host, outside the

@@ -15,10 +15,10 @@
 //! Building streams a tar.gz of one path into any writer, storing symbolic links as
 //! links and skipping sockets, fifos and devices, which a tar cannot carry usefully.
 //!
-//! One file per step: [`unpack`] checks every entry and writes it into the staging
-//! directory (the path policy: names, parents, links), [`merge`] moves the staged tree
-//! into the target, [`extract`] runs the two over a reader, and [`build`] writes an
-//! archive; [`error`] holds the error they share.
+//! One file per step: `unpack` checks every entry and writes it into the staging
+//! directory (the path policy: names, parents, links), `merge` moves the staged tree
+//! into the target, `extract` runs the two over a reader ([`extract()`]), and `build`
+//! writes an archive ([`build()`]); `error` holds the error they share.
 
 mod build;
 mod error;
