@@ -119,7 +119,7 @@ pub fn router(state: AppState) -> Router {
         .route("/livez", get(livez))
         .merge(authed)
         .layer(middleware::from_fn(drain_unread))
-        .with_state(state)
+        .with_state(Arc::new(state))
 }
 
 #[cfg(test)]

@@ -94,12 +94,17 @@ impl AppState {
     }
 }
 
+/// The router serves `Arc<AppState>`, which axum clones for every request: one
+/// reference count, as before the state was split into parts (the parts themselves
+/// hold several). Each part goes to the handlers that ask for it.
+pub type Shared = Arc<AppState>;
+
 /// Each part to the handlers that ask for it.
 macro_rules! parts {
     ($($part:ident: $ty:ty),* $(,)?) => {
         $(
-            impl FromRef<AppState> for $ty {
-                fn from_ref(state: &AppState) -> $ty {
+            impl FromRef<Shared> for $ty {
+                fn from_ref(state: &Shared) -> $ty {
                     state.$part.clone()
                 }
             }
@@ -118,8 +123,8 @@ parts! {
     health: HealthState,
 }
 
-impl FromRef<AppState> for Token {
-    fn from_ref(state: &AppState) -> Token {
+impl FromRef<Shared> for Token {
+    fn from_ref(state: &Shared) -> Token {
         state.gate.token.clone()
     }
 }
