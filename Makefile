@@ -29,8 +29,11 @@ k8s-images: agent
 build: agent
 	cargo build --workspace
 
+## lint: formatting, clippy, doc links, and no import circle between the modules of the
+## crates listed (scripts/import-cycles.py; the agent's so far).
 lint:
 	@scripts/check-doc-links.sh
+	@scripts/import-cycles.py agent/src
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 

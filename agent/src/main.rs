@@ -60,7 +60,7 @@ struct Args {
     /// Run every command as this user: `UID:GID[,GROUP...]` (the image's `User`). The
     /// agent itself stays root.
     #[arg(long)]
-    user: Option<orchard_agent::spawn::RunAs>,
+    user: Option<orchard_agent::pid1::user::RunAs>,
     /// Publish the harness tools found in DIR/bin (a path inside the sandbox, e.g.
     /// /opt/sandbox-tools): shims in /usr/local/bin for tools the image lacks and an
     /// /etc/profile.d entry, before serving (see the `tools` module).
@@ -126,9 +126,9 @@ fn main() -> anyhow::Result<()> {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv
         .get(1)
-        .is_some_and(|a| a == orchard_agent::init::INIT_FLAG)
+        .is_some_and(|a| a == orchard_agent::pid1::init::INIT_FLAG)
     {
-        std::process::exit(orchard_agent::init::run_init(&argv));
+        std::process::exit(orchard_agent::pid1::init::run_init(&argv));
     }
     // Not dumpable: processes of the sandbox, root included, cannot ptrace the agent,
     // take its descriptors (pidfd_getfd: the listening socket) or read its memory and
@@ -139,7 +139,7 @@ fn main() -> anyhow::Result<()> {
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     // As PID 1: leave PID 1 to a dumpable init holding the image's environment and
     // nothing secret, and go on as its non-dumpable child. Before the token is read.
-    orchard_agent::init::split();
+    orchard_agent::pid1::init::split();
     let args = Args::parse();
     if args.print_env0 {
         return print_env0();
@@ -153,11 +153,11 @@ fn main() -> anyhow::Result<()> {
     // Commands must not see the token in their environment.
     std::env::remove_var("ORCHARD_AGENT_TOKEN");
     if let Some(user) = args.user.clone() {
-        orchard_agent::spawn::set_run_as(user);
+        orchard_agent::pid1::user::set_run_as(user);
     }
     if let Some(dir) = &args.publish_tools {
         let path = std::env::var("PATH").unwrap_or_default();
-        let done = orchard_agent::tools::publish(std::path::Path::new("/"), dir, &path);
+        let done = orchard_agent::pid1::tools::publish(std::path::Path::new("/"), dir, &path);
         for warning in &done.warnings {
             tracing::warn!(warning = %warning, "publishing the harness tools");
         }
@@ -194,7 +194,7 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime
-        .block_on(orchard_agent::run::run(config))
+        .block_on(orchard_agent::server::run(config))
         .context("orchard-agent")?;
     Ok(())
 }

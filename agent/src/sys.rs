@@ -1,11 +1,14 @@
 //! Small safe wrappers over system facilities that several modules (and the
 //! orchestrator's tests, through its dev-dependency on this crate) share: a new
-//! pseudo-terminal pair, signal numbers as `rustix` signals, and random ids.
+//! pseudo-terminal pair, signal numbers as `rustix` signals, random ids, and unique
+//! suffixes for temporary names.
 //!
 //! They sit on `rustix`, so the callers need no `unsafe` of their own.
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{Mode, OFlags};
 use rustix::process::Signal;
@@ -67,6 +70,27 @@ pub fn random_hex_from(
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// A short random-looking hex string for temporary names. It only has to make
+/// collisions unlikely: every temporary name is created exclusively, so a collision is
+/// a retry, never a clobber.
+pub fn unique_suffix() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut x = nanos
+        ^ u64::from(std::process::id()).rotate_left(32)
+        ^ count.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // splitmix64's finalizer, so consecutive calls do not share a prefix.
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    format!("{x:016x}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +124,13 @@ mod tests {
         assert_ne!(random_hex(16).unwrap(), random_hex(16).unwrap());
         let failing = random_hex_from(8, |_| Err(getrandom::Error::UNSUPPORTED));
         assert!(failing.is_err());
+    }
+
+    #[test]
+    fn unique_suffixes_differ() {
+        let a = unique_suffix();
+        let b = unique_suffix();
+        assert_eq!(a.len(), 16);
+        assert_ne!(a, b);
     }
 }

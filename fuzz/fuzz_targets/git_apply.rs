@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use orchard_agent::git::{apply, commit};
+use orchard_agent::api::git::{apply, commit};
 use orchard_fuzz::{copy_tree, diff, remove_all, scratch, snapshot, Snapshot};
 
 struct Fixture {

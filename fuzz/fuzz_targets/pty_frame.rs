@@ -11,7 +11,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use orchard::server::compat::url_pairs;
-use orchard_agent::pty::shell_join;
+use orchard_agent::api::pty::shell_join;
 use orchard_fuzz::round_trip;
 use orchard_protocol::output::b64_decode;
 use orchard_protocol::pty::{CompatClientFrame, CompatServerFrame, PtyClientFrame, PtyServerFrame};

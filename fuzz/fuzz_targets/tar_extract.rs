@@ -11,7 +11,7 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use orchard_agent::archive::{extract, STAGING_PREFIX};
+use orchard_agent::api::files::archive::{extract, STAGING_PREFIX};
 use orchard_fuzz::{diff, remove_all, scratch, snapshot, Node};
 
 fn fixture(base: &Path) {

@@ -1,5 +1,5 @@
 //! Commands started while every CPU is busy start on the agent thread's CPU
-//! (`agent/src/placement.rs`); nothing they start may keep that one-CPU mask.
+//! (`agent/src/proc/placement.rs`); nothing they start may keep that one-CPU mask.
 
 use std::process::{Child, Command, Stdio};
 

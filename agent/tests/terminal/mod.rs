@@ -357,7 +357,7 @@ async fn agent_rss_kib(sb: &Sandbox) -> u64 {
 /// of the previous connection to the pool. Leaks of a command's pipes or terminals show.
 /// Read from the host: the files API refuses the agent's own descriptors.
 async fn agent_fds(sb: &Sandbox) -> usize {
-    // The agent is the first child of the container's init (agent/src/init.rs).
+    // The agent is the first child of the container's init (agent/src/pid1/init.rs).
     let init = sb.pid1_host_pid();
     let children =
         std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap_or_default();

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use orchard_agent::config::Config as AgentConfig;
-use orchard_agent::reaper::Reaper;
+use orchard_agent::proc::reaper::Reaper;
 
 use super::{AgentEndpoint, Backend, BackendError, BackendFuture, BackendSandbox, CreateSpec};
 
@@ -116,7 +116,7 @@ impl FakeBackend {
         token: &str,
     ) -> Result<(AgentEndpoint, tokio::task::JoinHandle<()>), BackendError> {
         let failed = |e: std::io::Error| BackendError::Failed(format!("fake agent: {e}"));
-        let state = orchard_agent::state::AppState::new(
+        let state = orchard_agent::server::AppState::new(
             AgentConfig::new(token),
             Arc::new(Reaper::only_registered()),
         );
