@@ -298,7 +298,11 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         }
     };
     let images = open_images(&config)?;
-    let backend = open_backend(&config).await?;
+    // Its creates, deletes and snapshots run off the request thread (see `offload`).
+    let backend: Arc<dyn Backend> = Arc::new(
+        crate::backend::offload::Offload::new(open_backend(&config).await?)
+            .map_err(|e| ServeError::Setup(format!("starting the backend's threads: {e}")))?,
+    );
     let (router, service) = app(backend, images, &config, keys).await?;
     start_image_gc(&config, &service);
     let listener = tokio::net::TcpListener::bind(&config.listen)

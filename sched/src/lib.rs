@@ -140,26 +140,6 @@ fn is_session_leader() -> bool {
     sid > 0 && sid == rustix::process::getpid().as_raw_nonzero().get()
 }
 
-/// Makes the calling process a helper that does bulk work for the server (`runc`
-/// creating a sandbox): its own session, and so its own autogroup with the default
-/// weight, and the kernel's default slice. Meant for `pre_exec`, between fork and exec:
-/// only `setsid` and `sched_{get,set}attr`, both async-signal-safe system calls.
-///
-/// Why (issue 30): such helpers inherited the server's short slice and autogroup, so
-/// fifty creates at once put a few hundred busy `runc` threads in the server's group,
-/// each allowed to preempt like a request's thread: a tenant's exec then waited behind
-/// another tenant's creates (p99 from 2.5 ms to 90-200 ms on 2 cores). In a group of
-/// their own, with ordinary slices, the server's thread preempts them when a request
-/// wakes it and the group's weight is not theirs to take.
-pub fn become_background_helper() -> io::Result<()> {
-    // A process group leader cannot start a session; a fork never is one.
-    // SAFETY: setsid only changes the caller's session.
-    if unsafe { libc::setsid() } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    set_thread_slice(Duration::ZERO)
-}
-
 /// The nice level of the calling process's autogroup (`/autogroup-N nice K`), if the
 /// kernel has autogroups.
 pub fn autogroup_nice() -> Option<i32> {

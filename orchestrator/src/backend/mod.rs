@@ -9,6 +9,7 @@
 pub mod fake;
 pub mod kubernetes;
 pub mod local;
+pub mod offload;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -100,12 +100,6 @@ impl Runc {
         cmd.arg("--root").arg(&self.root).stdin(Stdio::null());
         // A cancelled or timed-out call must not leave runc running on its own.
         cmd.kill_on_drop(true);
-        // Out of the server's scheduling group and its short slice (see the function):
-        // the sandbox it starts gets the agent's own slice, asked for by the agent.
-        // SAFETY: only setsid and sched_{get,set}attr run between fork and exec.
-        unsafe {
-            cmd.pre_exec(orchard_sched::become_background_helper);
-        }
         cmd
     }
 
