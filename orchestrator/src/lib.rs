@@ -1,7 +1,7 @@
 //! The Orchard Env orchestrator library; the `orchard` binary is a thin layer over it.
 //!
-//! - [`image`]: the image store: pulls from OCI/Docker registries and imports archives
-//!   into a content-addressed store of unpacked layers.
+//! - [`image`]: the image store, the `orchard-image` crate: pulls from OCI/Docker
+//!   registries and imports archives into a content-addressed store of unpacked layers.
 //! - [`backend`]: where sandboxes run; [`backend::local`] drives runc over overlayfs.
 //! - [`service`]: records, lifecycle, jobs, quotas and policies, independent of HTTP.
 //! - [`state`]: the [`state::StateStore`] trait (records, jobs, quotas, leases,
@@ -10,15 +10,16 @@
 //! - [`config`], [`serve`]: `orchard serve`; [`cli`]: the commands for people.
 //! - [`metrics`], [`log`]: Prometheus metrics and JSON logs.
 //! - [`random`]: the one source of random ids, tokens and keys.
-//! - [`diskspace`]: what a file system holds and has free (`statvfs`).
+//! - [`diskspace`], [`egress`]: leaves shared with the image store, which holds them
+//!   (`orchard-image`): what a file system holds and has free, and which addresses
+//!   egress may not reach.
 
 pub mod atomic_file;
 pub mod backend;
 pub mod cli;
 pub mod config;
-pub mod diskspace;
-pub mod egress;
-pub mod image;
+pub use orchard_image as image;
+pub use orchard_image::{diskspace, egress};
 pub use orchard_log as log;
 pub mod metrics;
 pub mod random;

@@ -8,8 +8,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::{lock, Inner};
-use crate::image::manifest::ConfigFile;
-use crate::image::{Image, ImageConfig, ImageError};
+use crate::manifest::ConfigFile;
+use crate::{Image, ImageConfig, ImageError};
 
 /// What `ROOT/images/<name>.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]

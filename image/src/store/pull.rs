@@ -15,15 +15,15 @@ use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::flight::{follow, Listener, Role};
 use super::{Inner, Progress, MAX_CONFIG};
-use crate::image::digest::{self, of_bytes, verify_bytes};
-use crate::image::manifest::{
+use crate::digest::{self, of_bytes, verify_bytes};
+use crate::manifest::{
     check_config_type, check_layer_type, parse_manifest, select_platform, ConfigFile, Descriptor,
     Manifest, ManifestDoc,
 };
-use crate::image::reference::Reference;
-use crate::image::registry::{self, Endpoint};
-use crate::image::unpack;
-use crate::image::{Image, ImageError};
+use crate::reference::Reference;
+use crate::registry::{self, Endpoint};
+use crate::unpack;
+use crate::{Image, ImageError};
 
 /// Chunks queued between a download and its unpacking thread.
 const QUEUE: usize = 16;
@@ -313,7 +313,7 @@ impl Inner {
                         reference: task.reference.to_string(),
                         tried: vec![format!(
                             "{source}: download interrupted: {}",
-                            crate::image::error::chain(&err)
+                            crate::error::chain(&err)
                         )],
                     });
                     break;

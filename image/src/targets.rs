@@ -39,7 +39,7 @@ pub fn forbidden(ip: IpAddr) -> bool {
 /// same, so a pull cannot be used to scan which ports of an address are open. The
 /// policy's own refusal keeps its text: it says what the operator can do.
 pub fn connect_failure(err: &reqwest::Error) -> String {
-    let full = crate::image::error::chain(err);
+    let full = crate::error::chain(err);
     if full.contains(REFUSAL_MARK) || !(err.is_connect() || err.is_timeout()) {
         return full;
     }

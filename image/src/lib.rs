@@ -1,12 +1,12 @@
-//! The image store: pulls images from OCI/Docker registries (with mirrors and token
+//! `orchard-image`, the image store: pulls images from OCI/Docker registries (with mirrors and token
 //! auth) and imports `docker save` archives and OCI layouts into a content-addressed
 //! store of unpacked layers, each usable as an overlayfs lower dir. [`Image`] is what the
 //! store hands to a backend: unpacked layer directories, bottom first, and the image's
 //! run config.
 //!
 //! ```no_run
-//! # async fn example() -> Result<(), orchard::image::ImageError> {
-//! use orchard::image::{ImageStore, StoreConfig};
+//! # async fn example() -> Result<(), orchard_image::ImageError> {
+//! use orchard_image::{ImageStore, StoreConfig};
 //! let mut config = StoreConfig::default();
 //! config.mirrors.insert("docker.io".into(), vec!["http://127.0.0.1:5000".into()]);
 //! let store = ImageStore::open("/var/lib/orchard/images", config)?;
@@ -22,9 +22,18 @@
 //! - [`store`]: the store, its on-disk layout and its locking; `import`: archives.
 //! - [`credentials`]: Docker `config.json` and `HOST=USER:PASSWORD` credentials.
 //! - [`gc`]: keeping the store under a disk budget.
+//! - [`targets`]: which hosts a pull may reach.
+//!
+//! Two leaves the rest of the orchestrator shares, here because the store is the
+//! lowest crate that needs them (the `orchard` crate re-exports both at its root):
+//!
+//! - [`egress`]: which addresses egress may not reach, for pulls and sandboxes alike.
+//! - [`diskspace`]: what a file system holds and has free (`statvfs`).
 
 pub mod credentials;
 pub mod digest;
+pub mod diskspace;
+pub mod egress;
 mod error;
 pub mod gc;
 mod import;

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use super::{lock, Inner};
-use crate::image::digest::{self, of_bytes, verify_bytes};
-use crate::image::ImageError;
+use crate::digest::{self, of_bytes, verify_bytes};
+use crate::ImageError;
 
 /// Longest record file name before it is replaced by a hash of the name.
 const MAX_RECORD_NAME: usize = 200;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use super::{lock, Progress};
-use crate::image::ImageError;
+use crate::ImageError;
 
 pub(super) type Listener = Arc<dyn Fn(Progress) + Send + Sync>;
 pub(super) type Outcome<T> = Option<Result<T, ImageError>>;

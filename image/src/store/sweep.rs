@@ -7,8 +7,8 @@ use std::fs;
 use std::path::PathBuf;
 
 use super::{lock, GcReport, Inner};
-use crate::image::digest;
-use crate::image::ImageError;
+use crate::digest;
+use crate::ImageError;
 
 impl Inner {
     pub(super) fn gc(&self, in_use: &[PathBuf]) -> Result<GcReport, ImageError> {
@@ -19,7 +19,7 @@ impl Inner {
             let records = self.read_records(true)?;
             let mut keep: HashSet<String> = HashSet::new();
             for record in &records {
-                keep.extend(crate::image::gc::keys_of(record)?);
+                keep.extend(crate::gc::keys_of(record)?);
             }
             for path in in_use {
                 if let Some(name) = path.file_name() {
@@ -56,7 +56,7 @@ impl Inner {
             }
         }
         for path in doomed {
-            report.bytes_freed += crate::image::gc::allocated(&path, &mut HashSet::new());
+            report.bytes_freed += crate::gc::allocated(&path, &mut HashSet::new());
             let removed = if path.is_dir() {
                 fs::remove_dir_all(&path)
             } else {

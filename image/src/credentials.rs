@@ -6,7 +6,7 @@
 //! `{"username", "password"}` or `{"identitytoken"}` (an OAuth2 refresh token, which the
 //! registry client trades for an access token). Keys are normalised to a host
 //! (`https://index.docker.io/v1/` is `docker.io`, `https://ghcr.io` is `ghcr.io`), so
-//! they match what [`crate::image::StoreConfig::credentials`] is keyed by. Credential
+//! they match what [`crate::StoreConfig::credentials`] is keyed by. Credential
 //! helpers (`credsStore`, `credHelpers`) run external programs and are not used; the
 //! caller is told so it can warn.
 //!

@@ -694,7 +694,7 @@ pub fn get_xattr(path: &Path, name: &str) -> io::Result<Option<Vec<u8>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::digest::of_bytes;
+    use crate::digest::of_bytes;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
     /// A tar built entry by entry, with raw names so tests can write hostile ones.
