@@ -30,10 +30,10 @@ build: agent
 	cargo build --workspace
 
 ## lint: formatting, clippy, doc links, and no import circle between the modules of the
-## crates listed (scripts/import-cycles.py; the agent's so far).
+## crates listed (scripts/import-cycles.py; the agent's and the image store's so far).
 lint:
 	@scripts/check-doc-links.sh
-	@scripts/import-cycles.py agent/src
+	@scripts/import-cycles.py agent/src image/src
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 

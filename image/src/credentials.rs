@@ -1,4 +1,4 @@
-//! Registry credentials as operators already have them: Docker's `config.json`
+//! [`Credentials`] for a registry, and where operators already have them: Docker's `config.json`
 //! (`docker login` writes it) and `HOST=USER:PASSWORD` entries from flags, environment
 //! or the TOML file.
 //!
@@ -19,7 +19,6 @@ use base64::Engine as _;
 use serde::Deserialize;
 
 use super::reference::{DOCKER_HUB, DOCKER_HUB_API};
-use super::Credentials;
 
 /// Why credentials could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +198,43 @@ pub fn parse_auth_entries(
         out.insert(host, Credentials::basic(username, password));
     }
     Ok(out)
+}
+
+/// User name and password for a registry (basic auth, or to obtain a token).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// User name.
+    pub username: String,
+    /// Password or access token.
+    pub password: String,
+    /// An OAuth2 refresh token (Docker's `identitytoken`), traded at the token server
+    /// for access tokens instead of sending the user name and password.
+    pub identity_token: Option<String>,
+}
+
+impl Credentials {
+    /// A user name and password.
+    pub fn basic(username: impl Into<String>, password: impl Into<String>) -> Credentials {
+        Credentials {
+            username: username.into(),
+            password: password.into(),
+            identity_token: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the password, not even in debug logs.
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .field(
+                "identity_token",
+                &self.identity_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 #[cfg(test)]

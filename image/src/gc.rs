@@ -14,19 +14,14 @@
 //! never changes. Sizes are allocated bytes (`st_blocks`), what the disk budget is
 //! about, with hard links counted once per layer.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-
-use super::digest;
-use super::reference::Reference;
-use super::store::{lock, GcReport, ImageStore, Inner, Record};
-use super::ImageError;
+use crate::reference::Reference;
+use crate::store::{GcReport, ImageStore, Sizes, Stored};
+use crate::ImageError;
 
 /// How much disk the store may use (also the snapshots' host-wide bound and their
 /// free-space reserve, which take the same forms).
@@ -138,51 +133,7 @@ pub struct BudgetReport {
     pub removed: GcReport,
 }
 
-/// The store's GC bookkeeping.
-pub(crate) struct GcState {
-    /// Allocated bytes per installed layer (`layers/<hex>`), which never changes.
-    layer_sizes: Mutex<HashMap<String, u64>>,
-    /// When each image name was last handed out by `get`.
-    handed_out: Mutex<HashMap<String, Instant>>,
-    /// Bumped whenever an image is recorded (pull or import).
-    changes: watch::Sender<u64>,
-}
-
-impl GcState {
-    pub(crate) fn new() -> GcState {
-        GcState {
-            layer_sizes: Mutex::new(HashMap::new()),
-            handed_out: Mutex::new(HashMap::new()),
-            changes: watch::channel(0).0,
-        }
-    }
-
-    /// Notes that an image was recorded.
-    pub(crate) fn changed(&self) {
-        self.changes.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    /// Notes that `reference` was handed out to a sandbox, and marks it recently used.
-    pub(crate) fn handed_out(&self, reference: &str, record_file: &Path) {
-        lock(&self.handed_out).insert(reference.to_string(), Instant::now());
-        // Best effort: an unwritable record only makes the LRU order less exact.
-        if let Ok(file) = fs::File::options().write(true).open(record_file) {
-            let _ = file.set_modified(SystemTime::now());
-        }
-    }
-}
-
 impl ImageStore {
-    /// A receiver that changes whenever an image is pulled or imported.
-    pub fn changes(&self) -> watch::Receiver<u64> {
-        self.inner.gc_state.changes.subscribe()
-    }
-
-    /// Allocated bytes of the store's layers and blobs.
-    pub fn usage(&self) -> Result<u64, ImageError> {
-        Ok(self.inner.sizes()?.total())
-    }
-
     /// Brings the store under `budget`: when over it, forgets least recently used images
     /// that `in_use` (called once the pass has started) does not name, then removes the
     /// layers and blobs nothing names, until the store fits or nothing more may go.
@@ -194,9 +145,8 @@ impl ImageStore {
     ) -> Result<BudgetReport, ImageError> {
         let started = Instant::now();
         let in_use = in_use();
-        let inner = &self.inner;
-        let budget_bytes = budget.bytes(&inner.root);
-        let sizes = inner.sizes()?;
+        let budget_bytes = budget.bytes(self.root());
+        let sizes = self.sizes()?;
         let before = sizes.total();
         let mut report = BudgetReport {
             budget: budget_bytes,
@@ -207,185 +157,79 @@ impl ImageStore {
         let Some(limit) = budget_bytes.filter(|limit| before > *limit) else {
             return Ok(report);
         };
-        let evicted = inner.evict(limit, &sizes, &in_use, started)?;
+        let evicted = self.forget_chosen(|stored, pinned| {
+            choose_evictions(limit, &sizes, &in_use, started, stored, pinned)
+        })?;
         let mut removed = self.gc_keeping(&in_use.layers)?;
         removed.images_removed = evicted;
-        report.bytes_after = inner.sizes()?.total();
+        report.bytes_after = self.sizes()?.total();
         report.removed = removed;
         Ok(report)
     }
 }
 
-/// Sizes of everything in the store, by `layers/<hex>` and `blobs/<hex>` key.
-struct Sizes(HashMap<String, u64>);
-
-impl Sizes {
-    fn total(&self) -> u64 {
-        self.0.values().sum()
-    }
-}
-
-impl Inner {
-    fn sizes(&self) -> Result<Sizes, ImageError> {
-        let mut out = HashMap::new();
-        let layers_dir = self.root.join("layers");
-        let mut cache = lock(&self.gc_state.layer_sizes);
-        let mut seen = HashSet::new();
-        for entry in
-            fs::read_dir(&layers_dir).map_err(ImageError::io("cannot list", &layers_dir))?
-        {
-            let entry = entry.map_err(ImageError::io("cannot list", &layers_dir))?;
-            let name = entry.file_name().to_string_lossy().to_string();
-            if !is_hex_digest(&name) {
-                continue;
-            }
-            let size = *cache
-                .entry(name.clone())
-                .or_insert_with(|| allocated(&entry.path(), &mut HashSet::new()));
-            out.insert(format!("layers/{name}"), size);
-            seen.insert(name);
+/// The least recently used images to forget, oldest first, so that what the others,
+/// the pinned keys and the layers in use take fits `limit` (or none is left to forget).
+/// Kept whatever their age: images live sandboxes name, and those handed out since the
+/// pass `started` (their sandbox may not be in `in_use` yet).
+fn choose_evictions(
+    limit: u64,
+    sizes: &Sizes,
+    in_use: &InUse,
+    started: Instant,
+    stored: &[Stored],
+    pinned: &HashSet<String>,
+) -> Vec<String> {
+    let used_names: HashSet<String> = in_use
+        .references
+        .iter()
+        .filter_map(|r| Reference::parse(r).ok())
+        .map(|r| r.to_string())
+        .collect();
+    let mut fixed: HashSet<String> = pinned.clone();
+    for path in &in_use.layers {
+        if let Some(name) = path.file_name() {
+            fixed.insert(format!("layers/{}", name.to_string_lossy()));
         }
-        cache.retain(|name, _| seen.contains(name));
-        drop(cache);
-        let blobs_dir = self.root.join("blobs/sha256");
-        for entry in fs::read_dir(&blobs_dir).map_err(ImageError::io("cannot list", &blobs_dir))? {
-            let entry = entry.map_err(ImageError::io("cannot list", &blobs_dir))?;
-            let name = entry.file_name().to_string_lossy().to_string();
-            if is_hex_digest(&name) {
-                let size = entry.metadata().map_or(0, |m| m.blocks() * 512);
-                out.insert(format!("blobs/{name}"), size);
-            }
-        }
-        Ok(Sizes(out))
     }
-
-    /// Removes the records of least recently used images not in use until what would
-    /// be left fits `limit`; returns their names. Layers and blobs go in the sweep after.
-    fn evict(
-        &self,
-        limit: u64,
-        sizes: &Sizes,
-        in_use: &InUse,
-        started: Instant,
-    ) -> Result<Vec<String>, ImageError> {
-        let _records = lock(&self.records);
-        let records = self.read_records(true)?;
-        let used_names: HashSet<String> = in_use
-            .references
+    let mut candidates = Vec::new();
+    let mut kept = Vec::new();
+    for image in stored {
+        let recent = image.handed_out.is_some_and(|at| at >= started);
+        if used_names.contains(&image.reference) || recent {
+            kept.push(image);
+        } else {
+            candidates.push(image);
+        }
+    }
+    // Oldest first; the name breaks ties so the order is deterministic.
+    candidates.sort_by(|a, b| {
+        a.last_used
+            .cmp(&b.last_used)
+            .then(a.reference.cmp(&b.reference))
+    });
+    let remaining = |left: &[&Stored]| -> u64 {
+        let mut named = fixed.clone();
+        for image in left {
+            named.extend(image.keys.iter().cloned());
+        }
+        sizes
+            .0
             .iter()
-            .filter_map(|r| Reference::parse(r).ok())
-            .map(|r| r.to_string())
-            .collect();
-        let mut fixed: HashSet<String> = lock(&self.pins).keys().cloned().collect();
-        for path in &in_use.layers {
-            if let Some(name) = path.file_name() {
-                fixed.insert(format!("layers/{}", name.to_string_lossy()));
-            }
-        }
-        let handed_out = lock(&self.gc_state.handed_out).clone();
-        let mut candidates = Vec::new();
-        let mut kept = Vec::new();
-        for record in records {
-            let recent = handed_out
-                .get(&record.reference)
-                .is_some_and(|at| *at >= started);
-            if used_names.contains(&record.reference) || recent {
-                kept.push(record);
-            } else {
-                let used = self.last_used(&record);
-                candidates.push((used, record));
-            }
-        }
-        // Oldest first; the name breaks ties so the order is deterministic.
-        candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.reference.cmp(&b.1.reference)));
-        let remaining = |kept: &[&Record]| -> Result<u64, ImageError> {
-            let mut named = fixed.clone();
-            for record in kept {
-                named.extend(keys_of(record)?);
-            }
-            Ok(sizes
-                .0
-                .iter()
-                .filter(|(key, _)| named.contains(*key))
-                .map(|(_, size)| size)
-                .sum())
-        };
-        let mut evicted = Vec::new();
-        let mut left: Vec<&Record> = kept
-            .iter()
-            .chain(candidates.iter().map(|(_, r)| r))
-            .collect();
-        let mut next = 0;
-        while remaining(&left)? > limit && next < candidates.len() {
-            let victim = &candidates[next].1;
-            left.retain(|r| r.reference != victim.reference);
-            evicted.push(victim.reference.clone());
-            next += 1;
-        }
-        for name in &evicted {
-            let path = self.record_path(name);
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => return Err(ImageError::io("cannot remove", &path)(err)),
-            }
-        }
-        Ok(evicted)
-    }
-
-    /// When an image was last used: its record's mtime (written at the pull or
-    /// import, touched by `get`; nanoseconds, so two pulls in one second are ordered),
-    /// else its creation.
-    fn last_used(&self, record: &Record) -> SystemTime {
-        let created = SystemTime::UNIX_EPOCH + Duration::from_secs(record.created);
-        fs::metadata(self.record_path(&record.reference))
-            .and_then(|m| m.modified())
-            .map_or(created, |mtime| mtime.max(created))
-    }
-}
-
-/// The `layers/<hex>` and `blobs/<hex>` keys an image record names.
-pub(crate) fn keys_of(record: &Record) -> Result<Vec<String>, ImageError> {
-    let mut keys = Vec::new();
-    for diff_id in &record.diff_ids {
-        keys.push(format!("layers/{}", digest::hex_of(diff_id)?));
-    }
-    for blob in [
-        Some(&record.digest),
-        Some(&record.config_digest),
-        record.index_digest.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        keys.push(format!("blobs/{}", digest::hex_of(blob)?));
-    }
-    Ok(keys)
-}
-
-fn is_hex_digest(name: &str) -> bool {
-    digest::hex_of(&format!("{}{name}", digest::SHA256_PREFIX)).is_ok()
-}
-
-/// Allocated bytes under `path` (not following links), hard links counted once.
-pub(crate) fn allocated(path: &Path, seen: &mut HashSet<(u64, u64)>) -> u64 {
-    let Ok(meta) = fs::symlink_metadata(path) else {
-        return 0;
+            .filter(|(key, _)| named.contains(*key))
+            .map(|(_, size)| size)
+            .sum()
     };
-    if meta.nlink() > 1 && !meta.is_dir() && !seen.insert((meta.dev(), meta.ino())) {
-        return 0;
+    let mut evicted = Vec::new();
+    let mut left: Vec<&Stored> = kept.iter().chain(candidates.iter()).copied().collect();
+    let mut next = 0;
+    while remaining(&left) > limit && next < candidates.len() {
+        let victim = candidates[next];
+        left.retain(|image| image.reference != victim.reference);
+        evicted.push(victim.reference.clone());
+        next += 1;
     }
-    let own = meta.blocks() * 512;
-    if !meta.is_dir() {
-        return own;
-    }
-    let Ok(entries) = fs::read_dir(path) else {
-        return own;
-    };
-    own + entries
-        .flatten()
-        .map(|entry| allocated(&entry.path(), seen))
-        .sum::<u64>()
+    evicted
 }
 
 /// The layer directories under `root/layers` that overlay mounts on this host use as
@@ -505,6 +349,60 @@ mod tests {
             .bytes(Path::new("/"))
             .is_some_and(|b| b > 0));
         assert_eq!(Budget::Off.bytes(Path::new("/")), None);
+    }
+
+    #[test]
+    fn evictions_go_oldest_first_until_the_rest_fits_and_spare_what_is_in_use() {
+        let epoch = std::time::SystemTime::UNIX_EPOCH;
+        let started = Instant::now();
+        let image = |name: &str, age: u64, handed_out: Option<Instant>| Stored {
+            reference: format!("docker.io/library/{name}:latest"),
+            keys: vec![format!("layers/{name}"), format!("blobs/{name}")],
+            last_used: epoch + Duration::from_secs(1000 - age),
+            handed_out,
+        };
+        let sizes = Sizes(
+            ["a", "b", "c", "d"]
+                .iter()
+                .flat_map(|n| [(format!("layers/{n}"), 9), (format!("blobs/{n}"), 1)])
+                .collect(),
+        );
+        // Oldest first: a (300 s), b (200 s), c (100 s); d was handed out during the pass.
+        let stored = [
+            image("c", 100, None),
+            image("a", 300, None),
+            image("b", 200, Some(started - Duration::from_secs(1))),
+            image("d", 400, Some(started + Duration::from_millis(1))),
+        ];
+        let none = HashSet::new();
+        let name = |n: &str| format!("docker.io/library/{n}:latest");
+        // 40 bytes; d is kept whatever: a then b go to fit 25.
+        let chosen = choose_evictions(25, &sizes, &InUse::default(), started, &stored, &none);
+        assert_eq!(chosen, [name("a"), name("b")]);
+        // A sandbox uses a (named as it asked for it): b and c go instead.
+        let in_use = InUse {
+            references: vec!["a".into()],
+            layers: Vec::new(),
+        };
+        let chosen = choose_evictions(25, &sizes, &in_use, started, &stored, &none);
+        assert_eq!(chosen, [name("b"), name("c")]);
+        // What is pinned or mounted counts against the limit but is never evicted.
+        let pinned: HashSet<String> = ["layers/x".to_string()].into();
+        let mut sizes_pinned = sizes.clone();
+        sizes_pinned.0.insert("layers/x".into(), 20);
+        let chosen = choose_evictions(
+            25,
+            &sizes_pinned,
+            &InUse::default(),
+            started,
+            &stored,
+            &pinned,
+        );
+        assert_eq!(chosen, [name("a"), name("b"), name("c")]);
+        // Under the limit: nothing.
+        assert!(
+            choose_evictions(40, &sizes, &InUse::default(), started, &stored, &none).is_empty()
+        );
     }
 
     #[test]

@@ -28,25 +28,34 @@ use super::manifest::{
 };
 use super::reference::Reference;
 use super::registry::MAX_DOCUMENT;
-use super::store::{check_manifest, Inner, MAX_CONFIG};
+use super::store::{check_manifest, ImageStore, MAX_CONFIG};
 use super::unpack::{self, Compression};
 use super::{Image, ImageError};
 
 /// Most links followed to find one archive entry.
 const MAX_LINK_HOPS: usize = 16;
 
-/// Imports every image of `path` (see `ImageStore::import`).
-pub(crate) fn import(
-    inner: &Inner,
-    path: &Path,
-    name: Option<&str>,
-) -> Result<Vec<Image>, ImageError> {
+impl ImageStore {
+    /// Imports a `docker save` archive (tar, optionally gzip or zstd compressed, or its
+    /// extracted directory) or an OCI image layout (directory or tar). Images are named by
+    /// `name` when given (the archive must then hold exactly one image, or one whose
+    /// `org.opencontainers.image.ref.name` is `name`'s tag), else by the names the archive
+    /// carries (`RepoTags`, or `io.containerd.image.name` / a full reference in
+    /// `org.opencontainers.image.ref.name`). Blocking: call it from `spawn_blocking` in
+    /// async code.
+    pub fn import(&self, path: &Path, name: Option<&str>) -> Result<Vec<Image>, ImageError> {
+        import(self, path, name)
+    }
+}
+
+/// Imports every image of `path` (see [`ImageStore::import`]).
+fn import(store: &ImageStore, path: &Path, name: Option<&str>) -> Result<Vec<Image>, ImageError> {
     let name = name.map(Reference::parse).transpose()?;
-    let source = Source::open(inner, path)?;
+    let source = Source::open(store, path)?;
     if source.exists("manifest.json") {
-        import_docker_save(inner, &source, name.as_ref())
+        import_docker_save(store, &source, name.as_ref())
     } else if source.exists("index.json") {
-        import_oci_layout(inner, &source, name.as_ref())
+        import_oci_layout(store, &source, name.as_ref())
     } else {
         Err(ImageError::invalid(
             format!("archive {}", path.display()),
@@ -67,7 +76,7 @@ struct SaveEntry {
 }
 
 fn import_docker_save(
-    inner: &Inner,
+    store: &ImageStore,
     source: &Source,
     name: Option<&Reference>,
 ) -> Result<Vec<Image>, ImageError> {
@@ -118,17 +127,17 @@ fn import_docker_save(
             &format!("config {} of {what}", entry.config),
             entry.layers.len(),
         )?;
-        let _pins = inner.pin_image(&[&config_digest], config.diff_ids())?;
+        let _pins = store.pin_image(&[&config_digest], config.diff_ids())?;
         let mut layers = Vec::new();
         for (layer, diff_id) in entry.layers.iter().zip(config.diff_ids()) {
             let layer_what = format!("layer {layer} of {what}");
             let (reader, _) = source.reader(layer)?;
             let expected = digest_in_name(layer);
-            let dest = inner.layer_path(diff_id)?;
+            let dest = store.layer_path(diff_id)?;
             let (blob_digest, size, compression) = if dest.is_dir() {
                 hash_blob(reader, &layer_what)?
             } else {
-                let work = inner.work_dir("import")?;
+                let work = store.work_dir("import")?;
                 let verified = unpack::unpack_verified(
                     reader,
                     work.path(),
@@ -168,18 +177,18 @@ fn import_docker_save(
         let manifest_bytes = serde_json::to_vec(&manifest)
             .map_err(|err| ImageError::invalid(&what, err.to_string()))?;
         let manifest_digest = of_bytes(&manifest_bytes);
-        let _manifest_pin = inner.pin_image(&[&manifest_digest], &[])?;
-        inner.write_blob(&config_digest, &config_bytes)?;
-        inner.write_blob(&manifest_digest, &manifest_bytes)?;
+        let _manifest_pin = store.pin_image(&[&manifest_digest], &[])?;
+        store.write_blob(&config_digest, &config_bytes)?;
+        store.write_blob(&manifest_digest, &manifest_bytes)?;
         for name in names {
-            images.push(inner.record(&name, &manifest_digest, None, &config_digest, &config)?);
+            images.push(store.record(&name, &manifest_digest, None, &config_digest, &config)?);
         }
     }
     Ok(images)
 }
 
 fn import_oci_layout(
-    inner: &Inner,
+    store: &ImageStore,
     source: &Source,
     name: Option<&Reference>,
 ) -> Result<Vec<Image>, ImageError> {
@@ -270,7 +279,7 @@ fn import_oci_layout(
             };
             select_platform(&sub, &image_name)?.clone()
         };
-        images.push(import_oci_image(inner, source, &image_name, &entry)?);
+        images.push(import_oci_image(store, source, &image_name, &entry)?);
     }
     Ok(images)
 }
@@ -298,7 +307,7 @@ fn carried_name(descriptor: &Descriptor) -> Option<String> {
 }
 
 fn import_oci_image(
-    inner: &Inner,
+    store: &ImageStore,
     source: &Source,
     name: &str,
     entry: &Descriptor,
@@ -342,15 +351,15 @@ fn import_oci_image(
     )?;
     let mut blobs = vec![manifest_digest.as_str(), config_digest.as_str()];
     blobs.extend(index.as_ref().map(|(_, digest)| digest.as_str()));
-    let _pins = inner.pin_image(&blobs, config.diff_ids())?;
+    let _pins = store.pin_image(&blobs, config.diff_ids())?;
     for (layer, diff_id) in manifest.layers.iter().zip(config.diff_ids()) {
-        let dest = inner.layer_path(diff_id)?;
+        let dest = store.layer_path(diff_id)?;
         if dest.is_dir() {
             continue;
         }
         let (reader, _) =
             source.reader(&format!("blobs/sha256/{}", digest::hex_of(&layer.digest)?))?;
-        let work = inner.work_dir("import")?;
+        let work = store.work_dir("import")?;
         unpack::unpack_verified(
             reader,
             work.path(),
@@ -360,13 +369,13 @@ fn import_oci_image(
         )?;
         work.install(&dest)?;
     }
-    inner.write_blob(&manifest_digest, &manifest_bytes)?;
-    inner.write_blob(&config_digest, &config_bytes)?;
+    store.write_blob(&manifest_digest, &manifest_bytes)?;
+    store.write_blob(&config_digest, &config_bytes)?;
     if let Some((bytes, digest)) = &index {
-        inner.write_blob(digest, bytes)?;
+        store.write_blob(digest, bytes)?;
     }
     let index_digest = index.map(|(_, digest)| digest);
-    inner.record(
+    store.record(
         name,
         &manifest_digest,
         index_digest,
@@ -451,7 +460,7 @@ enum Source {
 }
 
 impl Source {
-    fn open(inner: &Inner, path: &Path) -> Result<Source, ImageError> {
+    fn open(store: &ImageStore, path: &Path) -> Result<Source, ImageError> {
         let meta = fs::metadata(path).map_err(ImageError::io("cannot import", path))?;
         if meta.is_dir() {
             return Ok(Source::Dir(path.to_path_buf()));
@@ -476,7 +485,7 @@ impl Source {
         };
         let (file, decompressed) = match decoder {
             Some(mut decoder) => {
-                let tmp = TempFile(inner.work_path("import.tar"));
+                let tmp = TempFile(store.work_path("import.tar"));
                 let mut out =
                     File::create(&tmp.0).map_err(ImageError::io("cannot create", &tmp.0))?;
                 io::copy(&mut decoder, &mut out).map_err(|err| {

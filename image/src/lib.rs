@@ -19,10 +19,16 @@
 //! - [`registry`]: the distribution API client (mirrors, Bearer and Basic auth).
 //! - [`manifest`]: manifests, indexes and configs.
 //! - [`unpack`]: one layer tar into one directory, whiteouts as overlayfs wants them.
-//! - [`store`]: the store, its on-disk layout and its locking; `import`: archives.
-//! - [`credentials`]: Docker `config.json` and `HOST=USER:PASSWORD` credentials.
+//! - [`store`]: the store, its on-disk layout and its locking; `import`: archives, over
+//!   the store's methods.
+//! - [`config`]: [`StoreConfig`], how the store reaches registries.
+//! - [`credentials`]: [`Credentials`], from Docker `config.json` and `HOST=USER:PASSWORD`.
 //! - [`gc`]: keeping the store under a disk budget.
 //! - [`targets`]: which hosts a pull may reach.
+//!
+//! Imports run one way (`scripts/import-cycles.py` in `make lint` fails on a circle):
+//! `import` and `gc` sit over the store and use only [`ImageStore`]'s methods; the
+//! store sits over `registry`, `unpack`, `manifest`, `reference` and `digest`.
 //!
 //! Two leaves the rest of the orchestrator shares, here because the store is the
 //! lowest crate that needs them (the `orchard` crate re-exports both at its root):
@@ -30,6 +36,7 @@
 //! - [`egress`]: which addresses egress may not reach, for pulls and sandboxes alike.
 //! - [`diskspace`]: what a file system holds and has free (`statvfs`).
 
+pub mod config;
 pub mod credentials;
 pub mod digest;
 pub mod diskspace;
@@ -44,9 +51,11 @@ pub mod store;
 pub mod targets;
 pub mod unpack;
 
+pub use config::StoreConfig;
+pub use credentials::Credentials;
 pub use error::ImageError;
 pub use reference::Reference;
-pub use store::{Credentials, GcReport, ImageStore, Progress, StoreConfig};
+pub use store::{GcReport, ImageStore, Progress};
 
 use std::path::PathBuf;
 

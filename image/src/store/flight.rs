@@ -1,14 +1,32 @@
 //! Runs of some work keyed by name, so concurrent requests for the same thing share
 //! one: pulls of one name, downloads of one layer. The others wait on a watch channel
 //! for the outcome and get the progress meanwhile; a cancelled leader hands over.
+//! [`Progress`] is what the listeners of a pull are told.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use super::{lock, Progress};
+use super::sync::lock;
 use crate::ImageError;
+
+/// Where a pull is, for a progress display.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// The normalised reference being pulled.
+    pub reference: String,
+    /// Digest of the layer blob this report is about.
+    pub layer: String,
+    /// Bytes of that layer received so far.
+    pub layer_bytes_done: u64,
+    /// Size of that layer blob.
+    pub layer_bytes_total: u64,
+    /// Layers complete (downloaded and unpacked, or already present).
+    pub layers_done: usize,
+    /// Layers in the image.
+    pub layers_total: usize,
+}
 
 pub(super) type Listener = Arc<dyn Fn(Progress) + Send + Sync>;
 pub(super) type Outcome<T> = Option<Result<T, ImageError>>;

@@ -8,7 +8,8 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use super::{lock, Inner};
+use super::inner::Inner;
+use super::sync::lock;
 use crate::digest::{self, of_bytes, verify_bytes};
 use crate::ImageError;
 
@@ -90,7 +91,7 @@ impl Inner {
     }
 
     /// Pins the blobs and layers of an image.
-    pub(crate) fn pin_image(
+    pub(super) fn pin_image(
         &self,
         blobs: &[&str],
         diff_ids: &[String],
@@ -105,15 +106,15 @@ impl Inner {
         Ok(self.pin(keys))
     }
 
-    pub(crate) fn layer_path(&self, diff_id: &str) -> Result<PathBuf, ImageError> {
+    pub(super) fn layer_path(&self, diff_id: &str) -> Result<PathBuf, ImageError> {
         Ok(self.root.join("layers").join(digest::hex_of(diff_id)?))
     }
 
-    pub(crate) fn blob_path(&self, digest: &str) -> Result<PathBuf, ImageError> {
+    pub(super) fn blob_path(&self, digest: &str) -> Result<PathBuf, ImageError> {
         Ok(self.root.join("blobs/sha256").join(digest::hex_of(digest)?))
     }
 
-    pub(crate) fn record_path(&self, reference: &str) -> PathBuf {
+    pub(super) fn record_path(&self, reference: &str) -> PathBuf {
         let mut name = String::new();
         for byte in reference.bytes() {
             if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {
@@ -132,7 +133,7 @@ impl Inner {
     }
 
     /// A fresh directory under `tmp/`.
-    pub(crate) fn work_dir(&self, what: &str) -> Result<WorkDir, ImageError> {
+    pub(super) fn work_dir(&self, what: &str) -> Result<WorkDir, ImageError> {
         let path = self.work_path(what);
         DirBuilder::new()
             .mode(0o755)
@@ -144,7 +145,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn work_path(&self, what: &str) -> PathBuf {
+    pub(super) fn work_path(&self, what: &str) -> PathBuf {
         let n = self.work_counter.fetch_add(1, Ordering::SeqCst);
         self.root
             .join("tmp")
@@ -167,7 +168,7 @@ impl Inner {
     }
 
     /// Stores a verified blob (manifest or config) unless it is there already.
-    pub(crate) fn write_blob(&self, digest: &str, bytes: &[u8]) -> Result<(), ImageError> {
+    pub(super) fn write_blob(&self, digest: &str, bytes: &[u8]) -> Result<(), ImageError> {
         let path = self.blob_path(digest)?;
         if path.is_file() {
             return Ok(());

@@ -1,5 +1,6 @@
-//! The store itself: pulls, imports, lookups, removal and garbage collection over a
-//! content-addressed directory tree.
+//! The store itself: pulls, lookups, removal and garbage collection over a
+//! content-addressed directory tree. Imports (`crate::import`) and disk budgets
+//! (`crate::gc`) sit on top of it and use only [`ImageStore`]'s methods.
 //!
 //! ```text
 //! ROOT/blobs/sha256/<hex>     manifests and configs of stored images, as fetched
@@ -21,165 +22,70 @@
 //! import has pinned, nor what an image record names. One process owns a root: two
 //! processes on one root are safe for pulls (renames are atomic) but not for `gc`.
 //!
-//! One file per part: `pull` (manifests, configs and layers from a registry),
-//! `records` (the image records), `layout` (paths, work directories, atomic writes
-//! and pins), `flight` (concurrent requests sharing one run) and `sweep` (removing what
-//! nothing names). This module holds the public types and [`ImageStore`]'s methods.
+//! One file per part, imports running down this list: `pull` (manifests, configs and
+//! layers from a registry), `records` (the image records), `sweep` (removing what
+//! nothing names), `layout` (paths, work directories, atomic writes and pins),
+//! `inner` (the state every clone shares), `flight` (concurrent requests sharing one
+//! run), `usage` (sizes and last uses, for budgets) and `sync`. This module holds
+//! [`ImageStore`] and its methods: the public ones, and those `import` and `gc` use.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, DirBuilder};
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 
-use super::gc::GcState;
-use super::reference::Reference;
-use super::registry::RegistryClient;
-use super::{Image, ImageError};
+use crate::config::StoreConfig;
+use crate::manifest::ConfigFile;
+use crate::reference::Reference;
+use crate::registry::RegistryClient;
+use crate::{Image, ImageError};
 
 use self::flight::{follow, Flights, Listener, Role};
+use self::inner::Inner;
+use self::layout::{Pins, WorkDir};
+use self::sync::lock;
+use self::usage::GcState;
 
 mod flight;
+mod inner;
 mod layout;
 mod pull;
 mod records;
 mod sweep;
+mod sync;
+mod usage;
 
+pub use self::flight::Progress;
 pub use self::pull::check_manifest;
-pub(crate) use self::records::Record;
-
-/// Largest image config read into memory.
-pub(crate) const MAX_CONFIG: usize = 32 << 20;
-/// Layers downloaded at once, across all pulls, by default.
-const DEFAULT_PARALLEL_LAYERS: usize = 3;
-
-/// User name and password for a registry (basic auth, or to obtain a token).
-#[derive(Clone, PartialEq, Eq)]
-pub struct Credentials {
-    /// User name.
-    pub username: String,
-    /// Password or access token.
-    pub password: String,
-    /// An OAuth2 refresh token (Docker's `identitytoken`), traded at the token server
-    /// for access tokens instead of sending the user name and password.
-    pub identity_token: Option<String>,
-}
-
-impl Credentials {
-    /// A user name and password.
-    pub fn basic(username: impl Into<String>, password: impl Into<String>) -> Credentials {
-        Credentials {
-            username: username.into(),
-            password: password.into(),
-            identity_token: None,
-        }
-    }
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the password, not even in debug logs.
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .field("password", &"<redacted>")
-            .field(
-                "identity_token",
-                &self.identity_token.as_ref().map(|_| "<redacted>"),
-            )
-            .finish()
-    }
-}
-
-/// How the store reaches registries.
-#[derive(Debug, Clone)]
-pub struct StoreConfig {
-    /// Registry host (`docker.io`, `ghcr.io`, `127.0.0.1:5000`) to mirror endpoints
-    /// (`http://127.0.0.1:5000`, `mirror.example.com`), tried in order before the
-    /// registry itself. A mirror without a scheme gets HTTPS unless it is loopback or
-    /// listed in `insecure_registries`.
-    pub mirrors: HashMap<String, Vec<String>>,
-    /// Hosts (`host` or `host:port`) reached over plain HTTP. Loopback always is.
-    pub insecure_registries: Vec<String>,
-    /// Credentials per registry host or mirror host (`host` or `host:port`).
-    pub credentials: HashMap<String, Credentials>,
-    /// Layers downloaded at once across all pulls.
-    pub parallel_layers: usize,
-    /// Which hosts pulls may reach (unrestricted by default; `orchard serve` restricts).
-    pub targets: super::targets::TargetPolicy,
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig {
-            mirrors: HashMap::new(),
-            insecure_registries: Vec::new(),
-            credentials: HashMap::new(),
-            parallel_layers: DEFAULT_PARALLEL_LAYERS,
-            targets: super::targets::TargetPolicy::default(),
-        }
-    }
-}
-
-/// Where a pull is, for a progress display.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Progress {
-    /// The normalised reference being pulled.
-    pub reference: String,
-    /// Digest of the layer blob this report is about.
-    pub layer: String,
-    /// Bytes of that layer received so far.
-    pub layer_bytes_done: u64,
-    /// Size of that layer blob.
-    pub layer_bytes_total: u64,
-    /// Layers complete (downloaded and unpacked, or already present).
-    pub layers_done: usize,
-    /// Layers in the image.
-    pub layers_total: usize,
-}
-
-/// What [`ImageStore::gc`] removed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GcReport {
-    /// Unpacked layer directories removed.
-    pub layers_removed: usize,
-    /// Blobs (manifests, configs) removed.
-    pub blobs_removed: usize,
-    /// Bytes freed (allocated blocks).
-    pub bytes_freed: u64,
-    /// Images forgotten to meet the disk budget, least recently used first.
-    pub images_removed: Vec<String>,
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere must not make the store unusable: the guarded data (maps of
-    // in-flight work, pins) stays consistent at every step.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+pub(crate) use self::pull::MAX_CONFIG;
+pub use self::sweep::GcReport;
+pub(crate) use self::usage::Sizes;
 
 /// The image store. Cheap to clone; clones share everything.
 #[derive(Clone)]
 pub struct ImageStore {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub(crate) root: PathBuf,
-    config: StoreConfig,
-    registry: RegistryClient,
-    /// Held while image records are written or removed, and through a gc scan.
-    pub(crate) records: Mutex<()>,
-    /// Pin counts of `layers/<hex>` and `blobs/<hex>` keys.
-    pub(crate) pins: Mutex<HashMap<String, usize>>,
-    /// Disk budget bookkeeping.
-    pub(crate) gc_state: GcState,
-    pulls: Flights<Image>,
-    layers: Flights<()>,
-    downloads: Semaphore,
-    work_counter: AtomicU64,
+/// A stored image as a budget pass weighs it ([`ImageStore::forget_chosen`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stored {
+    /// Its normalised name.
+    pub(crate) reference: String,
+    /// The `layers/<hex>` and `blobs/<hex>` keys its record names.
+    pub(crate) keys: Vec<String>,
+    /// When it was last used: its record's mtime (written at the pull or import,
+    /// touched by `get`; nanoseconds, so two pulls in one second are ordered), else its
+    /// creation.
+    pub(crate) last_used: SystemTime,
+    /// When this process last handed it out (`get`), if it did.
+    pub(crate) handed_out: Option<Instant>,
 }
 
 impl ImageStore {
@@ -262,17 +168,6 @@ impl ImageStore {
         }
     }
 
-    /// Imports a `docker save` archive (tar, optionally gzip or zstd compressed, or its
-    /// extracted directory) or an OCI image layout (directory or tar). Images are named by
-    /// `name` when given (the archive must then hold exactly one image, or one whose
-    /// `org.opencontainers.image.ref.name` is `name`'s tag), else by the names the archive
-    /// carries (`RepoTags`, or `io.containerd.image.name` / a full reference in
-    /// `org.opencontainers.image.ref.name`). Blocking: call it from `spawn_blocking` in
-    /// async code.
-    pub fn import(&self, path: &Path, name: Option<&str>) -> Result<Vec<Image>, ImageError> {
-        super::import::import(&self.inner, path, name)
-    }
-
     /// The image stored under `reference` (normalised), if it is there and complete.
     pub fn get(&self, reference: &str) -> Result<Option<Image>, ImageError> {
         let reference = Reference::parse(reference)?;
@@ -326,5 +221,108 @@ impl ImageStore {
     /// under a mount).
     pub fn gc_keeping(&self, in_use: &[PathBuf]) -> Result<GcReport, ImageError> {
         self.inner.gc(in_use)
+    }
+
+    /// A receiver that changes whenever an image is pulled or imported.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.gc_state.subscribe()
+    }
+
+    /// Allocated bytes of the store's layers and blobs.
+    pub fn usage(&self) -> Result<u64, ImageError> {
+        Ok(self.sizes()?.total())
+    }
+}
+
+/// What `import` writes with: pins, work directories, blobs and records.
+impl ImageStore {
+    /// Pins the blobs and layers of an image until the guard drops: gc leaves them.
+    pub(crate) fn pin_image(
+        &self,
+        blobs: &[&str],
+        diff_ids: &[String],
+    ) -> Result<Pins<'_>, ImageError> {
+        self.inner.pin_image(blobs, diff_ids)
+    }
+
+    /// Where the unpacked layer `diff_id` lives, complete once it exists.
+    pub(crate) fn layer_path(&self, diff_id: &str) -> Result<PathBuf, ImageError> {
+        self.inner.layer_path(diff_id)
+    }
+
+    /// A fresh directory under `tmp/`, removed on drop unless installed.
+    pub(crate) fn work_dir(&self, what: &str) -> Result<WorkDir, ImageError> {
+        self.inner.work_dir(what)
+    }
+
+    /// A fresh path under `tmp/` (nothing is created), which the store removes at its
+    /// next start if this process dies.
+    pub(crate) fn work_path(&self, what: &str) -> PathBuf {
+        self.inner.work_path(what)
+    }
+
+    /// Stores a verified blob (manifest or config) unless it is there already.
+    pub(crate) fn write_blob(&self, digest: &str, bytes: &[u8]) -> Result<(), ImageError> {
+        self.inner.write_blob(digest, bytes)
+    }
+
+    /// Records an image under its name (its blobs and layers already stored) and
+    /// returns it.
+    pub(crate) fn record(
+        &self,
+        reference: &str,
+        digest: &str,
+        index_digest: Option<String>,
+        config_digest: &str,
+        config: &ConfigFile,
+    ) -> Result<Image, ImageError> {
+        self.inner
+            .record(reference, digest, index_digest, config_digest, config)
+    }
+}
+
+/// What `gc` measures and forgets with.
+impl ImageStore {
+    /// Sizes of everything in the store, by `layers/<hex>` and `blobs/<hex>` key.
+    pub(crate) fn sizes(&self) -> Result<Sizes, ImageError> {
+        self.inner.gc_state.sizes(&self.inner.root)
+    }
+
+    /// Forgets the images `choose` names and answers their names; their layers and
+    /// blobs stay until the next sweep. `choose` is called with the records lock held,
+    /// with every stored image (an unreadable record fails the call: gc must not delete
+    /// the layers of an image it could not read) and the keys running pulls and imports
+    /// have pinned, so no image is recorded or removed between the choice and the
+    /// removal.
+    pub(crate) fn forget_chosen(
+        &self,
+        choose: impl FnOnce(&[Stored], &HashSet<String>) -> Vec<String>,
+    ) -> Result<Vec<String>, ImageError> {
+        let inner = &self.inner;
+        let _records = lock(&inner.records);
+        let mut stored = Vec::new();
+        for record in inner.read_records(true)? {
+            let created = SystemTime::UNIX_EPOCH + Duration::from_secs(record.created);
+            let last_used = fs::metadata(inner.record_path(&record.reference))
+                .and_then(|m| m.modified())
+                .map_or(created, |mtime| mtime.max(created));
+            stored.push(Stored {
+                keys: record.keys()?,
+                last_used,
+                handed_out: inner.gc_state.last_handed_out(&record.reference),
+                reference: record.reference,
+            });
+        }
+        let pinned: HashSet<String> = lock(&inner.pins).keys().cloned().collect();
+        let chosen = choose(&stored, &pinned);
+        for name in &chosen {
+            let path = inner.record_path(name);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => return Err(ImageError::io("cannot remove", &path)(err)),
+            }
+        }
+        Ok(chosen)
     }
 }

@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
-use super::flight::{follow, Listener, Role};
-use super::{Inner, Progress, MAX_CONFIG};
+use super::flight::{follow, Listener, Progress, Role};
+use super::inner::Inner;
 use crate::digest::{self, of_bytes, verify_bytes};
 use crate::manifest::{
     check_config_type, check_layer_type, parse_manifest, select_platform, ConfigFile, Descriptor,
@@ -25,6 +25,8 @@ use crate::registry::{self, Endpoint};
 use crate::unpack;
 use crate::{Image, ImageError};
 
+/// Largest image config read into memory.
+pub(crate) const MAX_CONFIG: usize = 32 << 20;
 /// Chunks queued between a download and its unpacking thread.
 const QUEUE: usize = 16;
 /// Bytes between two progress reports of one layer.

@@ -7,29 +7,52 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::{lock, Inner};
+use super::inner::Inner;
+use super::sync::lock;
+use crate::digest;
 use crate::manifest::ConfigFile;
 use crate::{Image, ImageConfig, ImageError};
 
 /// What `ROOT/images/<name>.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Record {
-    pub(crate) reference: String,
+pub(super) struct Record {
+    pub(super) reference: String,
     /// The platform manifest's digest.
-    pub(crate) digest: String,
+    pub(super) digest: String,
     /// The index's digest, when the name pointed at one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) index_digest: Option<String>,
-    pub(crate) config_digest: String,
-    pub(crate) diff_ids: Vec<String>,
+    pub(super) index_digest: Option<String>,
+    pub(super) config_digest: String,
+    pub(super) diff_ids: Vec<String>,
     config: ImageConfig,
     /// Unix seconds of the pull or import.
-    pub(crate) created: u64,
+    pub(super) created: u64,
+}
+
+impl Record {
+    /// The `layers/<hex>` and `blobs/<hex>` keys it names: what gc must keep for it.
+    pub(super) fn keys(&self) -> Result<Vec<String>, ImageError> {
+        let mut keys = Vec::new();
+        for diff_id in &self.diff_ids {
+            keys.push(format!("layers/{}", digest::hex_of(diff_id)?));
+        }
+        for blob in [
+            Some(&self.digest),
+            Some(&self.config_digest),
+            self.index_digest.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            keys.push(format!("blobs/{}", digest::hex_of(blob)?));
+        }
+        Ok(keys)
+    }
 }
 
 impl Inner {
     /// Records an image under its name and returns it.
-    pub(crate) fn record(
+    pub(super) fn record(
         &self,
         reference: &str,
         digest: &str,
@@ -75,7 +98,7 @@ impl Inner {
 
     /// All records. With `strict`, an unreadable record is an error (gc must not
     /// delete the layers of an image it could not read); without, it is skipped.
-    pub(crate) fn read_records(&self, strict: bool) -> Result<Vec<Record>, ImageError> {
+    pub(super) fn read_records(&self, strict: bool) -> Result<Vec<Record>, ImageError> {
         let dir = self.root.join("images");
         let mut records = Vec::new();
         for entry in fs::read_dir(&dir).map_err(ImageError::io("cannot list", &dir))? {

@@ -1,15 +1,29 @@
-//! The sweep of `gc`: layers and blobs that no image record names, no running pull or
-//! import has pinned and no running sandbox uses are moved out of sight, then
-//! removed.
+//! The sweep of `ImageStore::gc`, and its [`GcReport`]: layers and blobs that no image
+//! record names, no running pull or import has pinned and no running sandbox uses are
+//! moved out of sight, then removed.
 
 use std::collections::HashSet;
 use std::fs;
 use std::path::PathBuf;
 
-use super::{lock, GcReport, Inner};
+use super::inner::Inner;
+use super::sync::lock;
+use super::usage::allocated;
 use crate::digest;
 use crate::ImageError;
 
+/// What [`crate::ImageStore::gc`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Unpacked layer directories removed.
+    pub layers_removed: usize,
+    /// Blobs (manifests, configs) removed.
+    pub blobs_removed: usize,
+    /// Bytes freed (allocated blocks).
+    pub bytes_freed: u64,
+    /// Images forgotten to meet the disk budget, least recently used first.
+    pub images_removed: Vec<String>,
+}
 impl Inner {
     pub(super) fn gc(&self, in_use: &[PathBuf]) -> Result<GcReport, ImageError> {
         let mut doomed = Vec::new();
@@ -19,7 +33,7 @@ impl Inner {
             let records = self.read_records(true)?;
             let mut keep: HashSet<String> = HashSet::new();
             for record in &records {
-                keep.extend(crate::gc::keys_of(record)?);
+                keep.extend(record.keys()?);
             }
             for path in in_use {
                 if let Some(name) = path.file_name() {
@@ -56,7 +70,7 @@ impl Inner {
             }
         }
         for path in doomed {
-            report.bytes_freed += crate::gc::allocated(&path, &mut HashSet::new());
+            report.bytes_freed += allocated(&path, &mut HashSet::new());
             let removed = if path.is_dir() {
                 fs::remove_dir_all(&path)
             } else {
