@@ -26,6 +26,7 @@ use orchard_protocol::{ErrorBody, ExecEvent, ExecKept, ExecRequest, ExecResult, 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+mod endpoint;
 pub mod pool;
 pub use pool::{Pool, PoolBody};
 

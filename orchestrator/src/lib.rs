@@ -7,7 +7,8 @@
 //! - [`state`]: the [`state::StateStore`] trait (records, jobs, quotas, leases,
 //!   notifications) and its in-memory implementation.
 //! - [`server`]: the REST API (Orchard-compatible routes and `/v1/`).
-//! - [`config`], [`serve`]: `orchard serve`; [`cli`]: the commands for people.
+//! - [`config`], [`serve`]: `orchard serve`. The commands for people (`orchard sandbox`,
+//!   `image`, `snapshot`) are the `orchard-cli` crate, which the binary calls.
 //! - [`metrics`], [`log`]: Prometheus metrics and JSON logs.
 //! - [`random`]: the one source of random ids, tokens and keys.
 //! - [`diskspace`], [`egress`]: leaves shared with the image store, which holds them
@@ -16,7 +17,6 @@
 
 pub mod atomic_file;
 pub mod backend;
-pub mod cli;
 pub mod config;
 pub use orchard_image as image;
 pub use orchard_image::{diskspace, egress};

@@ -1,10 +1,11 @@
-//! `orchard`: the orchestrator (`orchard serve`) and the CLI for people
-//! (`orchard sandbox ...`, `orchard image ...`). A thin layer over the library.
+//! `orchard`: the orchestrator (`orchard serve`, the library of this crate) and the CLI
+//! for people (`orchard sandbox ...`, `orchard image ...`, `orchard snapshot ...`, the
+//! `orchard-cli` crate). A thin layer over the two.
 
 use clap::{Parser, Subcommand};
 
-use orchard::cli::{self, Connect, ImageCommand, SandboxCommand, SnapshotCommand};
 use orchard::config::{Config, ServeArgs};
+use orchard_cli::{self as cli, Connect, ImageCommand, SandboxCommand, SnapshotCommand};
 
 /// mimalloc rather than glibc's malloc: under exec load the server's allocations
 /// (request and job records, HTTP buffers, futures) freed on other threads than they

@@ -1,11 +1,15 @@
-//! The command line for people: `orchard sandbox ...` and `orchard image ...`, talking to
-//! a running `orchard serve` over its REST API (`docs/api.md`).
+//! `orchard-cli`, the command line for people: `orchard sandbox ...`, `orchard image ...`
+//! and `orchard snapshot ...`, talking to a running `orchard serve` over its REST API
+//! (`docs/api.md`). It needs nothing of the orchestrator but the wire types
+//! (`orchard-protocol`) and, for `sandbox exec --direct`, the agent client
+//! (`orchard-client`), so a change here does not rebuild the server.
 //!
 //! The server and key come from the same variables as the SDK (`SANDBOX_BASE_URL`,
-//! `SANDBOX_API_KEY`) or from `--url` / `--api-key` ([`Connect`]). The binary parses
-//! [`SandboxCommand`] / [`ImageCommand`] with clap and hands them to [`sandbox`] /
-//! [`image`], which answer the process exit code (for `sandbox exec` and `sandbox shell`
-//! the remote program's) or a [`CliError`] worth printing as is.
+//! `SANDBOX_API_KEY`) or from `--url` / `--api-key` ([`Connect`]). The `orchard` binary
+//! (the orchestrator crate's `main.rs`) parses [`SandboxCommand`] / [`ImageCommand`] /
+//! [`SnapshotCommand`] with clap and hands them to [`sandbox`] / [`image`] /
+//! [`snapshot`], which answer the process exit code (for `sandbox exec` and `sandbox
+//! shell` the remote program's) or a [`CliError`] worth printing as is.
 //!
 //! - [`client`]: the HTTP client (auth header, error bodies, NDJSON lines, WebSocket
 //!   upgrade).

@@ -197,9 +197,9 @@ pub async fn exec_direct(
         message: format!("it is not ready ({})", sb.status),
     })?;
     let endpoint = match (&agent.url, &agent.socket) {
-        (Some(url), _) => crate::backend::AgentEndpoint::parse_url(url)
+        (Some(url), _) => orchard_client::Endpoint::parse_http_url(url)
             .ok_or_else(|| CliError::protocol("the agent URL", url))?,
-        (None, Some(socket)) => crate::backend::AgentEndpoint::Unix(socket.into()),
+        (None, Some(socket)) => orchard_client::Endpoint::Unix(socket.into()),
         (None, None) => {
             return Err(CliError::protocol(
                 "the sandbox",
@@ -207,7 +207,7 @@ pub async fn exec_direct(
             ))
         }
     };
-    let direct = orchard_client::AgentClient::new(endpoint.client(), agent.token);
+    let direct = orchard_client::AgentClient::new(endpoint.clone(), agent.token);
     let what = format!("the agent at {endpoint}");
     let mut stream = direct
         .exec_stream(&exec_request(command, opts, stdin))
