@@ -29,13 +29,15 @@ k8s-images: agent
 build: agent
 	cargo build --workspace
 
-## lint: formatting, clippy, doc links, and no import circle between the modules of the
+## lint: formatting, clippy (also of the orchestrator without its default features:
+## no Kubernetes, no Redis), doc links, and no import circle between the modules of the
 ## crates listed (scripts/import-cycles.py; the agent's and the image store's so far).
 lint:
 	@scripts/check-doc-links.sh
 	@scripts/import-cycles.py agent/src image/src
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p orchard --no-default-features --all-targets -- -D warnings
 
 ## test: everything CI checks.
 test: agent k8s-build-background images k8s-images harness lint sdk-deps fuzz

@@ -464,6 +464,20 @@ pub enum ConfigError {
     /// A value is not valid.
     #[error("{0}")]
     Invalid(String),
+    /// A value chooses a part this build left out (a Cargo feature of the `orchard`
+    /// crate, on by default).
+    #[error(
+        "{setting}: this orchard was built without the `{feature}` feature; build it with \
+         `cargo build -p orchard --features {feature}` (on by default) or use {instead}"
+    )]
+    NotCompiled {
+        /// The setting and its value, as written (`backend "kubernetes"`).
+        setting: String,
+        /// The missing feature.
+        feature: &'static str,
+        /// What this build offers instead.
+        instead: &'static str,
+    },
     /// Registry credentials could not be loaded.
     #[error(transparent)]
     Credentials(#[from] CredentialsError),
@@ -499,6 +513,13 @@ impl StateChoice {
                     .iter()
                     .any(|s| url.starts_with(s)) =>
             {
+                if !cfg!(feature = "redis") {
+                    return Err(ConfigError::NotCompiled {
+                        setting: format!("state {url:?}"),
+                        feature: "redis",
+                        instead: "`memory`",
+                    });
+                }
                 Ok(StateChoice::Redis {
                     url: url.to_string(),
                     prefix,
@@ -653,6 +674,13 @@ impl Config {
             .unwrap_or("local")
         {
             "local" => BackendChoice::Local,
+            name @ ("kubernetes" | "k8s") if !cfg!(feature = "kubernetes") => {
+                return Err(ConfigError::NotCompiled {
+                    setting: format!("backend {name:?}"),
+                    feature: "kubernetes",
+                    instead: "local",
+                })
+            }
             "kubernetes" | "k8s" => BackendChoice::Kubernetes(Box::new(
                 crate::backend::kubernetes::KubeConfig::resolve(
                     &args.kube,
@@ -955,6 +983,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "redis")]
     fn the_state_is_memory_or_a_redis_url_from_the_flag_or_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("orchard.toml");
@@ -1001,6 +1030,78 @@ mod tests {
             .unwrap();
             assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
         }
+    }
+
+    /// A build without a backend's or a store's feature refuses to be configured with
+    /// it, whichever way it is chosen, and names the feature.
+    #[test]
+    fn choosing_a_part_left_out_of_the_build_names_its_feature() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("orchard.toml");
+        std::fs::write(
+            &file,
+            "backend = \"k8s\"\nstate = \"redis://10.0.0.5:6379\"\n",
+        )
+        .unwrap();
+        let chosen = [
+            (
+                "kubernetes",
+                cfg!(feature = "kubernetes"),
+                ServeArgs {
+                    backend: Some("kubernetes".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "kubernetes",
+                cfg!(feature = "kubernetes"),
+                ServeArgs {
+                    config: Some(file.clone()),
+                    state: Some("memory".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "redis",
+                cfg!(feature = "redis"),
+                ServeArgs {
+                    state: Some("rediss://cache:6380".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "redis",
+                cfg!(feature = "redis"),
+                ServeArgs {
+                    config: Some(file.clone()),
+                    backend: Some("local".into()),
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (feature, built, args) in chosen {
+            match Config::resolve(args) {
+                Err(ConfigError::NotCompiled { feature: f, .. }) if !built => {
+                    assert_eq!(f, feature)
+                }
+                Err(e) if !built => panic!("not the feature's error: {e}"),
+                // With the feature the choice resolves (the cluster or Redis is reached
+                // only when serving starts).
+                Ok(_) if built => {}
+                other => panic!("{feature} built: {built}, got {other:?}"),
+            }
+        }
+        let err = ConfigError::NotCompiled {
+            setting: "backend \"kubernetes\"".into(),
+            feature: "kubernetes",
+            instead: "local",
+        };
+        assert_eq!(
+            err.to_string(),
+            "backend \"kubernetes\": this orchard was built without the `kubernetes` feature; \
+             build it with `cargo build -p orchard --features kubernetes` (on by default) or \
+             use local"
+        );
     }
 
     #[test]

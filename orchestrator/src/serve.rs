@@ -7,6 +7,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
+#[cfg(feature = "kubernetes")]
 use crate::backend::kubernetes::KubeBackend;
 use crate::backend::local::{LocalBackend, LocalConfig};
 use crate::backend::Backend;
@@ -16,6 +17,7 @@ use crate::image::{ImageStore, StoreConfig};
 use crate::metrics::Metrics;
 use crate::server::{router, AppState};
 use crate::service::{Keys, Service, ServiceConfig};
+#[cfg(feature = "redis")]
 use crate::state::redis::RedisStore;
 
 /// Why the server could not start or stopped badly.
@@ -83,6 +85,11 @@ pub async fn app(
     let metrics = Arc::new(Metrics::default());
     let service = match &config.state {
         StateChoice::Memory => Service::open(backend, images, service_config, metrics).await,
+        #[cfg(not(feature = "redis"))]
+        StateChoice::Redis { url, .. } => {
+            return Err(not_compiled(format!("state {url:?}"), "redis", "`memory`"))
+        }
+        #[cfg(feature = "redis")]
         StateChoice::Redis { url, prefix } => {
             let store = RedisStore::connect(url, prefix)
                 .await
@@ -104,6 +111,18 @@ pub async fn app(
         spools: Arc::new(spools),
     };
     Ok((router(state), service))
+}
+
+/// A configuration built by hand (not by [`Config::resolve`], which refuses it first)
+/// chose a part this build left out.
+#[cfg(not(all(feature = "kubernetes", feature = "redis")))]
+fn not_compiled(setting: String, feature: &'static str, instead: &'static str) -> ServeError {
+    let err = crate::config::ConfigError::NotCompiled {
+        setting,
+        feature,
+        instead,
+    };
+    ServeError::Setup(err.to_string())
 }
 
 /// Opens the image store of `config`.
@@ -218,6 +237,13 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
                 .map_err(|e| ServeError::Setup(format!("opening the local backend: {e}")))?;
             Ok(Arc::new(backend))
         }
+        #[cfg(not(feature = "kubernetes"))]
+        BackendChoice::Kubernetes(_) => Err(not_compiled(
+            "backend \"kubernetes\"".into(),
+            "kubernetes",
+            "local",
+        )),
+        #[cfg(feature = "kubernetes")]
         BackendChoice::Kubernetes(kube) => {
             let mut kube = (**kube).clone();
             kube.egress = config.egress.clone();

@@ -7,8 +7,10 @@ mod adversarial;
 mod cli;
 mod end_to_end;
 mod image_store;
+#[cfg(feature = "kubernetes")]
 mod kubernetes;
 mod local_backend;
+#[cfg(feature = "redis")]
 mod redis;
 mod server;
 mod util;

@@ -7,7 +7,16 @@
 
 #[cfg(test)]
 pub mod fake;
+#[cfg(feature = "kubernetes")]
 pub mod kubernetes;
+/// Built without the `kubernetes` feature: only the backend's settings, so its flags and
+/// the file's `[kubernetes]` table parse as in every build, and choosing the backend is
+/// refused with the feature's name (`crate::config`).
+#[cfg(not(feature = "kubernetes"))]
+pub mod kubernetes {
+    pub mod config;
+    pub use config::{KubeArgs, KubeConfig, KubeFile};
+}
 pub mod local;
 pub mod offload;
 

@@ -33,6 +33,7 @@
 #[doc(hidden)]
 pub mod conformance;
 pub mod memory;
+#[cfg(feature = "redis")]
 pub mod redis;
 mod spill;
 
