@@ -3,7 +3,7 @@
 //!
 //! Create: create-to-ready (the agent answers) of a cold busybox pod through
 //! [`KubeBackend`], sequentially, next to the local backend's floor (`runc run` of
-//! `true`, from `orchard::backend::local::bench`) and its own create of busybox.
+//! `true`, from `orchard_bench::local_backend`) and its own create of busybox.
 //!
 //! Exec `true`: straight to the agent on the pod IP, through `orchard serve --backend
 //! kubernetes` (a real process) by `/v1/sandboxes/{id}/exec` and by the compatible
@@ -22,8 +22,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use orchard::backend::kubernetes::KubeBackend;
-use orchard::backend::local::bench as local_bench;
 use orchard::backend::{AgentEndpoint, Backend, CreateSpec, SandboxImage};
+use orchard_bench::local_backend as local_bench;
 use orchard_client::AgentClient;
 use orchard_protocol::{Command, ExecRequest};
 use serde_json::{json, Value};

@@ -725,7 +725,7 @@ async fn regression_a_restart_waits_for_the_lock_of_a_process_still_dying() {
 #[ignore = "a benchmark: run by make bench"]
 async fn bench_local_backend() {
     orchard_test_support::require_runc!();
-    use orchard::backend::local::bench;
+    use orchard_bench::local_backend as bench;
     let mut config = test_config(&fresh_root());
     config.ready_timeout = Duration::from_secs(300);
     let tb = TestBackend::with_config(config);

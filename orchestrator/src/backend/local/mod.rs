@@ -59,7 +59,6 @@
 //! - [`mod@bench`]: the backend's benchmark.
 
 pub mod audit;
-pub mod bench;
 pub mod cgroup;
 pub mod disk;
 pub mod diskpool;

@@ -1,21 +1,23 @@
-//! Benchmarks of the local backend, for the `bench` binary (and an ignored integration
-//! test): create-to-ready latency of a cached image next to the floor (`runc run` of
-//! `true` from the same layers, measured in the same run), delete latency, and a burst
-//! of sandboxes created at once (success rate, wall time, memory per sandbox).
+//! Benchmarks of the local backend (feature `backend`), for the orchestrator's ignored
+//! integration tests `bench_local_backend` (`make bench`, `bench/results/backend.md`)
+//! and `bench_kubernetes` (its local floors): create-to-ready latency of a cached image
+//! next to the floor (`runc run` of `true` from the same layers, measured in the same
+//! run), delete latency, and a burst of sandboxes created at once (success rate, wall
+//! time, memory per sandbox). It drives the backend through its public API only.
 //!
 //! Give the backend a `ready_timeout` long enough for the burst (creates queue on the
 //! CPU: 200 at once on 2 cores take tens of seconds).
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context as _};
 use oci_spec::runtime::{ProcessBuilder, RootBuilder, Spec};
-
-use crate::backend::local::sys::RealMounter;
-use crate::backend::local::{rootfs, LocalBackend, LocalError, SandboxSpec};
-use crate::image::Image;
+use orchard::backend::local::sys::RealMounter;
+use orchard::backend::local::{rootfs, spec, LocalBackend, SandboxSpec, DEFAULT_PATH};
+use orchard::image::Image;
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -26,6 +28,9 @@ pub struct BenchConfig {
     pub burst: usize,
     /// The floor's command, run by `runc run` in the image (`["true"]`).
     pub floor_argv: Vec<String>,
+    /// The runc binary of the floor: the backend's (`LocalConfig::runc`, `runc` on the
+    /// `PATH` by default).
+    pub runc: PathBuf,
 }
 
 impl Default for BenchConfig {
@@ -34,6 +39,7 @@ impl Default for BenchConfig {
             rounds: 20,
             burst: 200,
             floor_argv: vec!["true".into()],
+            runc: "runc".into(),
         }
     }
 }
@@ -169,7 +175,7 @@ pub async fn run(
     backend: &LocalBackend,
     image: &Image,
     cfg: &BenchConfig,
-) -> Result<BenchReport, LocalError> {
+) -> anyhow::Result<BenchReport> {
     let mut report = BenchReport::default();
 
     // Warm-up: page cache of the layers, the agent and runc.
@@ -199,54 +205,47 @@ async fn floor(
     backend: &LocalBackend,
     image: &Image,
     cfg: &BenchConfig,
-) -> Result<crate::backend::local::bench::Summary, LocalError> {
+) -> anyhow::Result<Summary> {
     let dir = backend.root().join("bench-floor");
-    let io = |op: &'static str, p: &Path| {
-        let path = p.to_path_buf();
-        move |source| LocalError::Io { op, path, source }
-    };
-    let (rootfs_dir, upper, work, runc_root) = (
+    let (rootfs_dir, upper, work, runc_root, empty) = (
         dir.join("rootfs"),
         dir.join("upper"),
         dir.join("work"),
         dir.join("runc"),
+        dir.join("empty"),
     );
-    for d in [&rootfs_dir, &upper, &work, &runc_root] {
-        std::fs::create_dir_all(d).map_err(io("creating", d))?;
+    for d in [&rootfs_dir, &upper, &work, &runc_root, &empty] {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
+    // An image without layers runs on an empty lower directory, as a sandbox does.
     let layers = if image.layers.is_empty() {
-        vec![backend.inner.empty_layer.clone()]
+        vec![empty]
     } else {
         image.layers.clone()
     };
     rootfs::mount_overlay(&RealMounter, &layers, &upper, &work, &rootfs_dir)?;
     let result = async {
-        let mut spec = Spec::default();
+        let mut config = Spec::default();
         let process = ProcessBuilder::default()
             .terminal(false)
             .args(cfg.floor_argv.clone())
-            .env(vec![format!(
-                "PATH={}",
-                crate::backend::local::DEFAULT_PATH
-            )])
+            .env(vec![format!("PATH={DEFAULT_PATH}")])
             .cwd("/")
-            .build()
-            .map_err(|e| LocalError::Spec(e.into()))?;
-        spec.set_process(Some(process));
-        spec.set_hostname(Some("floor".into()));
-        spec.set_root(Some(
+            .build()?;
+        config.set_process(Some(process));
+        config.set_hostname(Some("floor".into()));
+        config.set_root(Some(
             RootBuilder::default()
                 .path("rootfs")
                 .readonly(true)
-                .build()
-                .map_err(|e| LocalError::Spec(e.into()))?,
+                .build()?,
         ));
-        crate::backend::local::spec::write(&spec, &dir.join("config.json"))?;
+        spec::write(&config, &dir.join("config.json"))?;
         let mut samples = Vec::new();
         for i in 0..cfg.rounds.max(1) {
             let id = format!("orchard-floor-{}-{i}", backend.tag());
             let t = Instant::now();
-            let status = tokio::process::Command::new(&backend.inner.config.runc)
+            let status = tokio::process::Command::new(&cfg.runc)
                 .arg("--root")
                 .arg(&runc_root)
                 .args(["run", "--bundle"])
@@ -258,13 +257,13 @@ async fn floor(
                 .kill_on_drop(true)
                 .status()
                 .await
-                .map_err(io("running runc for", &dir))?;
+                .with_context(|| format!("running runc for {}", dir.display()))?;
             samples.push(ms(t.elapsed()));
             if !status.success() {
-                return Err(LocalError::Invalid(format!(
+                bail!(
                     "the floor `runc run {:?}` failed ({status}): does the image have it?",
                     cfg.floor_argv
-                )));
+                );
             }
         }
         Ok(Summary::of(&samples))
