@@ -189,10 +189,13 @@ async fn bounded_exec(
 ) -> Result<orchard_protocol::ExecResult, orchard_client::ClientError> {
     match tokio::time::timeout(limit + AGENT_GRACE, live.agent.exec(req)).await {
         Ok(r) => r,
-        Err(_) => Err(orchard_client::ClientError::Transport(format!(
-            "no answer within {} s of the command's time limit",
-            AGENT_GRACE.as_secs()
-        ))),
+        Err(elapsed) => Err(orchard_client::ClientError::transport(
+            format!(
+                "no answer within {} s of the command's time limit",
+                AGENT_GRACE.as_secs()
+            ),
+            elapsed,
+        )),
     }
 }
 
@@ -227,7 +230,8 @@ mod tests {
             ErrorCode::CwdNotFound,
             "no /workspace"
         )));
-        assert!(!refuses_result_id(&ClientError::Transport("reset".into())));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!refuses_result_id(&ClientError::transport("reset", reset)));
     }
 
     #[test]
