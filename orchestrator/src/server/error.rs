@@ -154,6 +154,30 @@ mod tests {
         }
     }
 
+    /// The store's errors answer by kind: away is a 503 in the store's words, anything
+    /// else a 500 that tells the client only that a write was refused.
+    #[test]
+    fn store_errors_map_by_kind() {
+        use crate::state::StoreError;
+        let away = StoreError::unavailable(
+            "redis: no answer within the call timeout",
+            std::io::Error::from(std::io::ErrorKind::TimedOut),
+        );
+        let message = away.to_string();
+        let e = Error::from(away);
+        assert_eq!((status(&e), e.public_message()), (503, message));
+        // Whatever the key is called, only the kind decides.
+        for refused in [
+            StoreError::Conflict("unavailable".into()),
+            StoreError::Exists("the state store failed".into()),
+            StoreError::NotFound("sb-1".into()),
+        ] {
+            let e = Error::from(refused);
+            assert_eq!(status(&e), 500, "{e:?}");
+            assert_eq!(e.public_message(), "the state store refused a write");
+        }
+    }
+
     /// What the client reads of a backend failure is its message, as before; the cause
     /// under it stays reachable through the service's error, for the log.
     #[tokio::test]

@@ -450,7 +450,9 @@ impl From<crate::state::StoreError> for Error {
     fn from(e: crate::state::StoreError) -> Self {
         use crate::state::StoreError as S;
         match e {
-            S::Unavailable(m) => Error::Unavailable(format!("the state store failed: {m}")),
+            // By kind: away is a 503 in the store's own words ("the state store
+            // failed: ...", which quote the cause), anything else a 500.
+            e @ S::Unavailable { .. } => Error::Unavailable(e.to_string()),
             e => Error::internal("the state store refused a write", e),
         }
     }
