@@ -128,7 +128,10 @@ pub(super) async fn run(
     }
 }
 
-/// Whether `e` is an agent refusing the `result_id` field it does not know.
+/// Whether `e` is an agent refusing the `result_id` field it does not know. The one
+/// decision here on an error's words, and not ours: an agent older than the field
+/// answers serde's unknown-field refusal, whose code says only "bad JSON"; the field's
+/// name in it is the only sign, and no newer agent sends that answer.
 fn refuses_result_id(e: &ClientError) -> bool {
     matches!(e, ClientError::Api { body, .. }
         if matches!(body.code, ErrorCode::InvalidJson | ErrorCode::InvalidArgument)
