@@ -439,22 +439,10 @@ impl Service {
     }
 }
 
-/// The store failing is the service's failure (a 500/503), never the client's.
+/// No random bytes is the host's failure (a 500), never the client's.
 impl From<crate::random::RandomError> for Error {
     fn from(e: crate::random::RandomError) -> Self {
         Error::internal("cannot make a random id", e)
-    }
-}
-
-impl From<crate::state::StoreError> for Error {
-    fn from(e: crate::state::StoreError) -> Self {
-        use crate::state::StoreError as S;
-        match e {
-            // By kind: away is a 503 in the store's own words ("the state store
-            // failed: ...", which quote the cause), anything else a 500.
-            e @ S::Unavailable { .. } => Error::Unavailable(e.to_string()),
-            e => Error::internal("the state store refused a write", e),
-        }
     }
 }
 
