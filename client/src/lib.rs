@@ -51,12 +51,29 @@ pub enum ClientError {
         body: ErrorBody,
     },
     /// The agent could not be reached or the connection broke.
-    #[error("transport: {0}")]
-    Transport(String),
+    #[error("transport: {message}")]
+    Transport {
+        /// What went wrong, as the caller is told (it quotes the cause).
+        message: String,
+        /// The cause: hyper's or the pool's error (down to the `io::Error` of a
+        /// refused connect), or the timeout that ran out.
+        #[source]
+        source: BoxError,
+    },
     /// The answer could not be decoded.
-    #[error("decoding the answer: {0}")]
-    Decode(String),
+    #[error("decoding the answer: {message}")]
+    Decode {
+        /// What was wrong with the answer, as the caller is told.
+        message: String,
+        /// The parser's error, when one found the fault (none for an answer of the
+        /// wrong kind, such as a success status where an error was due).
+        #[source]
+        source: Option<BoxError>,
+    },
 }
+
+/// The cause behind a [`ClientError`], of whatever type it has.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 impl ClientError {
     /// The error code, when the agent answered one.
@@ -66,12 +83,37 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// [`ClientError::Transport`] saying `message`, caused by `source`.
+    pub fn transport(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        ClientError::Transport {
+            message: message.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ClientError::Decode`] saying `message`, with no parser error behind it.
+    pub fn decode(message: impl Into<String>) -> Self {
+        ClientError::Decode {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`ClientError::Decode`] saying what the parser's error `source` says.
+    fn parse(source: serde_json::Error) -> Self {
+        ClientError::Decode {
+            message: source.to_string(),
+            source: Some(source.into()),
+        }
+    }
 }
 
 type Result<T> = std::result::Result<T, ClientError>;
 
-fn transport(e: impl std::fmt::Display) -> ClientError {
-    ClientError::Transport(e.to_string())
+/// [`ClientError::Transport`] saying what its cause `e` says.
+fn transport<E: std::error::Error + Send + Sync + 'static>(e: E) -> ClientError {
+    ClientError::transport(e.to_string(), e)
 }
 
 /// A client of one agent.
@@ -144,7 +186,7 @@ impl AgentClient {
         self.pool
             .request(req)
             .await
-            .map_err(|e| ClientError::Transport(pool::chain(&e)))
+            .map_err(|e| ClientError::transport(pool::chain(&e), e))
     }
 
     fn build(
@@ -196,10 +238,11 @@ impl AgentClient {
             .collect()
             .await
             .map_err(|e| {
-                ClientError::Transport(format!(
+                let message = format!(
                     "the agent's answer could not be read whole (at most {} bytes): {e}",
                     self.max_response
-                ))
+                );
+                ClientError::transport(message, e)
             })?
             .to_bytes();
         Ok(RawResponse {
@@ -212,18 +255,22 @@ impl AgentClient {
     fn decode<T: DeserializeOwned>(raw: RawResponse) -> Result<T> {
         if !raw.status.is_success() {
             let body = serde_json::from_slice(&raw.body).map_err(|e| {
-                ClientError::Decode(format!(
+                let message = format!(
                     "status {} with a non-error body ({e}): {}",
                     raw.status,
                     String::from_utf8_lossy(&raw.body)
-                ))
+                );
+                ClientError::Decode {
+                    message,
+                    source: Some(e.into()),
+                }
             })?;
             return Err(ClientError::Api {
                 status: raw.status,
                 body,
             });
         }
-        serde_json::from_slice(&raw.body).map_err(|e| ClientError::Decode(e.to_string()))
+        serde_json::from_slice(&raw.body).map_err(ClientError::parse)
     }
 
     fn bytes_or_error(raw: RawResponse) -> Result<Bytes> {
@@ -240,7 +287,7 @@ impl AgentClient {
         path: &str,
         body: &impl Serialize,
     ) -> Result<T> {
-        let body = serde_json::to_vec(body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let body = serde_json::to_vec(body).map_err(ClientError::parse)?;
         Self::decode(
             self.send(method, path, body.into(), "application/json")
                 .await?,
@@ -294,13 +341,13 @@ impl AgentClient {
             body,
         })
         .err()
-        .unwrap_or_else(|| ClientError::Decode(format!("status {status}"))))
+        .unwrap_or_else(|| ClientError::decode(format!("status {status}"))))
     }
 
     /// `POST /v1/exec/stream` in binary framing (see [`orchard_protocol::frames`]):
     /// output as the bytes it was, no base64.
     pub async fn exec_frames(&self, req: &ExecRequest) -> Result<ExecFrames> {
-        let body = serde_json::to_vec(req).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let body = serde_json::to_vec(req).map_err(ClientError::parse)?;
         let mut request = self.build(
             Method::POST,
             "/v1/exec/stream",
@@ -320,7 +367,7 @@ impl AgentClient {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if ct != orchard_protocol::frames::EXEC_FRAMES {
-            return Err(ClientError::Decode(format!(
+            return Err(ClientError::decode(format!(
                 "asked for binary frames, the agent answered {ct:?} (an older agent?)"
             )));
         }
@@ -329,7 +376,7 @@ impl AgentClient {
 
     /// `POST /v1/exec/stream`: the frames as they come.
     pub async fn exec_stream(&self, req: &ExecRequest) -> Result<ExecStream> {
-        let body = serde_json::to_vec(req).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let body = serde_json::to_vec(req).map_err(ClientError::parse)?;
         let resp = self
             .send_streaming(
                 Method::POST,
@@ -513,7 +560,7 @@ impl AgentClient {
         let body = http_body_util::Limited::new(body, 1 << 20)
             .collect()
             .await
-            .map_err(|e| ClientError::Transport(e.to_string()))?
+            .map_err(|e| ClientError::transport(e.to_string(), e))?
             .to_bytes();
         Err(Self::decode::<serde_json::Value>(RawResponse {
             status: parts.status,
@@ -521,7 +568,7 @@ impl AgentClient {
             body,
         })
         .err()
-        .unwrap_or_else(|| ClientError::Decode("an error status with a success body".into())))
+        .unwrap_or_else(|| ClientError::decode("an error status with a success body")))
     }
 
     /// `GET /v1/files` with a byte range.
@@ -725,7 +772,7 @@ impl ExecFrames {
                     self.partial.extend_from_slice(&self.pending.split_to(take));
                 }
                 if need(&self.partial) > MAX_EVENT_FRAME {
-                    return Err(ClientError::Decode(format!(
+                    return Err(ClientError::decode(format!(
                         "an event frame of {} bytes: the stream is not in this framing",
                         need(&self.partial)
                     )));
@@ -739,7 +786,7 @@ impl ExecFrames {
                             FrameKind::Event => {
                                 return serde_json::from_slice(&frame[HEADER_LEN..])
                                     .map(|e| Some(Frame::Event(e)))
-                                    .map_err(|e| ClientError::Decode(e.to_string()))
+                                    .map_err(ClientError::parse)
                             }
                             FrameKind::Unknown(_) => {}
                         }
@@ -752,11 +799,7 @@ impl ExecFrames {
             }
             match self.body.frame().await {
                 None if self.partial.is_empty() && self.output.is_none() => return Ok(None),
-                None => {
-                    return Err(ClientError::Decode(
-                        "the stream ended inside a frame".into(),
-                    ))
-                }
+                None => return Err(ClientError::decode("the stream ended inside a frame")),
                 Some(Err(e)) => return Err(transport(e)),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
@@ -787,7 +830,7 @@ impl ExecStream {
                 let line: Vec<u8> = self.buf.drain(..=nl).collect();
                 return serde_json::from_slice(&line[..nl])
                     .map(Some)
-                    .map_err(|e| ClientError::Decode(e.to_string()));
+                    .map_err(ClientError::parse);
             }
             self.scanned = self.buf.len();
             match self.body.frame().await {
@@ -805,5 +848,74 @@ impl ExecStream {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// The first error of type `E` in `e`'s chain of sources.
+    fn cause<E: std::error::Error + 'static>(e: &ClientError) -> Option<&E> {
+        let mut next = e.source();
+        while let Some(s) = next {
+            if let Some(found) = s.downcast_ref::<E>() {
+                return Some(found);
+            }
+            next = s.source();
+        }
+        None
+    }
+
+    /// A refused connect keeps the OS's error under the pool's: a caller can tell a
+    /// missing socket from a reset without reading the message.
+    #[test]
+    fn a_failed_connect_keeps_its_io_error() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = AgentClient::new(
+            Endpoint::Unix("/nonexistent/orchard-client-test/agent.sock".into()),
+            "token",
+        );
+        let err = rt.block_on(client.health()).unwrap_err();
+        assert!(matches!(err, ClientError::Transport { .. }), "{err:?}");
+        let io = cause::<std::io::Error>(&err).expect("an io::Error in the chain");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound, "{io}");
+        // The message is what it always was: the pool's error and its causes.
+        assert!(err.to_string().starts_with("transport: "), "{err}");
+        assert!(err.to_string().contains(&io.to_string()), "{err}");
+    }
+
+    /// A body that is not the JSON asked for keeps serde's error, with its position.
+    #[test]
+    fn a_bad_answer_keeps_the_parsers_error() {
+        let raw = RawResponse {
+            status: StatusCode::OK,
+            headers: Default::default(),
+            body: Bytes::from_static(b"{"),
+        };
+        let err = AgentClient::decode::<Health>(raw).unwrap_err();
+        let ClientError::Decode { message, .. } = &err else {
+            panic!("{err:?}")
+        };
+        let json = cause::<serde_json::Error>(&err).expect("serde's error in the chain");
+        assert_eq!(message, &json.to_string());
+        assert_eq!(err.to_string(), format!("decoding the answer: {json}"));
+        assert!(json.is_eof(), "{json}");
+    }
+
+    /// A decode fault no parser found has no cause to show.
+    #[test]
+    fn an_error_status_without_an_error_body_has_no_cause() {
+        let err = ClientError::decode("an error status with a success body");
+        assert!(err.source().is_none());
+        assert_eq!(
+            err.to_string(),
+            "decoding the answer: an error status with a success body"
+        );
     }
 }

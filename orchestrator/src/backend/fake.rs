@@ -115,7 +115,7 @@ impl FakeBackend {
         id: &str,
         token: &str,
     ) -> Result<(AgentEndpoint, tokio::task::JoinHandle<()>), BackendError> {
-        let failed = |e: std::io::Error| BackendError::Failed(format!("fake agent: {e}"));
+        let failed = |e: std::io::Error| BackendError::failed_by(format!("fake agent: {e}"), e);
         let state = orchard_agent::server::AppState::new(
             AgentConfig::new(token),
             Arc::new(Reaper::only_registered()),
@@ -160,7 +160,7 @@ impl Backend for FakeBackend {
             if let Some(gate) = &self.gate {
                 let permit = gate.acquire().await;
                 permit
-                    .map_err(|e| BackendError::Failed(e.to_string()))?
+                    .map_err(|e| BackendError::failed_by(e.to_string(), e))?
                     .forget();
             }
             if let Some(m) = self
@@ -169,12 +169,13 @@ impl Backend for FakeBackend {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone()
             {
-                return Err(BackendError::Failed(m));
+                return Err(BackendError::failed(m));
             }
             if self.lock().contains_key(&spec.id) {
                 return Err(BackendError::Exists(spec.id));
             }
-            let token = crate::random::hex(16).map_err(|e| BackendError::Failed(e.to_string()))?;
+            let token =
+                crate::random::hex(16).map_err(|e| BackendError::failed_by(e.to_string(), e))?;
             let (agent, server) = self.serve_agent(&spec.id, &token).await?;
             let info = BackendSandbox {
                 id: spec.id.clone(),
@@ -211,7 +212,7 @@ impl Backend for FakeBackend {
     fn list(&self) -> BackendFuture<'_, Vec<BackendSandbox>> {
         Box::pin(async move {
             if self.list_fails.load(Ordering::Relaxed) {
-                return Err(BackendError::Unavailable("listing is switched off".into()));
+                return Err(BackendError::unavailable("listing is switched off"));
             }
             Ok(self.lock().values().map(|s| s.info.clone()).collect())
         })

@@ -31,30 +31,121 @@ use crate::image::Image;
 /// A boxed future of a backend call.
 pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send + 'a>>;
 
-/// What went wrong in a backend.
+/// The cause behind an error, of whatever type it has.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong in a backend. The variant is the kind the service and the server
+/// decide on (`server/error.rs` maps each to its status); the message is what the
+/// client reads; `source`, when the failure had a cause (the local backend's
+/// `LocalError`, the Kubernetes backend's `KubeError`, an `io::Error`, a
+/// task that ended early), is that cause itself, for logs and for callers that look
+/// deeper. As in kube-rs, the message may quote its cause: walk `source()` for the type.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The sandbox does not exist.
     #[error("no sandbox {0}")]
     NotFound(String),
     /// The request cannot be satisfied (bad id, limits).
-    #[error("{0}")]
-    Invalid(String),
+    #[error("{message}")]
+    Invalid {
+        /// What is wrong with it, as the client is told.
+        message: String,
+        /// The backend's own error, when it found the fault.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The id is taken.
     #[error("sandbox {0} already exists")]
     Exists(String),
     /// The backend cannot answer this call now (e.g. it cannot list).
-    #[error("{0}")]
-    Unavailable(String),
+    #[error("{message}")]
+    Unavailable {
+        /// What it cannot do, as the client is told.
+        message: String,
+        /// Why, when something failed (an API call, a timeout).
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The sandbox or snapshot is not in a state for this call (a snapshot in use).
-    #[error("{0}")]
-    Conflict(String),
-    /// This backend cannot do this (snapshots on Kubernetes, process checkpoints).
+    #[error("{message}")]
+    Conflict {
+        /// What is in the way, as the client is told.
+        message: String,
+        /// The backend's own error, when it found the conflict.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// This backend cannot do this (snapshots on Kubernetes, process checkpoints):
+    /// a fact about the backend, with no cause behind it.
     #[error("{0}")]
     Unsupported(String),
     /// Anything else.
-    #[error("{0}")]
-    Failed(String),
+    #[error("{message}")]
+    Failed {
+        /// What failed, as the client is told.
+        message: String,
+        /// The cause, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+impl BackendError {
+    /// [`BackendError::Invalid`] saying `message`, with no error behind it.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        BackendError::Invalid {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`BackendError::Invalid`] saying `message`, found by `source`.
+    pub fn invalid_by(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        BackendError::Invalid {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// [`BackendError::Unavailable`] saying `message`, with nothing failed behind it.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        BackendError::Unavailable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`BackendError::Unavailable`] saying `message`, caused by `source`.
+    pub fn unavailable_by(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        BackendError::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// [`BackendError::Conflict`] saying `message`, found by `source`.
+    pub fn conflict_by(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        BackendError::Conflict {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// [`BackendError::Failed`] saying `message`, with no error behind it.
+    pub fn failed(message: impl Into<String>) -> Self {
+        BackendError::Failed {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`BackendError::Failed`] saying `message`, caused by `source`.
+    pub fn failed_by(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        BackendError::Failed {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
 }
 
 /// What to create: backend-neutral.

@@ -70,9 +70,10 @@ impl Offload {
             let mut task = task;
             match (&mut task.0).await {
                 Ok(answer) => answer,
-                Err(e) => Err(BackendError::Failed(format!(
-                    "the backend's task ended early: {e}"
-                ))),
+                Err(e) => Err(BackendError::failed_by(
+                    format!("the backend's task ended early: {e}"),
+                    e,
+                )),
             }
         })
     }

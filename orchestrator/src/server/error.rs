@@ -53,13 +53,14 @@ impl From<&Error> for ServiceErrorCode {
                 C::SandboxFailed
             }
             Error::Unavailable(_) => C::Unavailable,
+            // By kind only: the message (often a cause's own words) never decides.
             Error::Backend(b) => match b {
                 BackendError::NotFound(_) => C::NotFound,
-                BackendError::Invalid(_) => C::BadRequest,
-                BackendError::Exists(_) | BackendError::Conflict(_) => C::Conflict,
+                BackendError::Invalid { .. } => C::BadRequest,
+                BackendError::Exists(_) | BackendError::Conflict { .. } => C::Conflict,
                 BackendError::Unsupported(_) => C::NotImplemented,
-                BackendError::Unavailable(_) => C::Unavailable,
-                BackendError::Failed(_) => C::SandboxFailed,
+                BackendError::Unavailable { .. } => C::Unavailable,
+                BackendError::Failed { .. } => C::SandboxFailed,
             },
         }
     }
@@ -120,18 +121,28 @@ mod tests {
         }
     }
 
-    /// A backend's error keeps its kind to the edge and answers what it always did.
+    /// A backend's error keeps its kind to the edge and answers what it always did,
+    /// whatever its message says: every kind is tried with the same words, which name
+    /// another kind's status ("no sandbox", "already exists", "unavailable").
     #[test]
     fn backend_errors_map_by_kind() {
-        let s = || "x".to_string();
+        let cause = || std::io::Error::other("no sandbox sb-1: already exists, unavailable");
+        let m = || cause().to_string();
         let cases = [
-            (BackendError::NotFound(s()), 404, "not_found"),
-            (BackendError::Invalid(s()), 400, "bad_request"),
-            (BackendError::Exists(s()), 409, "conflict"),
-            (BackendError::Unavailable(s()), 503, "unavailable"),
-            (BackendError::Failed(s()), 502, "sandbox_failed"),
-            (BackendError::Conflict(s()), 409, "conflict"),
-            (BackendError::Unsupported(s()), 501, "not_implemented"),
+            (BackendError::NotFound(m()), 404, "not_found"),
+            (BackendError::invalid(m()), 400, "bad_request"),
+            (BackendError::invalid_by(m(), cause()), 400, "bad_request"),
+            (BackendError::Exists(m()), 409, "conflict"),
+            (BackendError::unavailable(m()), 503, "unavailable"),
+            (
+                BackendError::unavailable_by(m(), cause()),
+                503,
+                "unavailable",
+            ),
+            (BackendError::failed(m()), 502, "sandbox_failed"),
+            (BackendError::failed_by(m(), cause()), 502, "sandbox_failed"),
+            (BackendError::conflict_by(m(), cause()), 409, "conflict"),
+            (BackendError::Unsupported(m()), 501, "not_implemented"),
         ];
         for (b, want_status, want_code) in cases {
             let message = b.to_string();
@@ -141,6 +152,51 @@ mod tests {
             assert_eq!(ServiceErrorCode::from(&e).as_str(), want_code, "{e:?}");
             assert_eq!(status(&e), want_status, "{e:?}");
         }
+    }
+
+    /// The store's errors answer by kind: away is a 503 in the store's words, anything
+    /// else a 500 that tells the client only that a write was refused.
+    #[test]
+    fn store_errors_map_by_kind() {
+        use crate::state::StoreError;
+        let away = StoreError::unavailable(
+            "redis: no answer within the call timeout",
+            std::io::Error::from(std::io::ErrorKind::TimedOut),
+        );
+        let message = away.to_string();
+        let e = Error::from(away);
+        assert_eq!((status(&e), e.public_message()), (503, message));
+        // Whatever the key is called, only the kind decides.
+        for refused in [
+            StoreError::Conflict("unavailable".into()),
+            StoreError::Exists("the state store failed".into()),
+            StoreError::NotFound("sb-1".into()),
+        ] {
+            let e = Error::from(refused);
+            assert_eq!(status(&e), 500, "{e:?}");
+            assert_eq!(e.public_message(), "the state store refused a write");
+        }
+    }
+
+    /// What the client reads of a backend failure is its message, as before; the cause
+    /// under it stays reachable through the service's error, for the log.
+    #[tokio::test]
+    async fn a_backend_failure_answers_its_message_and_keeps_its_cause() {
+        use std::error::Error as _;
+        let io = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let message = format!("backend root /var/lib/orchard: {io}");
+        let e = Error::from(BackendError::failed_by(message.clone(), io));
+        let cause = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            cause.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::PermissionDenied)
+        );
+        let (status, _, body) = answer(e).await;
+        assert_eq!(status, 502);
+        assert_eq!(
+            body,
+            serde_json::json!({"detail": message, "code": "sandbox_failed"})
+        );
     }
 
     /// Every domain variant answers what the generic variant it stands for answered

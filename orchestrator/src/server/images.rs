@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::compat::ApiQuery;
 use super::{ApiJson, AppState, Auth};
-use crate::image::{Image, Progress};
+use crate::image::{Image, ImageError, Progress};
 use crate::service::Error;
 
 /// Largest uploaded image archive.
@@ -59,12 +59,13 @@ pub fn info(image: &Image) -> ImageInfo {
     }
 }
 
-fn image_error(e: crate::image::ImageError) -> Error {
-    let m = e.to_string();
-    if m.contains("not found") || m.contains("no image") {
-        Error::NotFound(m)
-    } else {
-        Error::BadRequest(m)
+/// A failed look-up or removal in the image store, by kind: an image the store does
+/// not hold is a 404; anything else (a bad reference, a record it cannot read)
+/// answers 400 as it always did. The message is the store's own.
+fn image_error(e: ImageError) -> Error {
+    match e {
+        ImageError::UnknownImage { .. } => Error::NotFound(e.to_string()),
+        e => Error::BadRequest(e.to_string()),
     }
 }
 
@@ -243,4 +244,29 @@ async fn remove(
         reference: image.reference,
         status: "deleted".into(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::error::status;
+
+    /// The kind decides, never the words: an unknown image is a 404 (it was a 400 when
+    /// the remove of an image gone meanwhile said "unknown image"), a registry's "not
+    /// found" in another kind is not.
+    #[test]
+    fn image_errors_map_by_kind() {
+        let unknown = ImageError::UnknownImage {
+            reference: "docker.io/library/nope:1".into(),
+            tried: Vec::new(),
+        };
+        let e = image_error(unknown);
+        assert_eq!(status(&e), 404);
+        assert_eq!(e.public_message(), "unknown image docker.io/library/nope:1");
+        let bad = ImageError::InvalidReference {
+            reference: "no image".into(),
+            reason: "not found".into(),
+        };
+        assert_eq!(status(&image_error(bad)), 400);
+    }
 }

@@ -58,6 +58,11 @@ pub fn view_response(view: JobView) -> Response {
     let pieces = futures_util::stream::unfold(Some(Pieces::new(job, view.output)), |p| async {
         let mut pieces = p?;
         let made = tokio::task::spawn_blocking(move || {
+            // Bulk work: the kernel's default slice, so that the request thread (which
+            // asks for a short one) preempts it when a request arrives. Pool threads
+            // inherit the short slice from the thread that started them; a pool thread
+            // keeps this one for its later tasks, all of them bulk work too.
+            let _ = orchard_sched::set_thread_slice(std::time::Duration::ZERO);
             let piece = pieces.next();
             (piece, pieces)
         })

@@ -60,7 +60,7 @@ fn pool_body(body: Body) -> PoolBody {
 /// The error of a call that got no answer from the agent.
 fn unreachable(e: orchard_client::ClientError) -> Error {
     let reason = match e {
-        orchard_client::ClientError::Transport(reason) => reason,
+        orchard_client::ClientError::Transport { message, .. } => message,
         e => e.to_string(),
     };
     Error::Sandbox(format!(

@@ -5,10 +5,14 @@
 //! each, its status and machine-readable code, is decided in one place, by the server
 //! (`crate::server::error`), not here. Messages of internal failures are logged, never
 //! sent: a 5xx body says what failed in user terms only.
+//!
+//! The errors of the seams below (backend, store, agent client) become the service's
+//! here, each by its kind (its variant, or the agent's status), never by its words.
 
 use std::time::Duration;
 
 use crate::backend::BackendError;
+use crate::state::StoreError;
 
 /// What went wrong. The `Display` of each variant is the message the client gets
 /// (but for [`Error::Internal`], whose `public` part only is sent).
@@ -324,7 +328,21 @@ impl From<BackendError> for Error {
     }
 }
 
-/// The agent answered an error or could not be reached.
+/// The store failing is the service's failure (a 500/503), never the client's. By
+/// kind: away is a 503 in the store's own words ("the state store failed: ...", which
+/// quote the cause), anything else a 500. Callers that can act on `Conflict` or
+/// `NotFound` (retry, "no such sandbox") match them before converting.
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        match e {
+            e @ StoreError::Unavailable { .. } => Error::Unavailable(e.to_string()),
+            e => Error::internal("the state store refused a write", e),
+        }
+    }
+}
+
+/// The agent answered an error or could not be reached: by kind, the status the agent
+/// answered, or no usable answer at all.
 impl From<orchard_client::ClientError> for Error {
     fn from(e: orchard_client::ClientError) -> Self {
         match e {

@@ -128,7 +128,10 @@ pub(super) async fn run(
     }
 }
 
-/// Whether `e` is an agent refusing the `result_id` field it does not know.
+/// Whether `e` is an agent refusing the `result_id` field it does not know. The one
+/// decision here on an error's words, and not ours: an agent older than the field
+/// answers serde's unknown-field refusal, whose code says only "bad JSON"; the field's
+/// name in it is the only sign, and no newer agent sends that answer.
 fn refuses_result_id(e: &ClientError) -> bool {
     matches!(e, ClientError::Api { body, .. }
         if matches!(body.code, ErrorCode::InvalidJson | ErrorCode::InvalidArgument)
@@ -189,10 +192,13 @@ async fn bounded_exec(
 ) -> Result<orchard_protocol::ExecResult, orchard_client::ClientError> {
     match tokio::time::timeout(limit + AGENT_GRACE, live.agent.exec(req)).await {
         Ok(r) => r,
-        Err(_) => Err(orchard_client::ClientError::Transport(format!(
-            "no answer within {} s of the command's time limit",
-            AGENT_GRACE.as_secs()
-        ))),
+        Err(elapsed) => Err(orchard_client::ClientError::transport(
+            format!(
+                "no answer within {} s of the command's time limit",
+                AGENT_GRACE.as_secs()
+            ),
+            elapsed,
+        )),
     }
 }
 
@@ -227,7 +233,8 @@ mod tests {
             ErrorCode::CwdNotFound,
             "no /workspace"
         )));
-        assert!(!refuses_result_id(&ClientError::Transport("reset".into())));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!refuses_result_id(&ClientError::transport("reset", reset)));
     }
 
     #[test]

@@ -52,24 +52,25 @@ impl FairSlots {
 
     /// Waits for a slot for `key`.
     pub async fn acquire(&self, key: &str) -> FairPermit {
-        let rx = {
-            let mut s = self.lock();
-            if s.free > 0 && s.turn.is_empty() {
-                s.free -= 1;
-                return self.permit();
+        loop {
+            let rx = {
+                let mut s = self.lock();
+                if s.free > 0 && s.turn.is_empty() {
+                    s.free -= 1;
+                    return self.permit();
+                }
+                let (tx, rx) = oneshot::channel();
+                if s.lines.get(key).is_none_or(VecDeque::is_empty) {
+                    s.turn.push_back(key.to_string());
+                }
+                s.lines.entry(key.to_string()).or_default().push_back(tx);
+                rx
+            };
+            // A sender dropped without a send gave no slot (nothing does that while
+            // `self` lives): wait in line again rather than make a slot up.
+            if let Ok(p) = rx.await {
+                return p;
             }
-            let (tx, rx) = oneshot::channel();
-            if s.lines.get(key).is_none_or(VecDeque::is_empty) {
-                s.turn.push_back(key.to_string());
-            }
-            s.lines.entry(key.to_string()).or_default().push_back(tx);
-            rx
-        };
-        match rx.await {
-            Ok(p) => p,
-            // Never: the sender is only dropped after a send or by `release`, which
-            // sends first. Should it happen, a slot is still owed: take it.
-            Err(_) => self.permit(),
         }
     }
 

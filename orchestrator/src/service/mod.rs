@@ -439,20 +439,10 @@ impl Service {
     }
 }
 
-/// The store failing is the service's failure (a 500/503), never the client's.
+/// No random bytes is the host's failure (a 500), never the client's.
 impl From<crate::random::RandomError> for Error {
     fn from(e: crate::random::RandomError) -> Self {
         Error::internal("cannot make a random id", e)
-    }
-}
-
-impl From<crate::state::StoreError> for Error {
-    fn from(e: crate::state::StoreError) -> Self {
-        use crate::state::StoreError as S;
-        match e {
-            S::Unavailable(m) => Error::Unavailable(format!("the state store failed: {m}")),
-            e => Error::internal("the state store refused a write", e),
-        }
     }
 }
 

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{now_ms, Inner, Phase, Service};
 use crate::backend::Liveness;
@@ -111,18 +111,21 @@ pub(super) async fn fail_orphaned_creates(service: &Service, records: &[SandboxR
         let Ok(Some(lease)) = service.store().acquire_lease(&name, &prober, ttl).await else {
             continue;
         };
-        let failed = service
+        // Whether the write that landed is the one that failed it: set by the change
+        // itself (run again on each retry), not read back from the record's message.
+        let failed_it = AtomicBool::new(false);
+        let updated = service
             .update(None, &r.id, Some(&r.uid), |rec| {
-                if rec.phase == Phase::Pending {
+                let pending = rec.phase == Phase::Pending;
+                failed_it.store(pending, Ordering::Relaxed);
+                if pending {
                     rec.phase = Phase::Failed {
                         message: ORPHANED_CREATE.into(),
                     };
                 }
             })
             .await;
-        if failed.is_ok_and(
-            |rec| matches!(&rec.phase, Phase::Failed { message } if message == ORPHANED_CREATE),
-        ) {
+        if updated.is_ok() && failed_it.load(Ordering::Relaxed) {
             tracing::warn!(sandbox_id = %r.id, "a create's replica stopped; the sandbox failed");
             let _ = service.backend().delete(&r.id).await;
         }

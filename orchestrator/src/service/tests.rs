@@ -862,3 +862,30 @@ async fn a_usable_request_id_is_echoed_and_any_other_replaced_by_ours() {
     }
     assert_ne!(echoed(None).await, echoed(None).await);
 }
+
+/// A pending sandbox whose create lease nobody holds is failed and deleted at the
+/// backend, once: the policy knows it failed the record from its own change, not from
+/// the record's message, so a record another replica failed with the same words is
+/// left alone.
+#[tokio::test]
+async fn an_orphaned_create_is_failed_and_deleted_once() {
+    let h = Harness::new(FakeBackend::tcp()).await;
+    let store = h.service.store();
+    let pending = crate::state::conformance::record("sb-orphan", "u1");
+    store.insert_sandbox(pending.clone()).await.unwrap();
+    let deletes = || *h.backend.deletes.borrow();
+    let before = deletes();
+    policy::fail_orphaned_creates(&h.service, std::slice::from_ref(&pending)).await;
+    let rec = store.sandbox("sb-orphan").await.unwrap().unwrap().value;
+    assert_eq!(
+        rec.phase,
+        Phase::Failed {
+            message: policy::ORPHANED_CREATE.into()
+        }
+    );
+    assert_eq!(deletes(), before + 1, "the backend's leftovers are deleted");
+    // A stale read still shows it pending: the record says failed, in the same
+    // words, but not by this pass.
+    policy::fail_orphaned_creates(&h.service, std::slice::from_ref(&pending)).await;
+    assert_eq!(deletes(), before + 1, "deleted once");
+}

@@ -186,8 +186,9 @@ pub(super) async fn collect(
         let asked = live.agent.exec_result(&job.job.job_id, wait);
         let answer = match tokio::time::timeout(poll + COLLECT_SLACK, asked).await {
             Ok(a) => a,
-            Err(_) => Err(orchard_client::ClientError::Transport(
-                "the agent did not answer in time".into(),
+            Err(elapsed) => Err(orchard_client::ClientError::transport(
+                "the agent did not answer in time",
+                elapsed,
             )),
         };
         match answer {

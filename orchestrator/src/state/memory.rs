@@ -243,7 +243,7 @@ impl MemoryStore {
     /// [`RESTART_ERROR`]. `budget` bounds the output all finished jobs hold.
     pub fn open(dir: PathBuf, budget: u64) -> Result<MemoryStore, StoreError> {
         let failed = |e: std::io::Error| {
-            StoreError::Unavailable(format!("the job journal in {}: {e}", dir.display()))
+            StoreError::unavailable(format!("the job journal in {}: {e}", dir.display()), e)
         };
         // Every tenant's commands and output: readable by the server's user only.
         std::fs::create_dir_all(&dir)
@@ -604,7 +604,7 @@ impl StateStore for MemoryStore {
                     let record = rt
                         .spawn_blocking(move || view.into_record())
                         .await
-                        .map_err(|e| StoreError::Unavailable(format!("reading a job: {e}")))?;
+                        .map_err(|e| StoreError::unavailable(format!("reading a job: {e}"), e))?;
                     Ok(Some(record))
                 }
                 view => Ok(view.map(|v| v.record)),
@@ -916,6 +916,36 @@ mod tests {
 
     fn finished(j: JobRecord, exit: i32, stdout: &str) -> JobRecord {
         super::super::conformance::finished(j, exit, stdout, crate::time::now_ms())
+    }
+
+    /// A journal that cannot be made is `Unavailable`, its `io::Error` the cause; the
+    /// message says where, as it always did.
+    #[test]
+    fn a_journal_that_cannot_be_made_keeps_its_io_error() {
+        use std::error::Error as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("a-file");
+        std::fs::write(&file, b"").unwrap();
+        let dir = file.join("jobs");
+        let Err(err) = MemoryStore::open(dir.clone(), DEFAULT_OUTPUT_BUDGET) else {
+            panic!("a journal under a file opened");
+        };
+        assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+        let io = err
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::NotADirectory)
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "the state store failed: the job journal in {}: {}",
+                dir.display(),
+                io.unwrap()
+            )
+        );
     }
 
     fn lease(store: &MemoryStore, holder: &str) -> Option<Lease> {

@@ -100,7 +100,9 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>>
 /// The version of a stored sandbox record: different after every write.
 pub type Version = u64;
 
-/// What went wrong in the store.
+/// What went wrong in the store. The variant is the kind callers decide on (retry a
+/// `Conflict`, give up on `NotFound`, wait out `Unavailable`); the first three are data
+/// (the key), `Unavailable` carries what failed as its cause.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// An insert found the key taken.
@@ -113,8 +115,28 @@ pub enum StoreError {
     #[error("{0} not found")]
     NotFound(String),
     /// The store could not be reached or failed (I/O, a lost connection).
-    #[error("the state store failed: {0}")]
-    Unavailable(String),
+    #[error("the state store failed: {message}")]
+    Unavailable {
+        /// What failed (it may quote the cause, as the log and a 503 say it).
+        message: String,
+        /// The cause: Redis' error, a timeout, the journal's `io::Error`, a record
+        /// that does not parse.
+        #[source]
+        source: crate::backend::BoxError,
+    },
+}
+
+impl StoreError {
+    /// [`StoreError::Unavailable`] saying `message`, caused by `source`.
+    pub fn unavailable(
+        message: impl Into<String>,
+        source: impl Into<crate::backend::BoxError>,
+    ) -> Self {
+        StoreError::Unavailable {
+            message: message.into(),
+            source: source.into(),
+        }
+    }
 }
 
 /// Where a sandbox is in its life, as data.
@@ -426,8 +448,8 @@ where
     loop {
         match call().await {
             Ok(v) => return Some(v),
-            Err(StoreError::Unavailable(e)) => {
-                tracing::warn!(error = %e, "the store is away; trying again");
+            Err(StoreError::Unavailable { message, .. }) => {
+                tracing::warn!(error = %message, "the store is away; trying again");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(RETRY_MAX);
             }

@@ -324,12 +324,19 @@ fn parse_event(payload: &str) -> Option<Topic> {
     }
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("redis: {e}"))
+/// A call Redis failed (or a failure on the way to one), `e` its cause.
+fn unavailable<E: std::error::Error + Send + Sync + 'static>(e: E) -> StoreError {
+    StoreError::unavailable(format!("redis: {e}"), e)
 }
 
-fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("redis holds an unreadable {what}: {e}"))
+/// A call Redis did not answer within [`CALL_TIMEOUT`].
+fn no_answer(elapsed: tokio::time::error::Elapsed) -> StoreError {
+    StoreError::unavailable("redis: no answer within the call timeout", elapsed)
+}
+
+/// A value in Redis that does not parse as the `what` it should be.
+fn corrupt<E: std::error::Error + Send + Sync + 'static>(what: &str, e: E) -> StoreError {
+    StoreError::unavailable(format!("redis holds an unreadable {what}: {e}"), e)
 }
 
 /// `d` in ms (0 is valid: a lease or window of 0 ms has ended at once, as in memory).
@@ -360,7 +367,7 @@ impl RedisStore {
     /// write after this returns goes unnoticed.
     pub async fn connect(url: &str, prefix: &str) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url)
-            .map_err(|e| StoreError::Unavailable(format!("bad redis URL {url}: {e}")))?;
+            .map_err(|e| StoreError::unavailable(format!("bad redis URL {url}: {e}"), e))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CALL_TIMEOUT))
             .set_response_timeout(Some(CALL_TIMEOUT))
@@ -371,20 +378,25 @@ impl RedisStore {
             ConnectionManager::new_with_config(client.clone(), config),
         )
         .await
-        .map_err(|_| StoreError::Unavailable(format!("redis at {url} did not answer")))?
-        .map_err(|e| StoreError::Unavailable(format!("cannot reach redis at {url}: {e}")))?;
+        .map_err(|e| StoreError::unavailable(format!("redis at {url} did not answer"), e))?
+        .map_err(|e| StoreError::unavailable(format!("cannot reach redis at {url}: {e}"), e))?;
         let hub = Arc::new(Hub::default());
         let events = format!("{prefix}:ev");
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let listener = tokio::spawn(listen(client, events.clone(), hub.clone(), ready_tx));
-        match tokio::time::timeout(CALL_TIMEOUT * 2, ready_rx).await {
-            Ok(Ok(())) => {}
-            _ => {
-                listener.abort();
-                return Err(StoreError::Unavailable(format!(
-                    "cannot subscribe to {events} on redis at {url}"
-                )));
-            }
+        let failed: Option<crate::backend::BoxError> =
+            match tokio::time::timeout(CALL_TIMEOUT * 2, ready_rx).await {
+                Ok(Ok(())) => None,
+                // The listener ended before it subscribed.
+                Ok(Err(gone)) => Some(gone.into()),
+                Err(elapsed) => Some(elapsed.into()),
+            };
+        if let Some(cause) = failed {
+            listener.abort();
+            return Err(StoreError::unavailable(
+                format!("cannot subscribe to {events} on redis at {url}"),
+                cause,
+            ));
         }
         Ok(RedisStore {
             conn,
@@ -413,7 +425,7 @@ impl RedisStore {
         match tokio::time::timeout(CALL_TIMEOUT, inv.invoke_async(&mut conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(unavailable(e)),
-            Err(_) => Err(unavailable("no answer within the call timeout")),
+            Err(elapsed) => Err(no_answer(elapsed)),
         }
     }
 
@@ -543,7 +555,7 @@ impl StateStore for RedisStore {
             let (v, r): (Option<u64>, Option<String>) =
                 match tokio::time::timeout(CALL_TIMEOUT, cmd.query_async(&mut conn)).await {
                     Ok(res) => res.map_err(unavailable)?,
-                    Err(_) => return Err(unavailable("no answer within the call timeout")),
+                    Err(elapsed) => return Err(no_answer(elapsed)),
                 };
             match (v, r) {
                 (Some(version), Some(r)) => Ok(Some(Versioned {
@@ -671,7 +683,7 @@ impl StateStore for RedisStore {
                 Option<u64>,
             ) = match tokio::time::timeout(CALL_TIMEOUT, cmd.query_async(&mut conn)).await {
                 Ok(res) => res.map_err(unavailable)?,
-                Err(_) => return Err(unavailable("no answer within the call timeout")),
+                Err(elapsed) => return Err(no_answer(elapsed)),
             };
             match r {
                 Some(r) => Ok(Some(Self::job_from(&r, st.as_deref(), started, fence)?)),
@@ -900,5 +912,34 @@ mod tests {
         hub.bump_all();
         assert!(a.changed().await);
         assert!(b.changed().await);
+    }
+
+    /// Redis' own error is the cause of the store's, under the same message as before.
+    #[tokio::test]
+    async fn a_bad_url_keeps_redis_own_error() {
+        use std::error::Error as _;
+        let Err(err) = RedisStore::connect("nosuch://x", "t").await else {
+            panic!("a bad URL connected");
+        };
+        let redis = err
+            .source()
+            .and_then(|s| s.downcast_ref::<redis::RedisError>());
+        let Some(redis) = redis else {
+            panic!("no RedisError under {err:?}")
+        };
+        assert_eq!(
+            err.to_string(),
+            format!("the state store failed: bad redis URL nosuch://x: {redis}")
+        );
+    }
+
+    /// A corrupt record keeps the parser's error.
+    #[test]
+    fn a_corrupt_record_keeps_the_parsers_error() {
+        use std::error::Error as _;
+        let parsed = serde_json::from_str::<JobRecord>("{").unwrap_err();
+        let err = corrupt("job", parsed);
+        assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+        assert!(err.source().is_some_and(|s| s.is::<serde_json::Error>()));
     }
 }

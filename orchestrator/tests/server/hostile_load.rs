@@ -646,3 +646,32 @@ async fn regression_a_restart_after_kill9_reads_no_job_output() {
     .await;
     assert_eq!(s, 200);
 }
+
+/// runc and a sandbox's start run at nice 10 (a tenant's burst of creates yields the
+/// cores to other tenants' calls); once ready, every thread of the sandbox, and so
+/// everything its agent starts, runs at nice 0 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_started_in_the_background_runs_at_normal_priority_once_ready() {
+    orchard_test_support::require_runc!();
+    let data = tempfile::Builder::new()
+        .prefix("orchard-nice-")
+        .tempdir()
+        .unwrap();
+    let srv = ServerProcess::start(data.path(), &[]);
+    import_busybox(&srv.url).await;
+    let http = reqwest::Client::new();
+    sandbox(&http, &srv.url, KEY, "nice-1").await;
+    // Field 19 of every thread's stat is its nice value (the command's name, field 2,
+    // has no spaces here).
+    let (s, job) = send(
+        http.post(format!("{}/sandboxes/nice-1/exec", srv.url))
+            .header("X-API-Key", KEY)
+            .json(&json!({
+                "command": "cat /proc/[0-9]*/task/*/stat | awk '{print $19}' | sort -u",
+                "wait": true
+            })),
+    )
+    .await;
+    assert_eq!(s, 200, "{job}");
+    assert_eq!(job["stdout"].as_str(), Some("0\n"), "{job}");
+}

@@ -9,6 +9,7 @@ mod bench_snapshots;
 mod defaults;
 mod hostile_load;
 mod hostile_load_storage;
+mod hostile_tenants;
 mod lifecycle;
 mod login_shell;
 mod registry_gc;

@@ -54,9 +54,7 @@ impl Backend for SwitchableBackend {
     }
     fn list(&self) -> BackendFuture<'_, Vec<BackendSandbox>> {
         if self.list_fails.load(Ordering::Relaxed) {
-            return Box::pin(async {
-                Err(BackendError::Unavailable("listing is switched off".into()))
-            });
+            return Box::pin(async { Err(BackendError::unavailable("listing is switched off")) });
         }
         Backend::list(&self.inner)
     }

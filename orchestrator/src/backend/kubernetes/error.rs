@@ -63,27 +63,30 @@ pub fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
+/// The kind follows the variant and, for an API call, its answer's code; the
+/// [`KubeError`] rides along as the cause (with kube-rs's error under it), but for 404
+/// and 409, whose kinds are data (the text stands where the id would).
 impl From<KubeError> for BackendError {
     fn from(e: KubeError) -> BackendError {
         let text = e.to_string();
-        match &e {
-            KubeError::Invalid(_) => BackendError::Invalid(text),
-            KubeError::PodFailed(_) => BackendError::Failed(text),
-            KubeError::Timeout(_) => BackendError::Unavailable(text),
-            KubeError::Credentials(_) => BackendError::Unavailable(text),
-            KubeError::Api { source, .. } => match source {
-                kube::Error::Api(s) => match s.code {
-                    404 => BackendError::NotFound(text),
-                    409 => BackendError::Exists(text),
-                    400 | 422 => BackendError::Invalid(text),
-                    403 => BackendError::Failed(format!(
-                        "{text} (the orchestrator's service account lacks this permission: \
-                         see deploy/base/rbac.yaml)"
-                    )),
-                    _ => BackendError::Unavailable(text),
-                },
-                _ => BackendError::Unavailable(text),
-            },
+        let code = e.status_code();
+        match (&e, code) {
+            (KubeError::Invalid(_), _) => BackendError::invalid_by(text, e),
+            (KubeError::PodFailed(_), _) => BackendError::failed_by(text, e),
+            (KubeError::Timeout(_) | KubeError::Credentials(_), _) => {
+                BackendError::unavailable_by(text, e)
+            }
+            (KubeError::Api { .. }, Some(404)) => BackendError::NotFound(text),
+            (KubeError::Api { .. }, Some(409)) => BackendError::Exists(text),
+            (KubeError::Api { .. }, Some(400 | 422)) => BackendError::invalid_by(text, e),
+            (KubeError::Api { .. }, Some(403)) => BackendError::failed_by(
+                format!(
+                    "{text} (the orchestrator's service account lacks this permission: \
+                     see deploy/base/rbac.yaml)"
+                ),
+                e,
+            ),
+            (KubeError::Api { .. }, _) => BackendError::unavailable_by(text, e),
         }
     }
 }
@@ -101,12 +104,37 @@ mod tests {
     fn api_codes_map_to_backend_kinds() {
         assert!(matches!(api(404).into(), BackendError::NotFound(_)));
         assert!(matches!(api(409).into(), BackendError::Exists(_)));
-        assert!(matches!(api(422).into(), BackendError::Invalid(_)));
-        assert!(matches!(api(500).into(), BackendError::Unavailable(_)));
-        assert!(matches!(api(429).into(), BackendError::Unavailable(_)));
-        let BackendError::Failed(m) = api(403).into() else {
+        assert!(matches!(api(422).into(), BackendError::Invalid { .. }));
+        assert!(matches!(api(500).into(), BackendError::Unavailable { .. }));
+        assert!(matches!(api(429).into(), BackendError::Unavailable { .. }));
+        let BackendError::Failed { message: m, .. } = api(403).into() else {
             panic!("403 is a failure")
         };
         assert!(m.contains("creating pod sb-1") && m.contains("rbac"), "{m}");
+    }
+
+    /// The API's answer survives the mapping: under the backend's error, the
+    /// [`KubeError`], and under it kube-rs's error with the status the API sent.
+    #[test]
+    fn the_api_error_survives_as_the_cause() {
+        use std::error::Error as _;
+        let err = BackendError::from(api(500));
+        assert_eq!(
+            err.to_string(),
+            api(500).to_string(),
+            "the message is unchanged"
+        );
+        let kube_error = err.source().and_then(|s| s.downcast_ref::<KubeError>());
+        assert_eq!(kube_error.and_then(KubeError::status_code), Some(500));
+        let api_error = kube_error
+            .and_then(|k| k.source())
+            .and_then(|s| s.downcast_ref::<kube::Error>());
+        assert!(
+            matches!(api_error, Some(kube::Error::Api(s)) if s.reason == "Reason"),
+            "{api_error:?}"
+        );
+        let timeout = BackendError::from(KubeError::Timeout("pod sb-1 not ready".into()));
+        assert!(matches!(timeout, BackendError::Unavailable { .. }));
+        assert!(timeout.source().is_some_and(|s| s.is::<KubeError>()));
     }
 }

@@ -203,7 +203,7 @@ async fn a_failing_pod_create_removes_the_secret_and_is_unavailable() {
     }));
     let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
     let err = Backend::create(&b, spec("sb-1")).await.unwrap_err();
-    assert!(matches!(err, BackendError::Unavailable(_)), "{err:?}");
+    assert!(matches!(err, BackendError::Unavailable { .. }), "{err:?}");
     assert!(err.to_string().contains("etcd is down"), "{err}");
     let calls = script.lock().unwrap().calls.clone();
     assert!(
@@ -225,7 +225,7 @@ async fn a_forbidden_call_names_the_missing_permission() {
     }));
     let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
     let err = Backend::create(&b, spec("sb-1")).await.unwrap_err();
-    let BackendError::Failed(m) = err else {
+    let BackendError::Failed { message: m, .. } = err else {
         panic!("{err:?}")
     };
     assert!(m.contains("forbidden") && m.contains("rbac"), "{m}");
@@ -246,7 +246,7 @@ async fn an_invalid_spec_is_refused_before_any_call() {
     let err = Backend::create(&b, spec("has_underscore"))
         .await
         .unwrap_err();
-    assert!(matches!(err, BackendError::Invalid(_)), "{err:?}");
+    assert!(matches!(err, BackendError::Invalid { .. }), "{err:?}");
     assert_eq!(script.lock().unwrap().calls.len(), before);
 }
 

@@ -134,6 +134,32 @@ pub fn procs(dir: &Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// Threads in a cgroup (v1 `tasks`, v2 `cgroup.threads`).
+pub fn threads(dir: &Path) -> Vec<i32> {
+    ["tasks", "cgroup.threads"]
+        .iter()
+        .find_map(|f| fs::read_to_string(dir.join(f)).ok())
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Sets the nice value of every thread in the cgroups `dirs` to 0: a sandbox started
+/// by a niced runc (see `runc.rs`) runs at normal priority once it is ready. Best
+/// effort: a thread that exited meanwhile is gone anyway.
+pub fn renice_to_normal(dirs: &[PathBuf]) {
+    let mut seen = std::collections::HashSet::new();
+    for dir in dirs {
+        for tid in threads(dir) {
+            if seen.insert(tid) {
+                // SAFETY: setpriority only changes the nice value of thread `tid`.
+                unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 0);
+                }
+            }
+        }
+    }
+}
+
 /// Thaws a frozen cgroup (v1 `freezer.state`, v2 `cgroup.freeze`), so that processes
 /// sent SIGKILL while frozen die; a cgroup without a freezer is left alone.
 pub fn thaw(dir: &Path) {

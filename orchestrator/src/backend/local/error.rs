@@ -132,3 +132,75 @@ pub(crate) fn io_err<'a>(
         source,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+    use crate::backend::BackendError;
+
+    /// A local failure reaches the service as `Failed` with the local error, and the
+    /// OS's error under it, as its cause; the message is the local error's own.
+    #[test]
+    fn a_local_failure_keeps_its_io_error() {
+        let path = Path::new("/var/lib/orchard/sandboxes/sb-1");
+        let local = io_err("removing", path)(io::Error::from(io::ErrorKind::PermissionDenied));
+        let message = local.to_string();
+        let e = BackendError::from(local);
+        assert!(matches!(e, BackendError::Failed { .. }), "{e:?}");
+        assert_eq!(e.to_string(), message);
+        let local = e.source().and_then(|s| s.downcast_ref::<LocalError>());
+        assert!(matches!(local, Some(LocalError::Io { .. })), "{local:?}");
+        let io = local
+            .and_then(|l| l.source())
+            .and_then(|s| s.downcast_ref::<io::Error>());
+        assert_eq!(
+            io.map(io::Error::kind),
+            Some(io::ErrorKind::PermissionDenied)
+        );
+    }
+
+    /// Each local error takes the kind the service decides on; the data kinds keep
+    /// only their id, the others the local error as their cause.
+    #[test]
+    fn local_errors_map_to_backend_kinds() {
+        let kind = |e: LocalError| {
+            let b = BackendError::from(e);
+            let caused = b.source().is_some_and(|s| s.is::<LocalError>());
+            (b, caused)
+        };
+        assert!(matches!(
+            kind(LocalError::NotFound("sb-1".into())),
+            (BackendError::NotFound(id), false) if id == "sb-1"
+        ));
+        assert!(matches!(
+            kind(LocalError::AlreadyExists("sb-1".into())),
+            (BackendError::Exists(id), false) if id == "sb-1"
+        ));
+        assert!(matches!(
+            kind(LocalError::SnapshotNotFound("snap-1".into())),
+            (BackendError::NotFound(id), false) if id == "snap-1"
+        ));
+        let in_use = LocalError::SnapshotInUse {
+            id: "snap-1".into(),
+            forks: vec!["sb-2".into()],
+        };
+        assert!(matches!(
+            kind(in_use),
+            (BackendError::Conflict { .. }, true)
+        ));
+        assert!(matches!(
+            kind(LocalError::InvalidId("-x".into())),
+            (BackendError::Invalid { .. }, true)
+        ));
+        assert!(matches!(
+            kind(LocalError::Invalid("cpus".into())),
+            (BackendError::Invalid { .. }, true)
+        ));
+        assert!(matches!(
+            kind(LocalError::SandboxBusy("sb-1".into())),
+            (BackendError::Failed { .. }, true)
+        ));
+    }
+}

@@ -342,6 +342,9 @@ impl Inner {
             self.runc.start(id).await?;
         }
         self.wait_ready(id, &paths.socket, &token, init).await?;
+        if let Some(s) = state_slot.as_ref() {
+            super::cgroup::renice_to_normal(&s.cgroup_dirs);
+        }
         if let Some(sid) = &spec.snapshot {
             self.fill_tmp(sid, init.pid).await?;
         }

@@ -569,9 +569,11 @@ impl From<LocalError> for crate::backend::BackendError {
             LocalError::NotFound(id) => B::NotFound(id),
             LocalError::AlreadyExists(id) => B::Exists(id),
             LocalError::SnapshotNotFound(id) => B::NotFound(id),
-            e @ LocalError::SnapshotInUse { .. } => B::Conflict(e.to_string()),
-            e @ (LocalError::InvalidId(_) | LocalError::Invalid(_)) => B::Invalid(e.to_string()),
-            e => B::Failed(e.to_string()),
+            e @ LocalError::SnapshotInUse { .. } => B::conflict_by(e.to_string(), e),
+            e @ (LocalError::InvalidId(_) | LocalError::Invalid(_)) => {
+                B::invalid_by(e.to_string(), e)
+            }
+            e => B::failed_by(e.to_string(), e),
         }
     }
 }
@@ -619,7 +621,7 @@ impl crate::backend::Backend for LocalBackend {
                 }
                 crate::backend::SandboxImage::Local(image) => image,
                 crate::backend::SandboxImage::Reference(r) => {
-                    return Err(crate::backend::BackendError::Invalid(format!(
+                    return Err(crate::backend::BackendError::invalid(format!(
                         "image {r} is not unpacked: the local backend runs images from the \
                          server's image store"
                     )))

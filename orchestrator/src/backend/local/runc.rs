@@ -16,6 +16,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::process::Command;
 
+/// Nice value added to runc's (see [`Runc::command`]).
+const BACKGROUND_NICE: libc::c_int = 10;
+
 /// Longest any runc call may take (create on a loaded host included).
 const CALL_LIMIT: Duration = Duration::from_secs(120);
 
@@ -100,6 +103,21 @@ impl Runc {
         cmd.arg("--root").arg(&self.root).stdin(Stdio::null());
         // A cancelled or timed-out call must not leave runc running on its own.
         cmd.kill_on_drop(true);
+        // runc, and a sandbox's start until its agent answers, is background work: nice
+        // 10 and the kernel's default slice, so a tenant's 50 creates at once do not
+        // take the cores from another tenant's calls (issue 30). The create sets the
+        // sandbox's threads back to nice 0 once it is ready (`cgroup::renice_to_normal`);
+        // the agent asks for its own short slice.
+        // SAFETY: only nice and sched_{get,set}attr, async-signal-safe system calls,
+        // run between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let _ = orchard_sched::set_thread_slice(Duration::ZERO);
+                // nice(2) answers the new value, -1 both on error and for a nice of -1.
+                libc::nice(BACKGROUND_NICE);
+                Ok(())
+            });
+        }
         cmd
     }
 
