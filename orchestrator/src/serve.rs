@@ -109,6 +109,7 @@ pub async fn app(
         service: service.clone(),
         keys: Arc::new(keys),
         spools: Arc::new(spools),
+        reads: Arc::new(crate::server::job_body::ReadShares::start()),
     };
     Ok((router(state), service))
 }

@@ -338,7 +338,7 @@ async fn exec(
             .service
             .wait_job_view(&tenant, &job.job_id, None)
             .await?;
-        Ok(super::job_body::view_response(done))
+        Ok(super::job_body::view_response(&state.reads, done))
     } else {
         Ok(Json(QueuedJob {
             job_id: job.job_id,
@@ -354,6 +354,7 @@ async fn job(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, Error> {
     Ok(super::job_body::view_response(
+        &state.reads,
         state.service.job_view(&tenant, &id).await?,
     ))
 }
@@ -369,7 +370,7 @@ async fn job_wait(
         .service
         .wait_job_view(&tenant, &id, Some(timeout))
         .await?;
-    Ok(super::job_body::view_response(job))
+    Ok(super::job_body::view_response(&state.reads, job))
 }
 
 async fn apply_patch(

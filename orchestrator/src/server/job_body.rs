@@ -7,41 +7,92 @@
 //! the body is therefore made as it is sent: the small fields first, then each stream
 //! escaped [`CHUNK`] bytes at a time, read from the output's own file where the store
 //! keeps one ([`crate::state::JobView`]), so a read costs one chunk of memory whatever
-//! the job's size. Each chunk is read and escaped on the blocking pool, one task per
-//! chunk: the server's worker only writes the bytes, and a slow reader holds no thread
-//! between chunks. Smaller jobs keep the one-piece `Json` answer.
+//! the job's size. Each chunk is read and escaped on the server's low-priority bulk
+//! thread ([`super::bulk`]), one task per chunk: the request thread only writes the
+//! bytes, and a slow reader holds no thread between chunks. Smaller jobs keep the
+//! one-piece `Json` answer.
+//!
+//! A tenant's streamed bodies take turns ([`ReadShares`]): one piece of one of them is
+//! made and handed to the connection at a time, whatever number of reads the tenant
+//! runs at once, and each tenant has at most one piece in the bulk thread's line, so
+//! tenants take turns there too. Issue 30 measured four parallel reads of one big job
+//! (made on the blocking pool, one thread each) taking both cores, and another
+//! tenant's exec p99 rising sixfold.
 
+use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use orchard_protocol::compat::Job;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::bulk::Bulk;
 use crate::state::{JobView, OutputFile};
 
 /// Output (stdout and stderr together) past which the body is streamed.
 pub const STREAM_ABOVE: usize = 1 << 20;
-/// Bytes of output escaped per piece of the body.
-const CHUNK: usize = 64 << 10;
+/// Bytes of output escaped per piece of the body: at most 96 KiB once escaped (control
+/// bytes take six), so that writing one piece keeps the request thread briefly.
+const CHUNK: usize = 16 << 10;
 
-/// The response for `job`.
-pub fn job_response(job: Job) -> Response {
-    view_response(JobView {
-        record: crate::state::JobRecord {
-            tenant: String::new(),
-            job,
-            options: Default::default(),
-            finished_ms: None,
-            fence: None,
-        },
-        output: None,
-    })
+/// Each tenant's turn at making a piece of a streamed body: one piece at a time per
+/// tenant (see the module's header). A tenant's gate lives while one of its bodies is
+/// being sent.
+pub struct ReadShares {
+    gates: Mutex<HashMap<String, Weak<Semaphore>>>,
+    /// Where pieces are made; the blocking pool if the thread could not start.
+    bulk: Option<Bulk>,
 }
 
-/// The response for the job of `view`, streamed from its file if it has one.
-pub fn view_response(view: JobView) -> Response {
+impl ReadShares {
+    /// The shares, with their bulk thread started.
+    pub fn start() -> ReadShares {
+        let bulk = Bulk::start()
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "no bulk thread: big bodies are made on the blocking pool");
+            })
+            .ok();
+        ReadShares {
+            gates: Mutex::default(),
+            bulk,
+        }
+    }
+
+    /// The next piece of `pieces`, made on the bulk thread; `None` if the server is
+    /// stopping.
+    async fn make(&self, mut pieces: Pieces) -> Option<(Option<Bytes>, Pieces)> {
+        let work = move || {
+            let piece = pieces.next();
+            (piece, pieces)
+        };
+        match &self.bulk {
+            Some(bulk) => bulk.run(work).await,
+            None => tokio::task::spawn_blocking(work).await.ok(),
+        }
+    }
+
+    /// `tenant`'s gate, shared by all its bodies being sent.
+    fn gate(&self, tenant: &str) -> Arc<Semaphore> {
+        let mut gates = self.gates.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(gate) = gates.get(tenant).and_then(Weak::upgrade) {
+            return gate;
+        }
+        // Forget the gates of tenants no longer reading (at most one per tenant).
+        gates.retain(|_, g| g.strong_count() > 0);
+        let gate = Arc::new(Semaphore::new(1));
+        gates.insert(tenant.to_string(), Arc::downgrade(&gate));
+        gate
+    }
+}
+
+/// The response for the job of `view`, streamed from its file if it has one, in turns
+/// with the other bodies of the job's tenant in `shares`.
+pub fn view_response(shares: &Arc<ReadShares>, view: JobView) -> Response {
+    let tenant = view.record.tenant;
     let job = view.record.job;
     let big = match &view.output {
         Some(out) => out.stdout_len + out.stderr_len > STREAM_ABOVE as u64,
@@ -55,24 +106,24 @@ pub fn view_response(view: JobView) -> Response {
         };
         return Json(job).into_response();
     }
-    let pieces = futures_util::stream::unfold(Some(Pieces::new(job, view.output)), |p| async {
-        let mut pieces = p?;
-        let made = tokio::task::spawn_blocking(move || {
-            // Bulk work: the kernel's default slice, so that the request thread (which
-            // asks for a short one) preempts it when a request arrives. Pool threads
-            // inherit the short slice from the thread that started them; a pool thread
-            // keeps this one for its later tasks, all of them bulk work too.
-            let _ = orchard_sched::set_thread_slice(std::time::Duration::ZERO);
-            let piece = pieces.next();
-            (piece, pieces)
-        })
-        .await;
-        match made {
-            Ok((Some(b), pieces)) => Some((Ok::<_, std::io::Error>(b), Some(pieces))),
-            Ok((None, _)) => None,
-            // The blocking pool is shutting down: the body ends short, as a dropped
-            // connection would.
-            Err(e) => Some((Err(std::io::Error::other(e)), None)),
+    let start = Some((Pieces::new(job, view.output), shares.gate(&tenant), None));
+    let shares = shares.clone();
+    let pieces = futures_util::stream::unfold(start, move |p| {
+        let shares = shares.clone();
+        async move {
+            let (pieces, gate, turn): (Pieces, Arc<Semaphore>, Option<OwnedSemaphorePermit>) = p?;
+            // Asked for the next piece: the last one is with the connection, and the
+            // turn goes to the tenant's next body in line (the semaphore is first come,
+            // first served) before this one takes another.
+            drop(turn);
+            let turn = gate.clone().acquire_owned().await.ok();
+            match shares.make(pieces).await {
+                Some((Some(b), pieces)) => Some((Ok(b), Some((pieces, gate, turn)))),
+                Some((None, _)) => None,
+                // The server is shutting down: the body ends short, as a dropped
+                // connection would.
+                None => Some((Err(std::io::Error::other("the server is stopping")), None)),
+            }
         }
     });
     let mut response = Body::from_stream(pieces).into_response();
@@ -261,12 +312,12 @@ impl Iterator for Pieces {
 
 /// `s` escaped as the inside of a JSON string.
 fn escape(s: &str) -> Bytes {
-    let quoted = serde_json::to_string(s).unwrap_or_default();
-    let inner = quoted
-        .strip_prefix('"')
-        .and_then(|q| q.strip_suffix('"'))
-        .unwrap_or("");
-    Bytes::copy_from_slice(inner.as_bytes())
+    let quoted = Bytes::from(serde_json::to_string(s).unwrap_or_default());
+    // Without the quotes, and without copying.
+    match quoted.len() {
+        0..=1 => Bytes::new(),
+        n => quoted.slice(1..n - 1),
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! place ([`error`]: its status, code and body). [`observe`] gives each request an id
 //! (`x-request-id`, echoed) and a tracing span, logs it as one JSON line and counts it.
 
+pub mod bulk;
 pub mod compat;
 pub mod error;
 pub mod images;
@@ -57,6 +58,8 @@ pub struct AppState {
     pub keys: Arc<Keys>,
     /// The compatible upload's spools and their bounds.
     pub spools: Arc<spool::Spools>,
+    /// Each tenant's turn at sending a big job's output.
+    pub reads: Arc<job_body::ReadShares>,
 }
 
 impl AppState {
@@ -74,6 +77,7 @@ impl AppState {
             service,
             keys: Arc::new(keys),
             spools: Arc::new(spools),
+            reads: Arc::new(job_body::ReadShares::start()),
         }
     }
 }

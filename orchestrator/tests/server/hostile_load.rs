@@ -674,4 +674,43 @@ async fn a_sandbox_started_in_the_background_runs_at_normal_priority_once_ready(
     .await;
     assert_eq!(s, 200, "{job}");
     assert_eq!(job["stdout"].as_str(), Some("0\n"), "{job}");
+    // It started at a small CPU weight; ready, it has the default one.
+    assert_eq!(cpu_weight("nice-1"), Some(1024), "cpu.shares of nice-1");
+}
+
+/// The CPU weight of sandbox `id`'s cgroup, as v1 `cpu.shares` (a v2 `cpu.weight` of
+/// 100, the default, answers 1024 too): runc puts it under its own cgroup, which is
+/// this test's.
+fn cpu_weight(id: &str) -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let v1 = own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "cpu")
+            .then(|| path.to_string())
+    });
+    let (root, file) = match v1 {
+        Some(path) => (format!("/sys/fs/cgroup/cpu{path}"), "cpu.shares"),
+        None => {
+            let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+            (format!("/sys/fs/cgroup{path}"), "cpu.weight")
+        }
+    };
+    let suffix = format!("-{id}");
+    let dir = std::fs::read_dir(&root)
+        .ok()?
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with(&suffix))?;
+    let value: u64 = std::fs::read_to_string(dir.path().join(file))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(if file == "cpu.weight" {
+        value * 1024 / 100
+    } else {
+        value
+    })
 }

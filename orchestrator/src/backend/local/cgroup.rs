@@ -143,12 +143,35 @@ pub fn threads(dir: &Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
-/// Sets the nice value of every thread in the cgroups `dirs` to 0: a sandbox started
-/// by a niced runc (see `runc.rs`) runs at normal priority once it is ready. Best
-/// effort: a thread that exited meanwhile is gone anyway.
-pub fn renice_to_normal(dirs: &[PathBuf]) {
+/// The CPU weight (v1 `cpu.shares`) a sandbox starts with, until its agent answers:
+/// the weight of nice 10 (110 against nice 0's 1024). Its start (runc's init, the
+/// agent's) is background work like runc itself (see `runc.rs`): each sandbox is a
+/// cgroup beside the running ones, and at the default weight tenant A's 50 starting
+/// sandboxes outweighed tenant B's running one fifty to one (issue 30). runc turns it
+/// into a v2 `cpu.weight` itself.
+pub const STARTING_CPU_SHARES: u64 = 110;
+/// The kernel's default CPU weight of a cgroup, v1 and v2.
+const NORMAL_CPU_SHARES: &str = "1024";
+const NORMAL_CPU_WEIGHT: &str = "100";
+
+/// A ready sandbox runs at normal priority: every thread in the cgroups `dirs` at nice
+/// 0 (runc started it niced, see `runc.rs`) and the cgroup at the default CPU weight
+/// (it started at [`STARTING_CPU_SHARES`]). Best effort: a thread that exited
+/// meanwhile is gone anyway, and a hierarchy without the CPU controller has no weight.
+pub fn run_at_normal_priority(dirs: &[PathBuf]) {
     let mut seen = std::collections::HashSet::new();
     for dir in dirs {
+        for (file, value) in [
+            ("cpu.shares", NORMAL_CPU_SHARES),
+            ("cpu.weight", NORMAL_CPU_WEIGHT),
+        ] {
+            let path = dir.join(file);
+            if path.exists() {
+                if let Err(e) = fs::write(&path, value) {
+                    tracing::warn!(path = %path.display(), error = %e, "could not restore a sandbox's CPU weight");
+                }
+            }
+        }
         for tid in threads(dir) {
             if seen.insert(tid) {
                 // SAFETY: setpriority only changes the nice value of thread `tid`.

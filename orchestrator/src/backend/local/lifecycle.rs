@@ -343,7 +343,7 @@ impl Inner {
         }
         self.wait_ready(id, &paths.socket, &token, init).await?;
         if let Some(s) = state_slot.as_ref() {
-            super::cgroup::renice_to_normal(&s.cgroup_dirs);
+            super::cgroup::run_at_normal_priority(&s.cgroup_dirs);
         }
         if let Some(sid) = &spec.snapshot {
             self.fill_tmp(sid, init.pid).await?;

@@ -106,7 +106,7 @@ impl Runc {
         // runc, and a sandbox's start until its agent answers, is background work: nice
         // 10 and the kernel's default slice, so a tenant's 50 creates at once do not
         // take the cores from another tenant's calls (issue 30). The create sets the
-        // sandbox's threads back to nice 0 once it is ready (`cgroup::renice_to_normal`);
+        // sandbox's threads back to nice 0 once it is ready (`cgroup::run_at_normal_priority`);
         // the agent asks for its own short slice.
         // SAFETY: only nice and sched_{get,set}attr, async-signal-safe system calls,
         // run between fork and exec.

@@ -239,14 +239,13 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
             .access("rwm")
             .build()?,
     ]);
+    // A starting sandbox weighs little; the create restores the default weight once
+    // it is ready (`cgroup::run_at_normal_priority`).
+    let mut cpu = LinuxCpuBuilder::default().shares(super::cgroup::STARTING_CPU_SHARES);
     if let Some(cpus) = input.limits.cpus {
-        resources = resources.cpu(
-            LinuxCpuBuilder::default()
-                .quota(cpu_quota(cpus)?)
-                .period(CPU_PERIOD_US)
-                .build()?,
-        );
+        cpu = cpu.quota(cpu_quota(cpus)?).period(CPU_PERIOD_US);
     }
+    resources = resources.cpu(cpu.build()?);
     if let Some(bytes) = input.limits.memory_bytes {
         let limit = i64_limit("memory", bytes)?;
         let mut memory = LinuxMemoryBuilder::default().limit(limit);
@@ -562,7 +561,9 @@ mod tests {
             ..ResourceLimits::default()
         });
         assert!(v["linux"]["resources"]["memory"].get("swap").is_none());
-        assert!(v["linux"]["resources"].get("cpu").is_none());
+        let cpu = &v["linux"]["resources"]["cpu"];
+        assert!(cpu.get("quota").is_none(), "{cpu}");
+        assert_eq!(cpu["shares"], super::super::cgroup::STARTING_CPU_SHARES);
     }
 
     #[test]
