@@ -88,6 +88,23 @@ pub fn set_thread_slice(slice: Duration) -> io::Result<()> {
     Ok(())
 }
 
+/// The nice value of the server's background threads, and so of what they start
+/// (runc, a sandbox until it is ready) and of the bulk work of big reads: a request
+/// thread at nice 0 weighs about ten times as much, so a tenant's burst of background
+/// work leaves the cores to other tenants' calls (issue 30).
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// Makes the calling thread a background thread: the kernel's default slice (so a
+/// request thread, with its short one, preempts it on waking) and nice
+/// [`BACKGROUND_NICE`]. Processes it starts afterwards inherit both, with no work
+/// between their fork and exec. Both are tried; the first error is answered.
+pub fn make_background_thread() -> io::Result<()> {
+    let slice = set_thread_slice(Duration::ZERO);
+    // On Linux a process priority with no pid is the calling thread's.
+    let nice = rustix::process::setpriority_process(None, BACKGROUND_NICE).map_err(io::Error::from);
+    slice.and(nice)
+}
+
 /// The calling thread's slice as the kernel reports it: the default slice when none was
 /// asked for; `None` where the kernel reports none (before custom slices, it answers 0).
 pub fn thread_slice() -> io::Result<Option<Duration>> {

@@ -81,6 +81,7 @@ where
 
 /// The listening Unix socket inherited as `fd`. It is marked close-on-exec first: a
 /// command that inherited it could accept the orchestrator's connections itself.
+/// Inherited as a standard stream (0 to 2), it is moved off it first.
 fn inherited_listener(fd: i32) -> std::io::Result<UnixListener> {
     use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
     // SAFETY: the number is only looked at (fstat, fcntl) while borrowed here; a number
@@ -93,10 +94,29 @@ fn inherited_listener(fd: i32) -> std::io::Result<UnixListener> {
             "not a socket",
         ));
     }
-    rustix::io::fcntl_setfd(borrowed, rustix::io::FdFlags::CLOEXEC)?;
-    // SAFETY: the descriptor is open (fstat succeeded) and nothing else in this process
-    // owns it: it was inherited for this purpose only.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let owned = if (0..=2).contains(&fd) {
+        // Handed over as a standard stream (the local backend gives it as runc's stdin,
+        // which runc passes through): moved to a descriptor of its own, close-on-exec,
+        // and the stream made /dev/null, so that nothing reading or writing stdio talks
+        // to the orchestrator's socket.
+        let moved = rustix::io::fcntl_dupfd_cloexec(borrowed, 3)?;
+        let null = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        // SAFETY: `fd` is open (fstat succeeded) and stays owned by the process's stdio
+        // (ManuallyDrop: it is replaced, never closed, here).
+        let mut stream = std::mem::ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        // dup2 clears close-on-exec on the new descriptor.
+        rustix::io::dup2(&null, &mut stream)?;
+        moved
+    } else {
+        rustix::io::fcntl_setfd(borrowed, rustix::io::FdFlags::CLOEXEC)?;
+        // SAFETY: the descriptor is open (fstat succeeded) and nothing else in this
+        // process owns it: it was inherited for this purpose only.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    };
     let std_listener = std::os::unix::net::UnixListener::from(owned);
     std_listener.set_nonblocking(true)?;
     UnixListener::from_std(std_listener)

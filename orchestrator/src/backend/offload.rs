@@ -46,8 +46,12 @@ impl Offload {
             .worker_threads(THREADS)
             .thread_name("orchard-backend")
             .on_thread_start(|| {
-                // The default slice: these threads must not preempt request threads.
-                let _ = orchard_sched::set_thread_slice(std::time::Duration::ZERO);
+                // Nice 10 and the default slice: these threads must not preempt request
+                // threads, and what they start (runc, a starting sandbox) inherits both
+                // (runc.rs spawns it without running code between fork and exec).
+                if let Err(e) = orchard_sched::make_background_thread() {
+                    tracing::warn!(error = %e, "could not lower the backend threads' priority");
+                }
             })
             .enable_all()
             .build()?;

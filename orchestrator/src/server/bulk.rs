@@ -5,17 +5,14 @@
 //! once as there are bodies being sent, and issue 30 measured four reads of one big
 //! job taking both cores while another tenant's exec p99 rose sixfold. Here the work
 //! runs one task at a time, in the order asked (each tenant has at most one task in
-//! line, so tenants take turns), on one thread at nice [`BULK_NICE`] with the kernel's
-//! default slice: it uses what the request threads and the sandboxes leave, and yields
-//! to them at once when they wake.
+//! line, so tenants take turns), on one background thread
+//! ([`orchard_sched::make_background_thread`]: nice 10, the kernel's default slice): it
+//! uses what the request threads and the sandboxes leave, and yields to them at once
+//! when they wake.
 
 use std::sync::mpsc;
 
 use tokio::sync::oneshot;
-
-/// The nice value of the bulk thread: well below the request threads (nice 0 in the
-/// server's scheduling group), so that a woken request thread takes the core at once.
-pub const BULK_NICE: i32 = 10;
 
 type Task = Box<dyn FnOnce() + Send>;
 
@@ -31,10 +28,8 @@ impl Bulk {
         std::thread::Builder::new()
             .name("orchard-bulk".into())
             .spawn(move || {
-                // Both best effort: without them the work is only less polite.
-                let _ = orchard_sched::set_thread_slice(std::time::Duration::ZERO);
-                // On Linux a process priority with no pid is the calling thread's.
-                if let Err(e) = rustix::process::setpriority_process(None, BULK_NICE) {
+                // Best effort: without it the work is only less polite.
+                if let Err(e) = orchard_sched::make_background_thread() {
                     tracing::warn!(error = %e, "could not lower the bulk thread's priority");
                 }
                 while let Ok(task) = line.recv() {
@@ -72,6 +67,6 @@ mod tests {
             bulk.run(|| rustix::process::getpriority_process(None).unwrap()),
         );
         assert_eq!(a, Some((Some("orchard-bulk".to_string()), 1)));
-        assert_eq!(b, Some(BULK_NICE));
+        assert_eq!(b, Some(orchard_sched::BACKGROUND_NICE));
     }
 }

@@ -127,18 +127,32 @@ async fn bench_hostile_load() {
     })
     .await;
     rows.push(("A: 4 reads at a time of a 96 MiB job", reads));
+    // A's 50 creates at once, each waited for until ready, then deleted: deleted at
+    // once, most would be cancelled before they started and cost nothing.
     let (a3, u3) = (a.clone(), url.clone());
     let creates = under(&b, &url, "host-b", move |_stop| async move {
         let made = (0..50).map(|_| {
-            let req = a3
-                .post(format!("{u3}/sandboxes"))
-                .header("X-API-Key", KEY)
-                .json(&json!({"image": "busybox:latest"}));
-            async move { send(req).await }
-        });
-        for (s, v) in futures_util::future::join_all(made).await {
-            if s == 200 {
+            let (a3, u3) = (a3.clone(), u3.clone());
+            async move {
+                let (s, v) = send(
+                    a3.post(format!("{u3}/sandboxes"))
+                        .header("X-API-Key", KEY)
+                        .json(&json!({"image": "busybox:latest"})),
+                )
+                .await;
                 let id = v["sandbox_id"].as_str().unwrap_or_default().to_string();
+                if s == 200 {
+                    let _ = send(
+                        a3.get(format!("{u3}/sandboxes/{id}/wait"))
+                            .header("X-API-Key", KEY),
+                    )
+                    .await;
+                }
+                (s, id)
+            }
+        });
+        for (s, id) in futures_util::future::join_all(made).await {
+            if s == 200 {
                 let _ = send(
                     a3.delete(format!("{u3}/sandboxes/{id}"))
                         .header("X-API-Key", KEY),

@@ -6,18 +6,25 @@
 //! `runc delete --force`. Between create and start the backend attaches the network
 //! (slirp4netns needs the init's pid and must be ready before the agent starts).
 //! The agent's listening socket is made on the host and handed to the container's init
-//! as fd 3 (`--preserve-fds`), so nothing of it is visible inside the sandbox.
+//! as its stdin (runc passes its stdio through), so nothing of it is visible inside the
+//! sandbox; the agent moves it off fd 0 at once.
+//!
+//! runc is started with nothing run between fork and exec (no `pre_exec`), so the
+//! standard library spawns it with `posix_spawn`, which shares the server's memory
+//! until the exec instead of copying its page tables. A `fork` of the server holds the
+//! server's memory map lock for writing while it copies them: issue 30 measured the
+//! backend threads preempted 68 times in a second inside that copy during a burst of
+//! creates, and the request thread, faulting a page meanwhile, waiting up to 11 ms for
+//! the lock. runc's nice value and scheduler slice come from the thread that starts it
+//! (the backend's threads, see `backend/offload.rs`).
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::process::Command;
-
-/// Nice value added to runc's (see [`Runc::command`]).
-const BACKGROUND_NICE: libc::c_int = 10;
 
 /// Longest any runc call may take (create on a loaded host included).
 const CALL_LIMIT: Duration = Duration::from_secs(120);
@@ -103,21 +110,12 @@ impl Runc {
         cmd.arg("--root").arg(&self.root).stdin(Stdio::null());
         // A cancelled or timed-out call must not leave runc running on its own.
         cmd.kill_on_drop(true);
-        // runc, and a sandbox's start until its agent answers, is background work: nice
-        // 10 and the kernel's default slice, so a tenant's 50 creates at once do not
-        // take the cores from another tenant's calls (issue 30). The create sets the
-        // sandbox's threads back to nice 0 once it is ready (`cgroup::run_at_normal_priority`);
-        // the agent asks for its own short slice.
-        // SAFETY: only nice and sched_{get,set}attr, async-signal-safe system calls,
-        // run between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                let _ = orchard_sched::set_thread_slice(Duration::ZERO);
-                // nice(2) answers the new value, -1 both on error and for a nice of -1.
-                libc::nice(BACKGROUND_NICE);
-                Ok(())
-            });
-        }
+        // runc, and a sandbox's start until its agent answers, is background work: runc
+        // inherits nice 10 and the kernel's default slice from the backend's thread that
+        // starts it, so a tenant's 50 creates at once do not take the cores from another
+        // tenant's calls (issue 30). The create sets the sandbox's threads back to nice
+        // 0 once it is ready (`cgroup::run_at_normal_priority`); the agent asks for its
+        // own short slice. No `pre_exec` here: see the module's header.
         cmd
     }
 
@@ -212,22 +210,12 @@ impl Runc {
             cmd.arg("--detach");
         }
         if let Some(fd) = listener {
-            let raw = fd.as_raw_fd();
-            cmd.arg("--preserve-fds").arg("1");
-            // SAFETY: between fork and exec only async-signal-safe calls: dup2 and fcntl
-            // on descriptors this process owns. fd 3 must be inheritable even when the
-            // listener already was fd 3 (dup2 then changes nothing, CLOEXEC included).
-            unsafe {
-                cmd.pre_exec(move || {
-                    if raw != 3 && libc::dup2(raw, 3) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            // runc's stdin becomes the init's (runc passes its stdio through).
+            let socket = fd.try_clone_to_owned().map_err(|source| RuncError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?;
+            cmd.stdin(Stdio::from(socket));
         }
         cmd.arg("--bundle")
             .arg(bundle)

@@ -38,9 +38,9 @@ pub const AGENT_IN_SANDBOX: &str = "/.orchard/bin/orchard-agent";
 /// Where the harness tools are mounted read-only, as Orchard mounts them (their `bin/`
 /// is appended to PATH; the agent adds `/usr/local/bin` shims and a profile entry).
 pub const TOOLS_MOUNT: &str = "/opt/sandbox-tools";
-/// The descriptor the agent's listening socket has in the sandbox (runc
-/// `--preserve-fds 1` passes the backend's fd as 3).
-pub const LISTEN_FD: &str = "3";
+/// The descriptor the agent's listening socket has in the sandbox: runc's stdin, which
+/// runc passes through to the init (see `runc.rs`; the agent moves it off fd 0).
+pub const LISTEN_FD: &str = "0";
 /// CFS period of the CPU quota, in microseconds.
 pub const CPU_PERIOD_US: u64 = 100_000;
 
