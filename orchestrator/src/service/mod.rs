@@ -13,7 +13,7 @@
 //!
 //! Parts: [`auth`] (hashed keys), [`sandboxes`] (the lifecycle), [`jobs`] (submitting
 //! and waiting), `exec` (how a compatible job runs, and the worker), [`runtime`] (the
-//! agent pool), [`units`] (CPU and memory quantities), [`error`] (the service's error
+//! agent pool), [`error`] (the service's error
 //! enum), `policy` (TTL, heartbeats, readiness, reconciliation on one loop), `fair`
 //! (the create slots, shared by the keys in turn).
 
@@ -27,7 +27,6 @@ mod policy;
 pub mod runtime;
 pub mod sandboxes;
 pub mod snapshots;
-pub mod units;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -41,6 +40,9 @@ pub use crate::time::{now_ms, now_secs};
 pub use auth::{Keys, Tenant};
 pub use error::{BadEnv, BadLabel, Error, OverCapacity, QuotaExceeded, SnapshotStorage};
 pub use runtime::Live;
+/// The quantities moved to [`crate::units`], a leaf the backends may import too; the old
+/// path stays.
+pub use crate::units;
 
 use crate::backend::Backend;
 use crate::image::ImageStore;

@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::backend::{BackendSandbox, CreateSpec, SandboxImage};
+use crate::units;
 use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version};
 
 use super::runtime::Live;
 use super::{
-    now_ms, units, validate_env_and_labels, worker, BadLabel, CreateRequest, Error, OverCapacity,
+    now_ms, validate_env_and_labels, worker, BadLabel, CreateRequest, Error, OverCapacity,
     QuotaExceeded, Service, Tenant, MAX_TTL_S, META,
 };
 
