@@ -37,12 +37,12 @@ use std::time::{Duration, Instant};
 
 pub use crate::state::{JobOptions, Phase, SandboxRecord};
 pub use crate::time::{now_ms, now_secs};
-pub use auth::{Keys, Tenant};
-pub use error::{BadEnv, BadLabel, Error, OverCapacity, QuotaExceeded, SnapshotStorage};
-pub use runtime::Live;
 /// The quantities moved to [`crate::units`], a leaf the backends may import too; the old
 /// path stays.
 pub use crate::units;
+pub use auth::{Keys, Tenant};
+pub use error::{BadEnv, BadLabel, Error, OverCapacity, QuotaExceeded, SnapshotStorage};
+pub use runtime::Live;
 
 use crate::backend::Backend;
 use crate::image::ImageStore;

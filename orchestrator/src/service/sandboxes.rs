@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::backend::{BackendSandbox, CreateSpec, SandboxImage};
-use crate::units;
 use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version};
+use crate::units;
 
 use super::runtime::Live;
 use super::{

@@ -557,8 +557,7 @@ impl Backend for KubeBackend {
         let _ = id;
         // The pod's ephemeral-storage limit (`--kube-ephemeral-storage`, else
         // `--sandbox-disk`); what the pod uses of it is not known here, so all of it.
-        let size =
-            crate::units::parse_memory(self.cfg.ephemeral_storage.as_deref()?).ok()?;
+        let size = crate::units::parse_memory(self.cfg.ephemeral_storage.as_deref()?).ok()?;
         Some(crate::backend::DiskRoom { size, free: None })
     }
 
