@@ -369,6 +369,13 @@ impl From<orchard_client::ClientError> for Error {
     }
 }
 
+/// No random bytes is the host's failure (a 500), never the client's.
+impl From<crate::random::RandomError> for Error {
+    fn from(e: crate::random::RandomError) -> Self {
+        Error::internal("cannot make a random id", e)
+    }
+}
+
 #[cfg(test)]
 impl Error {
     /// One error of each domain variant with the message it sends, for the tests here

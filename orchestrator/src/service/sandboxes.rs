@@ -19,11 +19,15 @@ use crate::backend::{BackendSandbox, CreateSpec, SandboxImage};
 use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version};
 use crate::units;
 
+use crate::time::now_ms;
+
+use super::auth::Tenant;
+use super::checks::{validate_env_and_labels, MAX_TTL_S, META};
+use super::config::CreateRequest;
+use super::error::{BadLabel, Error, OverCapacity, QuotaExceeded};
+use super::handle::Service;
 use super::runtime::Live;
-use super::{
-    now_ms, validate_env_and_labels, worker, BadLabel, CreateRequest, Error, OverCapacity,
-    QuotaExceeded, Service, Tenant, MAX_TTL_S, META,
-};
+use super::worker;
 
 /// The lease a create holds on its sandbox id from before its record exists until it
 /// is marked ready or failed.

@@ -60,7 +60,6 @@ impl JobView {
     }
 }
 
-
 /// The version of a stored sandbox record: different after every write.
 pub type Version = u64;
 
@@ -232,4 +231,3 @@ pub enum Topic {
     /// A sandbox's job queue (a job was added).
     Queue(String),
 }
-

@@ -10,9 +10,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::error::StoreError;
-use super::record::{
-    JobRecord, JobView, Lease, SandboxRecord, Topic, Version, Versioned,
-};
+use super::record::{JobRecord, JobView, Lease, SandboxRecord, Topic, Version, Versioned};
 
 /// A boxed future of a store call.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;

@@ -39,7 +39,6 @@ pub(super) struct Journal {
     pub(super) compacted_bytes: u64,
 }
 
-
 /// (so a journal of small jobs is not rewritten at every other append).
 pub(super) const JOURNAL_SLACK_BYTES: u64 = 16 << 20;
 
@@ -129,8 +128,7 @@ impl Journal {
         self.bytes += bytes.len() as u64;
         // By lines (many small jobs) or by bytes (a few big outputs, each line up to
         // twice the output cap): the journal stays within about twice the live jobs.
-        self.lines > 2 * live + 1024
-            || self.bytes > 2 * self.compacted_bytes + JOURNAL_SLACK_BYTES
+        self.lines > 2 * live + 1024 || self.bytes > 2 * self.compacted_bytes + JOURNAL_SLACK_BYTES
     }
 }
 

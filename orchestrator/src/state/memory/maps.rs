@@ -26,7 +26,6 @@ pub(super) struct Spilled {
     pub(super) in_memory: bool,
 }
 
-
 /// What the store holds (one lock over all of it).
 #[derive(Default)]
 pub(super) struct Maps {

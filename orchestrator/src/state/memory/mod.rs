@@ -41,12 +41,12 @@ use std::time::{Duration, Instant};
 use orchard_protocol::compat::JobStatus;
 use tokio::sync::watch;
 
+use crate::state::error::StoreError;
 use crate::state::record::{
     JobRecord, JobView, Lease, OutputFile, SandboxRecord, Topic, Version, Versioned,
 };
 use crate::state::spill;
 use crate::state::store::{StateStore, StoreFuture, Subscription};
-use crate::state::error::StoreError;
 use journal::{Journal, Line};
 use maps::{output_len, Maps, Spilled};
 
