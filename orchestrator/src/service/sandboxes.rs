@@ -2,7 +2,7 @@
 //! task: image, backend, agent probe), wait for ready, heartbeat, delete, adopt what a
 //! previous process left, shut down.
 //!
-//! Who deletes the backend sandbox is decided by the store: [`StateStore::remove_sandbox`]
+//! Who deletes the backend sandbox is decided by the store: [`StateStore::remove_sandbox`](crate::state::StateStore::remove_sandbox)
 //! is atomic and answers the record as it was. Removed while `pending`, the create task
 //! finds its record gone when it tries to mark it ready (the compare-and-set fails) and
 //! deletes what it made; removed later, the remover deletes it. Exactly one of them

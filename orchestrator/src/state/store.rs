@@ -51,7 +51,7 @@ pub trait StateStore: Send + Sync + 'static {
     fn sandbox<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Versioned<SandboxRecord>>>;
     /// Every record.
     fn sandboxes(&self) -> StoreFuture<'_, Vec<Versioned<SandboxRecord>>>;
-    /// How many records are in each phase, by [`Phase::name`] (`/health` and `/metrics`
+    /// How many records are in each phase, by [`Phase::name`](super::Phase::name) (`/health` and `/metrics`
     /// ask on every call: no record is copied).
     fn phase_counts(&self) -> StoreFuture<'_, BTreeMap<&'static str, u64>>;
     /// Replaces the record if it is still at `expected`: `Conflict` when it changed,

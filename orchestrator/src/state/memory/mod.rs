@@ -24,7 +24,7 @@
 //! dropped once no subscriber is left; leases and rate windows use this process's
 //! monotonic clock.
 //!
-//! Parts: [`maps`] (what the lock guards, and the output budget), [`journal`] (the
+//! Parts: `maps` (what the lock guards, and the output budget), `journal` (the
 //! journal's lines, replay and compaction); this module is the store over them.
 
 mod journal;
