@@ -750,7 +750,7 @@ impl Config {
         {
             None => DEFAULT_SNAPSHOT_BYTES_PER_KEY,
             Some(q) if q.trim() == "0" => 0,
-            Some(q) => crate::service::units::parse_memory(&q)
+            Some(q) => crate::units::parse_memory(&q)
                 .map_err(|e| ConfigError::Invalid(format!("snapshot_bytes_per_key: {e}")))?,
         };
         let snapshot_bytes_total = Budget::parse_setting(
@@ -785,7 +785,7 @@ impl Config {
         {
             q if q.trim() == "0" || q.trim().eq_ignore_ascii_case("none") => None,
             q => {
-                let bytes = crate::service::units::parse_memory(&q)
+                let bytes = crate::units::parse_memory(&q)
                     .map_err(|e| ConfigError::Invalid(format!("sandbox_disk: {e}")))?;
                 let limit = crate::backend::local::disk::DiskLimit {
                     bytes,
@@ -812,9 +812,9 @@ impl Config {
                 .or(file.default_working_dir)
                 .unwrap_or(builtin.working_dir),
         };
-        crate::service::units::parse_cpu(&defaults.cpu)
+        crate::units::parse_cpu(&defaults.cpu)
             .map_err(|e| ConfigError::Invalid(format!("default_cpu: {e}")))?;
-        crate::service::units::parse_memory(&defaults.memory)
+        crate::units::parse_memory(&defaults.memory)
             .map_err(|e| ConfigError::Invalid(format!("default_memory: {e}")))?;
         if !defaults.working_dir.starts_with('/') || defaults.working_dir.contains('\0') {
             return Err(ConfigError::Invalid(format!(

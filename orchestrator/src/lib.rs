@@ -11,6 +11,8 @@
 //!   `image`, `snapshot`) are the `orchard-cli` crate, which the binary calls.
 //! - [`metrics`], [`log`]: Prometheus metrics and JSON logs.
 //! - [`random`]: the one source of random ids, tokens and keys.
+//! - [`units`]: CPU and memory quantities (`"500m"`, `"16Gi"`), for the service, the
+//!   configuration and the Kubernetes backend alike.
 //! - [`diskspace`], [`egress`]: leaves shared with the image store, which holds them
 //!   (`orchard-image`): what a file system holds and has free, and which addresses
 //!   egress may not reach.
@@ -28,3 +30,4 @@ pub mod server;
 pub mod service;
 pub mod state;
 pub mod time;
+pub mod units;

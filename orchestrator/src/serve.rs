@@ -249,9 +249,8 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
             let mut kube = (**kube).clone();
             kube.egress = config.egress.clone();
             // Warm pods have the default limits: a create that asks for nothing claims one.
-            kube.warm_cpus = crate::service::units::parse_cpu(&config.defaults.cpu).ok();
-            kube.warm_memory_bytes =
-                crate::service::units::parse_memory(&config.defaults.memory).ok();
+            kube.warm_cpus = crate::units::parse_cpu(&config.defaults.cpu).ok();
+            kube.warm_memory_bytes = crate::units::parse_memory(&config.defaults.memory).ok();
             // --sandbox-disk bounds a sandbox's writes on either backend.
             if kube.ephemeral_storage.is_none() {
                 kube.ephemeral_storage = config.sandbox_disk.map(|d| d.bytes.to_string());

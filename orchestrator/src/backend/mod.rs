@@ -286,17 +286,20 @@ impl AgentEndpoint {
         }
     }
 
-    /// Parses `http://ip:port` (a pod's agent URL).
+    /// Parses `http://ip:port` (a pod's agent URL), as the client does
+    /// ([`orchard_client::Endpoint::parse_http_url`], the one parser of the form).
     pub fn parse_url(url: &str) -> Option<AgentEndpoint> {
-        let rest = url.strip_prefix("http://")?.trim_end_matches('/');
-        rest.parse().ok().map(AgentEndpoint::Http)
+        match orchard_client::Endpoint::parse_http_url(url)? {
+            orchard_client::Endpoint::Tcp(addr) => Some(AgentEndpoint::Http(addr)),
+            orchard_client::Endpoint::Unix(_) => None,
+        }
     }
 
     /// The `/v1` wire form: `socket` or `url`, with the token.
     pub fn wire(&self, token: &str) -> orchard_protocol::sandbox::AgentEndpoint {
         let (socket, url) = match self {
             AgentEndpoint::Unix(p) => (Some(p.display().to_string()), None),
-            AgentEndpoint::Http(a) => (None, Some(format!("http://{a}"))),
+            AgentEndpoint::Http(_) => (None, Some(self.to_string())),
         };
         orchard_protocol::sandbox::AgentEndpoint {
             socket,
@@ -306,12 +309,11 @@ impl AgentEndpoint {
     }
 }
 
+/// `unix:PATH` or `http://ip:port`, as the client writes its endpoints (one printer of
+/// the form, in the lower crate).
 impl std::fmt::Display for AgentEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AgentEndpoint::Unix(p) => write!(f, "unix:{}", p.display()),
-            AgentEndpoint::Http(a) => write!(f, "http://{a}"),
-        }
+        self.client().fmt(f)
     }
 }
 
@@ -464,4 +466,32 @@ fn unsupported(backend: &str, what: &str) -> BackendError {
     BackendError::Unsupported(format!(
         "this server's backend ({backend}) does not support {what} yet (see docs/snapshots-kubernetes.md)"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AgentEndpoint;
+
+    /// Parsing and printing are the client's (`orchard_client::Endpoint`); the forms
+    /// stored, logged and answered stay what they were.
+    #[test]
+    fn agent_endpoints_parse_print_and_answer_in_the_clients_forms() {
+        let http = AgentEndpoint::parse_url("http://10.1.2.3:7070/").unwrap();
+        assert_eq!(http, AgentEndpoint::Http("10.1.2.3:7070".parse().unwrap()));
+        assert_eq!(http.to_string(), "http://10.1.2.3:7070");
+        assert_eq!(http.wire("t").url.as_deref(), Some("http://10.1.2.3:7070"));
+        assert_eq!(AgentEndpoint::parse_url("unix:/run/a.sock"), None);
+        assert_eq!(AgentEndpoint::parse_url("http://agent:7070"), None);
+        let unix = AgentEndpoint::Unix("/run/a.sock".into());
+        assert_eq!(unix.to_string(), "unix:/run/a.sock");
+        let wire = unix.wire("t");
+        assert_eq!(
+            (wire.socket.as_deref(), wire.url),
+            (Some("/run/a.sock"), None)
+        );
+        assert_eq!(
+            serde_json::to_string(&http).unwrap(),
+            r#"{"http":"10.1.2.3:7070"}"#
+        );
+    }
 }

@@ -328,6 +328,13 @@ impl From<BackendError> for Error {
     }
 }
 
+/// A CPU or memory quantity the client wrote wrong: a 400 in its own words.
+impl From<crate::units::QuantityError> for Error {
+    fn from(e: crate::units::QuantityError) -> Self {
+        Error::BadRequest(e.to_string())
+    }
+}
+
 /// The store failing is the service's failure (a 500/503), never the client's. By
 /// kind: away is a 503 in the store's own words ("the state store failed: ...", which
 /// quote the cause), anything else a 500. Callers that can act on `Conflict` or
@@ -359,6 +366,13 @@ impl From<orchard_client::ClientError> for Error {
             },
             e => Error::Sandbox(format!("the sandbox's agent could not be reached: {e}")),
         }
+    }
+}
+
+/// No random bytes is the host's failure (a 500), never the client's.
+impl From<crate::random::RandomError> for Error {
+    fn from(e: crate::random::RandomError) -> Self {
+        Error::internal("cannot make a random id", e)
     }
 }
 

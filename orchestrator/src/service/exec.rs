@@ -7,6 +7,11 @@
 //! 124, stderr ending with `Command timed out after Ns and was killed`, and the job's
 //! `error` `Command timed out after Ns`. Output is kept up to the configured cap per
 //! stream (64 MiB by default; the job says `output_truncated` past it).
+//!
+//! How a job ends is an [`Outcome`], which [`Service::finish_job`] writes. A command
+//! whose connection broke, or whose worker's replica died, runs on in the agent under
+//! the job's id: [`collect`] fetches its result there (or ends the job with
+//! [`ORPHANED_ERROR`]). Both live here, below the worker, which only schedules runs.
 
 use std::time::{Duration, Instant};
 
@@ -18,8 +23,31 @@ use orchard_protocol::{Command, ErrorCode, ExecRequest, ExecResult};
 
 use crate::state::{JobOptions, JobRecord, Lease, SandboxRecord};
 
-use super::jobs::Outcome;
-use super::{Live, Service};
+use super::handle::Service;
+use super::runtime::Live;
+
+/// How a job ended: `exit_code` and output when it ran, `error` when it could not run
+/// or timed out, `truncated` when the output passed the cap.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Its exit code (128 + signal when killed).
+    pub exit_code: Option<i32>,
+    /// Its output.
+    pub stdout: String,
+    /// Its error output.
+    pub stderr: String,
+    /// Why it could not run, or its time-out.
+    pub error: Option<String>,
+    /// A stream passed the cap.
+    pub truncated: bool,
+}
+
+/// How much longer than its own wait a collecting call may take.
+const COLLECT_SLACK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Error of a running job whose worker stopped without finishing it.
+pub const ORPHANED_ERROR: &str = "the orchestrator replica running this job stopped or lost \
+    its lease before the job finished; the command may have run in part";
 
 /// `s` quoted for a POSIX shell.
 pub fn shell_quote(s: &str) -> String {
@@ -74,7 +102,7 @@ pub(super) async fn run(
         // Orchard's convention: exit code 124 and a last stderr line.
         timeout_exit_124: true,
         // The command outlives this replica: if it dies, the job's next worker
-        // collects the result from the agent under this id (`super::worker`).
+        // collects the result from the agent under this id (`collect`).
         result_id: Some(job.job.job_id.clone()),
         ..Default::default()
     };
@@ -105,7 +133,7 @@ pub(super) async fn run(
                 // The connection failed, not the command: it runs on in the agent
                 // under the job's id. Its real result, once it ends, rather than a
                 // failure while it still runs (and the next job beside it).
-                let outcome = super::worker::collect(service, &rec.id, &job, lease).await;
+                let outcome = collect(service, &rec.id, &job, lease).await;
                 service.finish_job(job, outcome, Some(lease)).await;
                 return;
             }
@@ -124,6 +152,64 @@ pub(super) async fn run(
                 ..Outcome::default()
             };
             service.finish_job(job, outcome, Some(lease)).await;
+        }
+    }
+}
+
+/// The outcome of an orphaned `job` of sandbox `id`: its command's result, from the
+/// agent (waiting while it still runs, the lease renewed meanwhile, up to the job's time
+/// limit and the agent's grace), or why there is none.
+pub(super) async fn collect(
+    service: &Service,
+    id: &str,
+    job: &JobRecord,
+    lease: &Lease,
+) -> Outcome {
+    let orphaned = |why: Option<String>| Outcome {
+        error: Some(match why {
+            Some(why) => format!("{ORPHANED_ERROR} ({why})"),
+            None => ORPHANED_ERROR.to_string(),
+        }),
+        ..Outcome::default()
+    };
+    let live = match crate::state::until_answered(|| service.store().sandbox(id)).await {
+        Some(Some(rec)) => match service.agent_of(&rec.value) {
+            Ok(live) => live,
+            Err(e) => return orphaned(Some(e.public_message())),
+        },
+        _ => return orphaned(None),
+    };
+    let timeout = job_timeout(service, &job.options);
+    let deadline = Instant::now() + timeout + AGENT_GRACE;
+    let poll = service.policy().worker_lease / 3;
+    loop {
+        let wait = poll.as_millis().max(1) as u64;
+        // Bounded: a half-open connection must not hold the worker forever.
+        let asked = live.agent.exec_result(&job.job.job_id, wait);
+        let answer = match tokio::time::timeout(poll + COLLECT_SLACK, asked).await {
+            Ok(a) => a,
+            Err(elapsed) => Err(orchard_client::ClientError::transport(
+                "the agent did not answer in time",
+                elapsed,
+            )),
+        };
+        match answer {
+            Ok(kept) => {
+                if let Some(r) = kept.result {
+                    return outcome(r, &job.options, timeout);
+                }
+            }
+            Err(e) if e.code() == Some(ErrorCode::NotFound) => return orphaned(None),
+            Err(e) => {
+                let why = format!("its result could not be collected from the agent: {e}");
+                return orphaned(Some(why));
+            }
+        }
+        if Instant::now() >= deadline {
+            return orphaned(Some("its command ran past its time limit".into()));
+        }
+        if !service.renew_worker_lease(lease).await {
+            return orphaned(Some("this replica lost the lease too".into()));
         }
     }
 }

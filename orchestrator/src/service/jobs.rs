@@ -14,23 +14,12 @@ use crate::state::{JobOptions, JobRecord, JobView, Lease, Phase, StoreError, Top
 
 pub use crate::state::memory::{DEFAULT_OUTPUT_BUDGET, DROPPED_NOTE, RESTART_ERROR};
 
-use super::{now_ms, now_secs, Error, Service, Tenant};
-
-/// How a job ended: `exit_code` and output when it ran, `error` when it could not run
-/// or timed out, `truncated` when the output passed the cap.
-#[derive(Debug, Default)]
-pub struct Outcome {
-    /// Its exit code (128 + signal when killed).
-    pub exit_code: Option<i32>,
-    /// Its output.
-    pub stdout: String,
-    /// Its error output.
-    pub stderr: String,
-    /// Why it could not run, or its time-out.
-    pub error: Option<String>,
-    /// A stream passed the cap.
-    pub truncated: bool,
-}
+use super::auth::Tenant;
+use super::checks::validate_env_and_labels;
+use super::error::Error;
+use super::exec::Outcome;
+use super::handle::Service;
+use crate::time::{now_ms, now_secs};
 
 /// Most bytes of a compatible job's command (a shell string, or the arguments of a
 /// list together). The kernel takes at most 128 KiB in one argument and about 2 MiB in
@@ -69,7 +58,7 @@ impl Service {
                 "the command is {bytes} bytes; at most {MAX_COMMAND_BYTES}"
             )));
         }
-        super::validate_env_and_labels(&options.env, &BTreeMap::new())?;
+        validate_env_and_labels(&options.env, &BTreeMap::new())?;
         let job = Job {
             job_id: format!("job-{}", crate::random::hex(8)?),
             sandbox_id: id.to_string(),

@@ -21,9 +21,11 @@ use std::time::Instant;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{now_ms, Inner, Phase, Service};
+use super::handle::{Inner, Service};
 use crate::backend::Liveness;
+use crate::state::Phase;
 use crate::state::SandboxRecord;
+use crate::time::now_ms;
 
 /// A pass failing more than this share of the ready sandboxes is a mass failure.
 pub const MASS_FAILURE_SHARE: f64 = 0.2;

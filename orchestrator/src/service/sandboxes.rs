@@ -2,7 +2,7 @@
 //! task: image, backend, agent probe), wait for ready, heartbeat, delete, adopt what a
 //! previous process left, shut down.
 //!
-//! Who deletes the backend sandbox is decided by the store: [`StateStore::remove_sandbox`]
+//! Who deletes the backend sandbox is decided by the store: [`StateStore::remove_sandbox`](crate::state::StateStore::remove_sandbox)
 //! is atomic and answers the record as it was. Removed while `pending`, the create task
 //! finds its record gone when it tries to mark it ready (the compare-and-set fails) and
 //! deletes what it made; removed later, the remover deletes it. Exactly one of them
@@ -17,12 +17,17 @@ use tracing::Instrument;
 
 use crate::backend::{BackendSandbox, CreateSpec, SandboxImage};
 use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version};
+use crate::units;
 
+use crate::time::now_ms;
+
+use super::auth::Tenant;
+use super::checks::{validate_env_and_labels, MAX_TTL_S, META};
+use super::config::CreateRequest;
+use super::error::{BadLabel, Error, OverCapacity, QuotaExceeded};
+use super::handle::Service;
 use super::runtime::Live;
-use super::{
-    now_ms, units, validate_env_and_labels, worker, BadLabel, CreateRequest, Error, OverCapacity,
-    QuotaExceeded, Service, Tenant, MAX_TTL_S, META,
-};
+use super::worker;
 
 /// The lease a create holds on its sandbox id from before its record exists until it
 /// is marked ready or failed.

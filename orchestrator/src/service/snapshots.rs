@@ -29,10 +29,11 @@ use orchard_protocol::snapshot::{ForkRequest, SnapshotCreate};
 use crate::backend::{BackendError, BackendSandbox, BackendSnapshot, SnapshotSpec};
 use crate::state::SandboxRecord;
 
-use super::{
-    validate_env_and_labels, BadLabel, CreateRequest, Error, QuotaExceeded, Service,
-    SnapshotStorage, Tenant, META,
-};
+use super::auth::Tenant;
+use super::checks::{validate_env_and_labels, META};
+use super::config::CreateRequest;
+use super::error::{BadLabel, Error, QuotaExceeded, SnapshotStorage};
+use super::handle::Service;
 
 /// Most forks one call may ask for.
 pub const MAX_FORKS: u32 = 64;

@@ -2,7 +2,7 @@
 //! run its jobs (it created or adopted the sandbox, or accepted a job for it). Workers
 //! of one sandbox on different replicas compete for the sandbox's lease in the store;
 //! the holder takes the queued jobs in submission order and runs them
-//! ([`super::exec::run`]), the others wait for the lease.
+//! ([`exec::run`]), the others wait for the lease.
 //!
 //! Invariants:
 //! - At most one worker per sandbox incarnation in a process ([`Runtime`]'s worker set),
@@ -17,30 +17,20 @@
 //!   (`result_id`), and the worker collects its real output there. A job the agent does
 //!   not know (the replica died before the command reached it, the agent restarted, or
 //!   the result was handed to the old worker whose write the store then refused) ends
-//!   `failed` with [`ORPHANED_ERROR`], never `running` forever.
+//!   `failed` with [`ORPHANED_ERROR`](super::exec::ORPHANED_ERROR), never `running` forever.
 //! - The worker ends when its sandbox's record is gone (deleted, or another
 //!   incarnation), after failing what is still queued.
 //!
 //! [`Runtime`]: super::runtime::Runtime
 
 use std::sync::{Arc, Weak};
-use std::time::Instant;
-
-use orchard_protocol::ErrorCode;
 
 use tracing::Instrument;
 
 use crate::state::{JobRecord, Lease, Phase, SandboxRecord, StoreError, Topic};
 
-use super::jobs::Outcome;
-use super::{Inner, Service};
-
-/// How much longer than its own wait a collecting call may take.
-const COLLECT_SLACK: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Error of a running job whose worker stopped without finishing it.
-pub const ORPHANED_ERROR: &str = "the orchestrator replica running this job stopped or lost \
-    its lease before the job finished; the command may have run in part";
+use super::exec::{self, collect, Outcome};
+use super::handle::{Inner, Service};
 
 /// How the worker's hold on its lease ended.
 enum Held {
@@ -136,7 +126,7 @@ async fn acquire(weak: &Weak<Inner>, id: &str) -> Option<Lease> {
 }
 
 /// Finishes the running jobs of `id` taken under an older grant than `lease`, with the
-/// output their commands left in the agent, or [`ORPHANED_ERROR`].
+/// output their commands left in the agent, or [`ORPHANED_ERROR`](super::exec::ORPHANED_ERROR).
 async fn take_over_orphans(service: &Service, id: &str, lease: &Lease) {
     // A read that fails while the store is away is tried again: skipped, the orphans
     // would stay `running` under a lease this worker then holds for good.
@@ -151,64 +141,6 @@ async fn take_over_orphans(service: &Service, id: &str, lease: &Lease) {
         tracing::warn!(job_id = %job.job.job_id, "taking over a job its worker left running");
         let outcome = collect(service, id, &job, lease).await;
         service.finish_job(job, outcome, Some(lease)).await;
-    }
-}
-
-/// The outcome of an orphaned `job` of sandbox `id`: its command's result, from the
-/// agent (waiting while it still runs, the lease renewed meanwhile, up to the job's time
-/// limit and the agent's grace), or why there is none.
-pub(super) async fn collect(
-    service: &Service,
-    id: &str,
-    job: &JobRecord,
-    lease: &Lease,
-) -> Outcome {
-    let orphaned = |why: Option<String>| Outcome {
-        error: Some(match why {
-            Some(why) => format!("{ORPHANED_ERROR} ({why})"),
-            None => ORPHANED_ERROR.to_string(),
-        }),
-        ..Outcome::default()
-    };
-    let live = match crate::state::until_answered(|| service.store().sandbox(id)).await {
-        Some(Some(rec)) => match service.agent_of(&rec.value) {
-            Ok(live) => live,
-            Err(e) => return orphaned(Some(e.public_message())),
-        },
-        _ => return orphaned(None),
-    };
-    let timeout = super::exec::job_timeout(service, &job.options);
-    let deadline = Instant::now() + timeout + super::exec::AGENT_GRACE;
-    let poll = service.policy().worker_lease / 3;
-    loop {
-        let wait = poll.as_millis().max(1) as u64;
-        // Bounded: a half-open connection must not hold the worker forever.
-        let asked = live.agent.exec_result(&job.job.job_id, wait);
-        let answer = match tokio::time::timeout(poll + COLLECT_SLACK, asked).await {
-            Ok(a) => a,
-            Err(elapsed) => Err(orchard_client::ClientError::transport(
-                "the agent did not answer in time",
-                elapsed,
-            )),
-        };
-        match answer {
-            Ok(kept) => {
-                if let Some(r) = kept.result {
-                    return super::exec::outcome(r, &job.options, timeout);
-                }
-            }
-            Err(e) if e.code() == Some(ErrorCode::NotFound) => return orphaned(None),
-            Err(e) => {
-                let why = format!("its result could not be collected from the agent: {e}");
-                return orphaned(Some(why));
-            }
-        }
-        if Instant::now() >= deadline {
-            return orphaned(Some("its command ran past its time limit".into()));
-        }
-        if !renew(service, lease).await {
-            return orphaned(Some("this replica lost the lease too".into()));
-        }
     }
 }
 
@@ -291,7 +223,7 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
             let Some(inner) = weak.upgrade() else {
                 return Held::Gone;
             };
-            if !renew(&Service { inner }, lease).await {
+            if !(Service { inner }).renew_worker_lease(lease).await {
                 return Held::Lost;
             }
             continue;
@@ -304,17 +236,17 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
             }
         };
         let job_span = tracing::warn_span!("job", job_id = %job.job.job_id);
-        let run = super::exec::run(&service, &live, job, &rec, lease).instrument(job_span);
+        let run = exec::run(&service, &live, job, &rec, lease).instrument(job_span);
         tokio::pin!(run);
         loop {
             tokio::select! {
                 _ = &mut run => break,
                 _ = tokio::time::sleep(ttl / 3) => {
-                    let _ = renew(&service, lease).await;
+                    let _ = service.renew_worker_lease(lease).await;
                 }
             }
         }
-        if !renew(&service, lease).await {
+        if !service.renew_worker_lease(lease).await {
             return Held::Lost;
         }
     }
@@ -330,13 +262,6 @@ async fn taken_unseen(
 ) -> Result<Option<JobRecord>, StoreError> {
     let running = service.store().running_jobs(id).await?;
     Ok(running.into_iter().find(|j| j.fence == Some(lease.fence)))
-}
-
-/// Renews `lease`; `false` only when the store says another holder has it (a store
-/// that cannot answer is not a lost lease: the fences guard the writes).
-async fn renew(service: &Service, lease: &Lease) -> bool {
-    let ttl = service.policy().worker_lease;
-    !matches!(service.store().renew_lease(lease, ttl).await, Ok(false))
 }
 
 /// Fails every queued job of sandbox `id` with `why`, one at a time: each leaves the

@@ -108,10 +108,10 @@ fn node_capacity(nodes: &[Node]) -> Option<Capacity> {
         };
         let cpus = alloc
             .get("cpu")
-            .and_then(|q| crate::service::units::parse_cpu(&q.0).ok());
+            .and_then(|q| crate::units::parse_cpu(&q.0).ok());
         let mem = alloc
             .get("memory")
-            .and_then(|q| crate::service::units::parse_memory(&q.0).ok());
+            .and_then(|q| crate::units::parse_memory(&q.0).ok());
         if let (Some(cpus), Some(memory_bytes)) = (cpus, mem) {
             let b = best.get_or_insert(Capacity { cpus, memory_bytes });
             b.cpus = b.cpus.max(cpus);
@@ -557,8 +557,7 @@ impl Backend for KubeBackend {
         let _ = id;
         // The pod's ephemeral-storage limit (`--kube-ephemeral-storage`, else
         // `--sandbox-disk`); what the pod uses of it is not known here, so all of it.
-        let size =
-            crate::service::units::parse_memory(self.cfg.ephemeral_storage.as_deref()?).ok()?;
+        let size = crate::units::parse_memory(self.cfg.ephemeral_storage.as_deref()?).ok()?;
         Some(crate::backend::DiskRoom { size, free: None })
     }
 

@@ -6,12 +6,13 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+use crate::backend::local::error::LocalError;
+use crate::backend::local::inner::Inner;
 use crate::backend::local::network::MARKER_ENV;
 use crate::backend::local::process::{self, ProcRef};
-use crate::backend::local::{cgroup, diskpool, sys, Inner, LocalError};
+use crate::backend::local::{cgroup, diskpool};
 
 /// A process that should not exist.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,14 +83,7 @@ impl fmt::Display for AuditReport {
     }
 }
 
-/// Mount points at or under `dir` in our mount namespace.
-pub fn mounts_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    Ok(sys::mount_points()?
-        .into_iter()
-        .map(|(p, _)| p)
-        .filter(|p| p.starts_with(dir))
-        .collect())
-}
+pub use super::sys::mounts_under;
 
 fn marker_of(pid: i32) -> Option<String> {
     let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;

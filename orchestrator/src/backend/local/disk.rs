@@ -196,45 +196,6 @@ pub async fn mount_image(image: &Path, mount_point: &Path) -> Result<(), DiskErr
     .await
 }
 
-/// Makes `image` (or takes a ready one from `pool`) and mounts it at `mount_point`.
-pub async fn make_and_mount(
-    image: &Path,
-    mount_point: &Path,
-    limit: DiskLimit,
-    pool: Option<&super::diskpool::DiskPool>,
-) -> Result<(), DiskError> {
-    let io = |source| DiskError::Io {
-        path: image.to_path_buf(),
-        source,
-    };
-    let Some(ready) = pool.and_then(|p| p.take()) else {
-        make_image(image, limit).await?;
-        return mount_image(image, mount_point).await;
-    };
-    if let Some(at) = &ready.mounted {
-        // The mount first: from here the sandbox's teardown unmounts it.
-        match super::loopdev::move_mount(at, mount_point) {
-            Ok(()) => {
-                std::fs::rename(&ready.image, image).map_err(io)?;
-                let _ = std::fs::remove_dir(at);
-                return Ok(());
-            }
-            Err(e) => {
-                // A pool stopped under us, say: mount the image here instead.
-                tracing::debug!(error = %e, "moving a pool disk's mount failed; mounting it");
-                if rustix::mount::unmount(at, rustix::mount::UnmountFlags::empty()).is_err() {
-                    // Still mounted: a second mount of it would corrupt it. The pool's
-                    // stop unmounts and removes it; this create makes its own.
-                    make_image(image, limit).await?;
-                    return mount_image(image, mount_point).await;
-                }
-            }
-        }
-    }
-    std::fs::rename(&ready.image, image).map_err(io)?;
-    mount_image(image, mount_point).await
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -29,8 +29,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::disk::{make_image_blocking, DiskError, DiskLimit};
-use super::{audit, loopdev, rootfs, sys};
+use super::disk::{self, make_image_blocking, DiskError, DiskLimit};
+use super::{loopdev, rootfs, sys};
 
 /// Images kept ready by default: a burst of this many creates pays no `mkfs`.
 pub const DEFAULT_SIZE: usize = 4;
@@ -114,14 +114,14 @@ pub fn pool_dirs(root: &Path, own: u32) -> Vec<(PathBuf, bool)> {
 /// detaches itself), then removes `dir` unless something stayed mounted: removing
 /// recursively through a mount would empty the mounted filesystem.
 fn clear(dir: &Path) {
-    let mut mounts = audit::mounts_under(dir).unwrap_or_default();
+    let mut mounts = sys::mounts_under(dir).unwrap_or_default();
     mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
     for m in mounts {
         if let Err(e) = rootfs::unmount(&sys::RealMounter, &m) {
             tracing::warn!(error = %e, "unmounting a pool disk");
         }
     }
-    match audit::mounts_under(dir) {
+    match sys::mounts_under(dir) {
         Ok(left) if left.is_empty() => {
             let _ = fs::remove_dir_all(dir);
         }
@@ -338,6 +338,45 @@ fn refill(shared: &Shared) {
     }
 }
 
+/// Makes `image` (or takes a ready one from `pool`) and mounts it at `mount_point`.
+pub async fn make_and_mount(
+    image: &Path,
+    mount_point: &Path,
+    limit: DiskLimit,
+    pool: Option<&DiskPool>,
+) -> Result<(), DiskError> {
+    let io = |source| DiskError::Io {
+        path: image.to_path_buf(),
+        source,
+    };
+    let Some(ready) = pool.and_then(|p| p.take()) else {
+        disk::make_image(image, limit).await?;
+        return disk::mount_image(image, mount_point).await;
+    };
+    if let Some(at) = &ready.mounted {
+        // The mount first: from here the sandbox's teardown unmounts it.
+        match loopdev::move_mount(at, mount_point) {
+            Ok(()) => {
+                std::fs::rename(&ready.image, image).map_err(io)?;
+                let _ = std::fs::remove_dir(at);
+                return Ok(());
+            }
+            Err(e) => {
+                // A pool stopped under us, say: mount the image here instead.
+                tracing::debug!(error = %e, "moving a pool disk's mount failed; mounting it");
+                if rustix::mount::unmount(at, rustix::mount::UnmountFlags::empty()).is_err() {
+                    // Still mounted: a second mount of it would corrupt it. The pool's
+                    // stop unmounts and removes it; this create makes its own.
+                    disk::make_image(image, limit).await?;
+                    return disk::mount_image(image, mount_point).await;
+                }
+            }
+        }
+    }
+    std::fs::rename(&ready.image, image).map_err(io)?;
+    disk::mount_image(image, mount_point).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,26 +466,26 @@ mod tests {
         clear_dead(root);
         let pool = DiskPool::start(root, limit, 2).unwrap();
         assert!(!stale.exists(), "a dead process's pool is removed");
-        assert_eq!(audit::mounts_under(&stale).unwrap(), Vec::<PathBuf>::new());
+        assert_eq!(sys::mounts_under(&stale).unwrap(), Vec::<PathBuf>::new());
         assert_eq!(pool.wait_ready(2, Duration::from_secs(60)), 2);
         assert_loops_go(&stale);
         // The pool's own mount and one per ready image, each on a loop device.
-        assert_eq!(audit::mounts_under(pool.dir()).unwrap().len(), 3);
+        assert_eq!(sys::mounts_under(pool.dir()).unwrap().len(), 3);
         assert_eq!(loops_under(root).len(), 2);
 
         let (image, disk) = (root.join("sb/disk.img"), root.join("sb/disk"));
         fs::create_dir_all(&disk).unwrap();
-        crate::backend::local::disk::make_and_mount(&image, &disk, limit, Some(&pool))
+        make_and_mount(&image, &disk, limit, Some(&pool))
             .await
             .unwrap();
         assert_eq!(rustix::fs::statfs(&disk).unwrap().f_type as i64, 0xEF53);
         // Moved, not copied: one mount of it, the sandbox's; the pool's is gone.
         assert_eq!(
-            audit::mounts_under(&root.join("sb")).unwrap(),
+            sys::mounts_under(&root.join("sb")).unwrap(),
             vec![disk.clone()]
         );
         assert_eq!(pool.wait_ready(2, Duration::from_secs(60)), 2);
-        assert_eq!(audit::mounts_under(pool.dir()).unwrap().len(), 3);
+        assert_eq!(sys::mounts_under(pool.dir()).unwrap().len(), 3);
         assert!(loops_under(root).contains(&image.to_string_lossy().into_owned()));
 
         rustix::mount::unmount(&disk, rustix::mount::UnmountFlags::empty()).unwrap();
@@ -454,7 +493,7 @@ mod tests {
         let dir = pool.dir().to_path_buf();
         drop(pool);
         assert!(!dir.exists(), "a stopped pool leaves no image");
-        assert_eq!(audit::mounts_under(root).unwrap(), Vec::<PathBuf>::new());
+        assert_eq!(sys::mounts_under(root).unwrap(), Vec::<PathBuf>::new());
         assert_loops_go(root);
     }
 }

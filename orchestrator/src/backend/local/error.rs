@@ -133,6 +133,12 @@ pub(crate) fn io_err<'a>(
     }
 }
 
+impl From<super::limits::InvalidLimits> for LocalError {
+    fn from(e: super::limits::InvalidLimits) -> Self {
+        LocalError::Invalid(e.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::error::Error as _;

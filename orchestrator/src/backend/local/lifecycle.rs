@@ -15,14 +15,20 @@ use std::time::{Duration, Instant};
 use orchard_client::{AgentClient, Endpoint};
 
 use crate::backend::local::error::io_err;
+use crate::backend::local::error::LocalError;
+use crate::backend::local::inner::{Entry, Inner, Paths};
+use crate::backend::local::limits::Limits;
+use crate::backend::local::network::NetworkMode;
 use crate::backend::local::process::{Liveness, ProcRef};
 use crate::backend::local::request::{build_env, valid_hostname, validate_labels};
+use crate::backend::local::request::{
+    valid_id, FailPoint, RecoverReport, SandboxInfo, SandboxSpec,
+};
 use crate::backend::local::spec::ResourceLimits;
 use crate::backend::local::state::{self, Phase, SandboxState};
-use crate::backend::local::RecoverReport;
+use crate::backend::local::ANNOTATION_PREFIX;
 use crate::backend::local::{
-    audit, cgroup, egress, network, rootfs, runc, runtime_files, spec, valid_id, Entry, FailPoint,
-    Inner, Limits, LocalError, NetworkMode, Paths, SandboxInfo, SandboxSpec, ANNOTATION_PREFIX,
+    audit, cgroup, diskpool, egress, network, rootfs, runc, runtime_files, spec,
 };
 
 /// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
@@ -136,7 +142,7 @@ impl Inner {
         fs::create_dir(&paths.disk).map_err(io_err("creating", &paths.disk))?;
         if let Some(limit) = self.config.disk {
             let pool = self.disk_pool.as_ref();
-            super::disk::make_and_mount(&paths.disk_image, &paths.disk, limit, pool).await?;
+            diskpool::make_and_mount(&paths.disk_image, &paths.disk, limit, pool).await?;
         }
         for d in [&paths.rootfs, &paths.upper, &paths.work, &paths.run] {
             fs::create_dir(d).map_err(io_err("creating", d))?;
@@ -578,7 +584,7 @@ impl Inner {
         }
         if paths.dir.exists() {
             // Never recurse into a mount: a still-mounted rootfs would be emptied.
-            match audit::mounts_under(&paths.dir) {
+            match crate::backend::local::sys::mounts_under(&paths.dir) {
                 Ok(m) if m.is_empty() => {
                     if let Err(e) = fs::remove_dir_all(&paths.dir) {
                         problems.push(format!("removing {}: {e}", paths.dir.display()));
@@ -596,7 +602,8 @@ impl Inner {
 
     /// Unmounts every mount under `dir`, deepest first.
     fn unmount_under(&self, dir: &Path) -> Result<(), String> {
-        let mut mounts = audit::mounts_under(dir).map_err(|e| e.to_string())?;
+        let mut mounts =
+            crate::backend::local::sys::mounts_under(dir).map_err(|e| e.to_string())?;
         mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
         let mut problems = Vec::new();
         for m in mounts {
@@ -814,7 +821,7 @@ impl Inner {
         if let Err(e) = self.unmount_under(&self.root) {
             problems.push(e);
         }
-        match audit::mounts_under(&self.root) {
+        match crate::backend::local::sys::mounts_under(&self.root) {
             Ok(m) if m.is_empty() => {
                 if let Err(e) = fs::remove_dir_all(&self.root) {
                     problems.push(format!("removing {}: {e}", self.root.display()));

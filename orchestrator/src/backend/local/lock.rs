@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::backend::local::error::io_err;
-use crate::backend::local::LocalError;
+use crate::backend::local::error::LocalError;
 
 /// How often a waiting delete tries the lock again: flock has no timeout, and a
 /// blocking flock on a thread could not be given up at the deadline.

@@ -56,6 +56,12 @@
 //! - [`state`]: the per-sandbox state file recovery reads.
 //! - `lifecycle`: create, delete, recover, destroy; [`audit`]: the leak audit.
 //! - `lock`: the per-sandbox locks of a shared root.
+//! - `inner`: what the backend's handles share (the table of sandboxes, the paths, the
+//!   caches), under `lifecycle`, `snapshot` and [`audit`]; `request` and `limits`: what
+//!   a caller asks for; `error`: [`LocalError`], over each part's own error.
+//!
+//! Imports run one way (`scripts/import-cycles.py`): this module only wires the parts
+//! into [`LocalBackend`]; none of them imports it but for [`ANNOTATION_PREFIX`].
 //! - [`mod@bench`]: the backend's benchmark.
 
 pub mod audit;
@@ -64,8 +70,10 @@ pub mod disk;
 pub mod diskpool;
 pub mod egress;
 mod error;
+mod inner;
 pub mod layer;
 mod lifecycle;
+mod limits;
 mod lock;
 mod loopdev;
 pub mod network;
@@ -83,10 +91,9 @@ pub mod sys;
 use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::Liveness;
 use serde::{Deserialize, Serialize};
 
 pub use audit::AuditReport;
@@ -98,8 +105,8 @@ pub use request::{
 };
 pub use snapshot::valid_snapshot_id;
 
+use inner::{Entry, Inner};
 use runc::Runc;
-use state::SandboxState;
 use sys::{Mounter, RealMounter};
 
 /// Prefix of every annotation we write.
@@ -107,62 +114,6 @@ pub const ANNOTATION_PREFIX: &str = "org.orchard.";
 /// Highest `RLIMIT_NOFILE` given to a sandbox (the host's hard limit caps it: raising a
 /// hard limit needs CAP_SYS_RESOURCE, which not every host has).
 pub const MAX_NOFILE: u64 = 1 << 20;
-
-/// Paths of one sandbox.
-#[derive(Debug, Clone)]
-struct Paths {
-    dir: PathBuf,
-    rootfs: PathBuf,
-    /// The writable layer's filesystem: a plain directory, or the mount point of the
-    /// sandbox's size-limited image (`disk`).
-    disk: PathBuf,
-    disk_image: PathBuf,
-    upper: PathBuf,
-    work: PathBuf,
-    /// The runtime's files (`/etc/hosts` and the like), on the sandbox's disk.
-    runtime_files: PathBuf,
-    run: PathBuf,
-    socket: PathBuf,
-    state: PathBuf,
-    config: PathBuf,
-    log: PathBuf,
-    slirp_log: PathBuf,
-    pid_file: PathBuf,
-}
-
-enum Entry {
-    /// Reserved by a create in progress.
-    Creating,
-    /// Created and healthy (at the time).
-    Ready(Box<SandboxState>),
-    /// Being deleted.
-    Deleting,
-}
-
-struct Inner {
-    config: LocalConfig,
-    root: PathBuf,
-    tag: String,
-    runc: Runc,
-    mounter: Arc<dyn Mounter>,
-    inject_dir: PathBuf,
-    empty_layer: PathBuf,
-    sandboxes_dir: PathBuf,
-    locks_dir: PathBuf,
-    cgroup_parents: Vec<PathBuf>,
-    nofile: u64,
-    swap_accounting: bool,
-    table: Mutex<HashMap<String, Entry>>,
-    /// Disk images made ahead, when sandboxes have a disk limit and the pool a size.
-    disk_pool: Option<diskpool::DiskPool>,
-    /// Snapshot files as parsed, by id, with the file's identity when parsed: a listing
-    /// stats every file but parses only new or changed ones (issue 30: every listing
-    /// parsed every tenant's snapshots while other calls waited).
-    snapshot_cache: Mutex<HashMap<String, (snapshot::FileKey, crate::backend::BackendSnapshot)>>,
-    /// Held for the backend's life: the flock on `<root>/lock` (shared when
-    /// `config.shared`).
-    _lock: fs::File,
-}
 
 /// The local backend. Cheap to clone; clones share the sandboxes.
 #[derive(Clone)]
@@ -451,114 +402,6 @@ impl LocalBackend {
         tokio::spawn(async move { inner.destroy().await })
             .await
             .map_err(|e| LocalError::Task(e.to_string()))?
-    }
-}
-
-impl Inner {
-    fn lock_table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// On a shared root, brings the table in line with the disk: running sandboxes other
-    /// processes created join it, ready ones whose directory is gone (another process
-    /// deleted them) leave it. Creates and deletes in progress here keep their entries.
-    fn sync_shared(&self) {
-        if !self.config.shared {
-            return;
-        }
-        let mut found = Vec::new();
-        if let Ok(entries) = fs::read_dir(&self.sandboxes_dir) {
-            for e in entries.flatten() {
-                let Some(id) = e.file_name().to_str().map(str::to_string) else {
-                    continue;
-                };
-                if !valid_id(&id) || self.lock_table().contains_key(&id) {
-                    continue;
-                }
-                // A create in flight elsewhere is not `running` yet; one that failed
-                // leaves no file.
-                if let Ok(s) = state::load(&self.paths(&id).state) {
-                    if s.phase == state::Phase::Running && s.id == id {
-                        found.push(s);
-                    }
-                }
-            }
-        }
-        let mut table = self.lock_table();
-        table.retain(|id, e| !matches!(e, Entry::Ready(_)) || self.paths(id).dir.exists());
-        for s in found {
-            // Checked again under the table's lock: a delete here may have finished
-            // since the scan.
-            if self.paths(&s.id).dir.exists() {
-                table
-                    .entry(s.id.clone())
-                    .or_insert_with(|| Entry::Ready(Box::new(s)));
-            }
-        }
-    }
-
-    /// Takes sandbox `id`'s lock if no other holder has it. `id` must be valid (a file
-    /// name).
-    fn try_lock_sandbox(&self, id: &str) -> Result<Option<lock::SandboxLock>, LocalError> {
-        lock::SandboxLock::try_take(&self.locks_dir.join(format!("{id}.lock")))
-    }
-
-    /// Takes sandbox `id`'s lock, waiting up to `lock_wait` for another holder.
-    async fn lock_sandbox(&self, id: &str) -> Result<lock::SandboxLock, LocalError> {
-        let path = self.locks_dir.join(format!("{id}.lock"));
-        lock::SandboxLock::take(&path, id, self.config.lock_wait).await
-    }
-
-    fn paths(&self, id: &str) -> Paths {
-        let dir = self.sandboxes_dir.join(id);
-        let run = dir.join("run");
-        Paths {
-            rootfs: dir.join("rootfs"),
-            disk: dir.join("disk"),
-            disk_image: dir.join("disk.img"),
-            upper: dir.join("disk/upper"),
-            work: dir.join("disk/work"),
-            runtime_files: dir.join("disk/etc"),
-            socket: run.join("agent.sock"),
-            run,
-            state: dir.join("state.json"),
-            config: dir.join("config.json"),
-            // On the sandbox's own filesystem: a chatty agent fills its disk, not ours.
-            log: dir.join("disk/agent.log"),
-            slirp_log: dir.join("slirp4netns.log"),
-            pid_file: dir.join("init.pid"),
-            dir,
-        }
-    }
-
-    fn cgroup_prefix(&self) -> String {
-        format!("orchard-{}-", self.tag)
-    }
-
-    fn cgroup_name(&self, id: &str) -> String {
-        format!("{}{id}", self.cgroup_prefix())
-    }
-
-    fn marker(&self, id: &str) -> String {
-        format!("{}/{id}", self.tag)
-    }
-
-    fn info(&self, s: &SandboxState) -> SandboxInfo {
-        let paths = self.paths(&s.id);
-        SandboxInfo {
-            id: s.id.clone(),
-            image: s.image.clone(),
-            created_at: s.created_at.clone(),
-            limits: s.limits,
-            network: s.network,
-            labels: s.labels.clone(),
-            socket: paths.socket,
-            token: s.token.clone(),
-            init_pid: s.init.map_or(0, |p| p.pid),
-            liveness: s.init.map_or(Liveness::Stopped, |p| p.liveness()),
-            bundle: paths.dir,
-            cgroup_dirs: s.cgroup_dirs.clone(),
-        }
     }
 }
 

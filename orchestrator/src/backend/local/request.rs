@@ -1,5 +1,5 @@
 //! What a caller asks of the local backend and what it gets back: [`LocalConfig`],
-//! [`SandboxSpec`] with its [`Limits`], [`SandboxInfo`], [`RecoverReport`], and the
+//! [`SandboxSpec`] with its [`Limits`] (in `limits.rs`, a leaf the state file uses too), [`SandboxInfo`], [`RecoverReport`], and the
 //! checks and defaults applied to a request before anything is created (ids,
 //! hostnames, labels, the environment).
 
@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use orchard_client::{AgentClient, Endpoint};
-use serde::{Deserialize, Serialize};
 
+use crate::backend::local::error::LocalError;
 use crate::backend::local::network::NetworkMode;
-use crate::backend::local::LocalError;
 use crate::image::Image;
 
 /// PATH of a sandbox whose image sets none (Docker's default).
@@ -20,64 +19,7 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// the tools' read-only mount (`spec::TOOLS_MOUNT`), where Orchard users find them.
 pub const HARNESS_BIN: &str = "/opt/sandbox-tools/bin";
 
-/// Resource limits of a sandbox. A `None` takes the backend's default
-/// ([`LocalConfig::default_limits`]).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct Limits {
-    /// CPU cores (a CFS quota: 0.5 is half of one core's time).
-    pub cpus: Option<f64>,
-    /// Memory in bytes; no swap on top.
-    pub memory_bytes: Option<u64>,
-    /// Processes and threads, the agent's included.
-    pub pids: Option<u64>,
-    /// Size of the `/tmp` tmpfs in bytes (its pages count as the sandbox's memory).
-    pub tmp_bytes: Option<u64>,
-}
-
-impl Limits {
-    /// The backend's defaults: 1 CPU, 2 GiB, 2048 pids, 1 GiB `/tmp`.
-    pub const DEFAULT: Limits = Limits {
-        cpus: Some(1.0),
-        memory_bytes: Some(2 << 30),
-        pids: Some(2048),
-        tmp_bytes: Some(1 << 30),
-    };
-
-    /// Each unset field taken from `defaults`.
-    pub fn or(self, defaults: Limits) -> Limits {
-        Limits {
-            cpus: self.cpus.or(defaults.cpus),
-            memory_bytes: self.memory_bytes.or(defaults.memory_bytes),
-            pids: self.pids.or(defaults.pids),
-            tmp_bytes: self.tmp_bytes.or(defaults.tmp_bytes),
-        }
-    }
-
-    pub(super) fn validate(&self) -> Result<(), LocalError> {
-        if let Some(c) = self.cpus {
-            if !c.is_finite() || !(0.01..=1024.0).contains(&c) {
-                return Err(LocalError::Invalid(format!(
-                    "cpus must be between 0.01 and 1024, got {c}"
-                )));
-            }
-        }
-        // The agent itself needs a few MiB and a dozen threads.
-        if self.memory_bytes.is_some_and(|m| m < 16 << 20) {
-            return Err(LocalError::Invalid(
-                "memory_bytes must be at least 16 MiB".into(),
-            ));
-        }
-        if self.pids.is_some_and(|p| p < 16) {
-            return Err(LocalError::Invalid("pids must be at least 16".into()));
-        }
-        if self.tmp_bytes.is_some_and(|t| t < 1 << 20) {
-            return Err(LocalError::Invalid(
-                "tmp_bytes must be at least 1 MiB".into(),
-            ));
-        }
-        Ok(())
-    }
-}
+pub use super::limits::Limits;
 
 /// Where crash tests stop a create (hidden: for the recovery tests only).
 #[doc(hidden)]
@@ -406,34 +348,6 @@ mod tests {
         for bad in ["NOEQUALS", "=v", "ORCHARD_AGENT_TOKEN=x", "A=\0"] {
             let e = build_env(&[bad.into()], &[], "/", "h", false, "t").unwrap_err();
             assert!(matches!(e, LocalError::Invalid(_)), "{bad}: {e}");
-        }
-    }
-
-    #[test]
-    fn limits_default_field_by_field_and_are_validated() {
-        let l = Limits {
-            cpus: Some(0.5),
-            ..Limits::default()
-        }
-        .or(Limits::DEFAULT);
-        assert_eq!(l.cpus, Some(0.5));
-        assert_eq!(l.memory_bytes, Limits::DEFAULT.memory_bytes);
-        l.validate().unwrap();
-        for bad in [
-            Limits {
-                cpus: Some(0.0),
-                ..Limits::default()
-            },
-            Limits {
-                memory_bytes: Some(1024),
-                ..Limits::default()
-            },
-            Limits {
-                pids: Some(2),
-                ..Limits::default()
-            },
-        ] {
-            assert!(matches!(bad.validate(), Err(LocalError::Invalid(_))));
         }
     }
 

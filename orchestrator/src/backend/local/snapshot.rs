@@ -32,33 +32,15 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::backend::local::error::io_err;
+use crate::backend::local::error::LocalError;
+use crate::backend::local::inner::{Entry, FileKey, Inner};
 use crate::backend::local::state::{self, Phase, SandboxState};
-use crate::backend::local::{layer, lock, Entry, Inner, LocalError};
+use crate::backend::local::{layer, lock};
 use crate::backend::{BackendSnapshot, SnapshotSpec};
 use crate::image::Image;
 
 /// Version of the snapshot file format.
 const SNAPSHOT_VERSION: u32 = 1;
-
-/// A file's identity for the snapshot cache: a rewrite changes the inode (atomic
-/// writes rename a new file in) or the size or mtime.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct FileKey {
-    ino: u64,
-    len: u64,
-    mtime_ns: i128,
-}
-
-impl FileKey {
-    fn of(meta: &fs::Metadata) -> FileKey {
-        use std::os::unix::fs::MetadataExt;
-        FileKey {
-            ino: meta.ino(),
-            len: meta.len(),
-            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-        }
-    }
-}
 
 /// The contents of `snapshots/<id>.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

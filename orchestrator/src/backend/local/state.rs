@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::local::limits::Limits;
 use crate::backend::local::network::NetworkMode;
 use crate::backend::local::process::ProcRef;
 use crate::backend::local::rootfs::ResolvedUser;
-use crate::backend::local::Limits;
 
 /// Version of the state file format.
 pub const STATE_VERSION: u32 = 1;

@@ -166,6 +166,15 @@ pub fn mount_points() -> io::Result<Vec<(PathBuf, String)>> {
         .collect())
 }
 
+/// Mount points at or under `dir` in our mount namespace.
+pub fn mounts_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    Ok(mount_points()?
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.starts_with(dir))
+        .collect())
+}
+
 /// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
 fn unescape_mountinfo(s: &str) -> PathBuf {
     let bytes = s.as_bytes();

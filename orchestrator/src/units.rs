@@ -1,12 +1,20 @@
 //! Kubernetes-style quantities as the compatible API takes them: CPU like `"4"`,
 //! `"0.5"` or `"2000m"`, memory like `"16Gi"`, `"512Mi"`, `"1G"` or plain bytes.
+//!
+//! A leaf of the crate: the service checks a create's limits with it, the
+//! configuration its defaults, the Kubernetes backend its node's capacity; it imports
+//! none of them.
 
-use super::Error;
+/// A quantity that does not parse or is out of range; its message is the one the client
+/// gets (the service answers it as a 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct QuantityError(String);
 
 /// CPU cores from `"4"`, `"0.5"` or `"2000m"`.
-pub fn parse_cpu(s: &str) -> Result<f64, Error> {
+pub fn parse_cpu(s: &str) -> Result<f64, QuantityError> {
     let bad = || {
-        Error::BadRequest(format!(
+        QuantityError(format!(
             "cpu {s:?}: use cores like \"2\" or \"0.5\", or millicores like \"500m\""
         ))
     };
@@ -16,7 +24,7 @@ pub fn parse_cpu(s: &str) -> Result<f64, Error> {
         None => t.parse::<f64>().map_err(|_| bad())?,
     };
     if !v.is_finite() || !(0.01..=1024.0).contains(&v) {
-        return Err(Error::BadRequest(format!(
+        return Err(QuantityError(format!(
             "cpu {s:?}: must be between 0.01 and 1024 cores"
         )));
     }
@@ -24,9 +32,9 @@ pub fn parse_cpu(s: &str) -> Result<f64, Error> {
 }
 
 /// Bytes from `"16Gi"`, `"512Mi"`, `"1G"`, `"100k"` or `"1048576"`.
-pub fn parse_memory(s: &str) -> Result<u64, Error> {
+pub fn parse_memory(s: &str) -> Result<u64, QuantityError> {
     let bad = || {
-        Error::BadRequest(format!(
+        QuantityError(format!(
             "memory {s:?}: use bytes or a quantity like \"512Mi\", \"16Gi\" or \"1G\""
         ))
     };
@@ -51,7 +59,7 @@ pub fn parse_memory(s: &str) -> Result<u64, Error> {
     let bytes = n * mult;
     // Below 16 MiB the sandbox's own init and agent cannot start.
     if !bytes.is_finite() || bytes < (16 << 20) as f64 || bytes > (1u64 << 50) as f64 {
-        return Err(Error::BadRequest(format!(
+        return Err(QuantityError(format!(
             "memory {s:?}: must be between 16Mi and 1Pi"
         )));
     }
