@@ -29,7 +29,7 @@ pub const MAX_PATCH_JSON: usize = 2 * MAX_PATCH_BYTES + (64 << 10);
 /// answered, and for how long. A server that answers while the client still sends, then
 /// closes, makes the client's write fail (broken pipe, reset) before it can read the
 /// answer: with the body read, the client sees the 413. Larger bodies are cut off.
-pub const DRAIN_MAX: usize = 64 << 20;
+pub(super) const DRAIN_MAX: usize = 64 << 20;
 const DRAIN_TIME: Duration = Duration::from_secs(10);
 
 /// The length a request declares (`Content-Length`), if it does.
@@ -70,8 +70,8 @@ pub async fn read_limited(
     Ok(bytes)
 }
 
-/// Reads and drops the rest of `body`, within [`DRAIN_MAX`] bytes and [`DRAIN_TIME`].
-pub async fn drain(mut body: Body) {
+/// Reads and drops the rest of `body`, within [`DRAIN_MAX`] bytes and `DRAIN_TIME`.
+pub(super) async fn drain(mut body: Body) {
     let _ = tokio::time::timeout(DRAIN_TIME, async {
         let mut dropped = 0;
         while let Some(Ok(frame)) = body.frame().await {

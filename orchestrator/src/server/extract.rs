@@ -72,7 +72,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     }
 }
 
-/// `?timeout=S` (seconds, fractional allowed), clamped to [`MAX_WAIT`].
+/// `?timeout=S` (seconds, fractional allowed), clamped to `MAX_WAIT` (an hour).
 #[derive(Deserialize)]
 pub struct WaitQuery {
     timeout: Option<String>,
