@@ -3,14 +3,14 @@
 //! directions (the agent reads client frames; the CLI reads server frames), then what
 //! the agent does with a parsed client frame short of touching a terminal: decode stdin,
 //! resolve a signal, quote an `init` argv for a login shell. Also the API key of a
-//! WebSocket upgrade (`server::compat::url_pairs`, the `?api_key=` query).
+//! WebSocket upgrade (`server::extract::url_pairs`, the `?api_key=` query).
 //! Invariants: every parsed frame survives serialize -> parse unchanged; a resolved
 //! signal is 1..=64; `shell_join` quotes so that the shell splits the line back into
 //! exactly the argv; percent-encoding any query value decodes back to it.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use orchard::server::compat::url_pairs;
+use orchard::server::extract::url_pairs;
 use orchard_agent::api::pty::shell_join;
 use orchard_fuzz::round_trip;
 use orchard_protocol::output::b64_decode;

@@ -1,4 +1,4 @@
-//! Request bodies as the servers read them: `server::parse_json` (the orchestrator's
+//! Request bodies as the servers read them: `service::json::parse_json` (the orchestrator's
 //! JSON extractor; the agent's is the same serde parse behind an object check) into
 //! every request type of the agent API, the orchestrator's `/v1` API and the compatible
 //! API, then the quantities the create routes parse (`units::parse_cpu`,
@@ -9,7 +9,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use orchard::server::{error, parse_json};
+use orchard::server::error;
+use orchard::service::json::parse_json;
 use orchard::service::units::{parse_cpu, parse_memory};
 use orchard_fuzz::round_trip;
 use orchard_protocol::compat::{ApplyPatch, CreateSandbox, ExecJob, UploadFile};

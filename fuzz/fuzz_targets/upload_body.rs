@@ -1,5 +1,5 @@
 //! The compatible file upload body (`POST /sandboxes/{id}/files`, `{"path", "content":
-//! base64}`), read by the orchestrator's streaming `server::upload::UploadParser` as
+//! base64}`), read by the orchestrator's streaming `service::files::parser::UploadParser` as
 //! the body arrives in pieces.
 //! Input: the first byte picks the piece size, the rest is the body.
 //! Invariants: the answer does not depend on how the body is cut into pieces; a refused
@@ -11,7 +11,7 @@
 use base64::Engine;
 use libfuzzer_sys::fuzz_target;
 use orchard::server::error;
-use orchard::server::upload::UploadParser;
+use orchard::service::files::parser::UploadParser;
 use orchard_protocol::compat::UploadFile;
 
 type Outcome = Result<(String, u64, Vec<u8>), u16>;

@@ -774,7 +774,7 @@ impl Config {
             args.upload_spool_bytes
                 .as_deref()
                 .or(file.upload_spool_bytes.as_deref())
-                .unwrap_or(crate::server::spool::DEFAULT_UPLOAD_SPOOL_BYTES),
+                .unwrap_or(crate::service::files::spool::DEFAULT_UPLOAD_SPOOL_BYTES),
         )
         .map_err(ConfigError::Invalid)?;
         let sandbox_disk = match args

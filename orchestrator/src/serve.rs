@@ -100,7 +100,7 @@ pub async fn app(
         }
     }
     .map_err(|e| ServeError::Setup(format!("starting the service: {e}")))?;
-    let spools = crate::server::spool::Spools::new(
+    let spools = crate::service::files::spool::Spools::new(
         &config.data_dir,
         config.upload_spool,
         config.connections.body_timeout,

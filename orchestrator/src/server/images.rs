@@ -15,8 +15,8 @@ use orchard_protocol::sandbox::{ImageInfo, ImageList, ImageRemoved, PullEvent, P
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
-use super::compat::ApiQuery;
-use super::{ApiJson, AppState, Auth};
+use super::extract::{ApiJson, ApiQuery, Auth};
+use super::state::AppState;
 use crate::image::{Image, ImageError, Progress};
 use crate::service::Error;
 

@@ -21,51 +21,15 @@ use orchard_client::PoolBody;
 use orchard_protocol::TOKEN_HEADER;
 use tokio_tungstenite::tungstenite;
 
-use super::{ApiPath, AppState, Auth};
+use super::body::{read_limited, MAX_JSON};
+use super::extract::{is_websocket, ws_key, ApiPath, Auth, MAX_WS_MESSAGE};
+use super::state::AppState;
+use crate::service::files::agent_unreachable;
 use crate::service::{Error, Live};
-
-/// `PUT /v1/files?path=` on the sandbox's agent with a streamed body: the file is
-/// written atomically by the agent, never held whole here.
-pub async fn put_file(live: &Live, path: &str, body: Body) -> Result<(), Error> {
-    let uri = live
-        .agent
-        .uri(&format!("/v1/files?path={}", orchard_client::encode(path)));
-    let req = Request::builder()
-        .method(Method::PUT)
-        .uri(uri)
-        .header("content-type", "application/octet-stream")
-        .body(pool_body(body))
-        .map_err(|e| Error::BadRequest(format!("cannot send this file: {e}")))?;
-    let resp = live.agent.forward(req).await.map_err(unreachable)?;
-    let status = resp.status();
-    let body = http_body_util::Limited::new(resp.into_body(), 1 << 20)
-        .collect()
-        .await
-        .map_err(|e| Error::Sandbox(format!("the sandbox's agent failed mid-answer: {e}")))?
-        .to_bytes();
-    if status.is_success() {
-        return Ok(());
-    }
-    Err(match serde_json::from_slice(&body) {
-        Ok(body) => orchard_client::ClientError::Api { status, body }.into(),
-        Err(_) => Error::Sandbox(format!("the sandbox's agent answered {status}")),
-    })
-}
 
 /// `body` as the agent pool sends it.
 fn pool_body(body: Body) -> PoolBody {
     body.map_err(Into::into).boxed_unsync()
-}
-
-/// The error of a call that got no answer from the agent.
-fn unreachable(e: orchard_client::ClientError) -> Error {
-    let reason = match e {
-        orchard_client::ClientError::Transport { message, .. } => message,
-        e => e.to_string(),
-    };
-    Error::Sandbox(format!(
-        "the sandbox's agent could not be reached: {reason}"
-    ))
 }
 
 /// The agent route the proxy refuses: `PUT /v1/token` (the server's to use).
@@ -105,13 +69,13 @@ async fn forward(
     }
     let agent_path = format!("/v1/{rest}");
     let (mut parts, body) = req.into_parts();
-    if super::is_websocket(&parts.headers) {
-        let (_, protocol) = super::compat::ws_key(&parts.headers, parts.uri.query());
+    if is_websocket(&parts.headers) {
+        let (_, protocol) = ws_key(&parts.headers, parts.uri.query());
         let mut ws = WebSocketUpgrade::from_request_parts(&mut parts, &state)
             .await
             .map_err(|e| Error::BadRequest(format!("bad WebSocket upgrade: {}", e.body_text())))?
-            .max_message_size(super::MAX_WS_MESSAGE)
-            .max_frame_size(super::MAX_WS_MESSAGE);
+            .max_message_size(MAX_WS_MESSAGE)
+            .max_frame_size(MAX_WS_MESSAGE);
         if let Some(p) = protocol {
             // The client offered its key as a subprotocol; the handshake names it back.
             ws = ws.protocols([p]);
@@ -143,7 +107,7 @@ async fn forward(
     let body = if parts.method == Method::PUT {
         body
     } else {
-        Body::from(super::read_limited(&parts.headers, body, super::MAX_JSON).await?)
+        Body::from(read_limited(&parts.headers, body, MAX_JSON).await?)
     };
     let mut out = Request::builder()
         .method(parts.method.clone())
@@ -156,7 +120,7 @@ async fn forward(
         }
     }
     let started = Instant::now();
-    let resp = live.agent.forward(out).await.map_err(unreachable)?;
+    let resp = live.agent.forward(out).await.map_err(agent_unreachable)?;
     if rest == "exec" {
         state
             .service

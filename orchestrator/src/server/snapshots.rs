@@ -14,8 +14,9 @@ use orchard_protocol::snapshot::{
     ForkRequest, ForkResult, Snapshot, SnapshotCreate, SnapshotDeleted, SnapshotList,
 };
 
+use super::extract::{ApiPath, Auth};
+use super::state::AppState;
 use super::v1::sandbox;
-use super::{ApiPath, AppState, Auth};
 use crate::backend::BackendSnapshot;
 use crate::service::{iso, Error};
 

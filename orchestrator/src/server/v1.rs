@@ -11,8 +11,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use orchard_protocol::sandbox::{Sandbox, SandboxCreate, SandboxDone, SandboxList};
 
-use super::compat::{ApiQuery, WaitQuery};
-use super::{ApiJson, ApiPath, AppState, Auth};
+use super::extract::{ApiJson, ApiPath, ApiQuery, Auth, WaitQuery};
+use super::state::AppState;
 use crate::service::{iso, CreateRequest, Error, Phase, SandboxRecord, Service};
 
 /// The lifecycle routes.

@@ -28,6 +28,8 @@ pub const MAX_COMMAND_BYTES: usize = 1 << 20;
 
 impl Service {
     /// Queues a compatible job; jobs of one sandbox run one at a time in this order.
+    /// An empty command (a blank string, an empty list) is refused first, whatever
+    /// the sandbox.
     pub async fn submit(
         &self,
         tenant: &Tenant,
@@ -35,17 +37,19 @@ impl Service {
         command: CompatCommand,
         options: JobOptions,
     ) -> Result<Job, Error> {
+        let empty = match &command {
+            CompatCommand::Shell(s) => s.trim().is_empty(),
+            CompatCommand::Argv(v) => v.is_empty(),
+        };
+        if empty {
+            return Err(Error::BadRequest("command must not be empty".into()));
+        }
         let rec = self.get(tenant, id).await?;
         if let Phase::Failed { message } = &rec.phase {
             return Err(Error::sandbox_failed(id, message));
         }
         if rec.paused {
             return Err(Error::Paused(id.to_string()));
-        }
-        if let CompatCommand::Argv(v) = &command {
-            if v.is_empty() {
-                return Err(Error::BadRequest("command must not be empty".into()));
-            }
         }
         let bytes = match &command {
             CompatCommand::Shell(s) => s.len(),

@@ -68,13 +68,14 @@ fn tiny_layout(dir: &Path) {
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
 }
 
-/// A service over a fake backend, with its router.
-struct Harness {
-    service: Service,
+/// A service over a fake backend, with its router (the other test modules of the
+/// service build theirs with it too).
+pub(super) struct Harness {
+    pub(super) service: Service,
     backend: Arc<FakeBackend>,
     app: axum::Router,
     images: ImageStore,
-    dir: tempfile::TempDir,
+    pub(super) dir: tempfile::TempDir,
 }
 
 fn config(dir: &Path) -> ServiceConfig {
@@ -88,7 +89,7 @@ fn config(dir: &Path) -> ServiceConfig {
 }
 
 impl Harness {
-    async fn new(backend: FakeBackend) -> Harness {
+    pub(super) async fn new(backend: FakeBackend) -> Harness {
         Self::with(backend, |_| {}).await
     }
 
@@ -142,7 +143,7 @@ impl Harness {
         call(&self.app, method, path, Some(KEY), body).await
     }
 
-    async fn ready_sandbox(&self) -> String {
+    pub(super) async fn ready_sandbox(&self) -> String {
         let rec = self.service.create(&tenant(), create_req()).await.unwrap();
         self.service
             .wait_ready(&tenant(), &rec.id, Duration::from_secs(30))
@@ -181,7 +182,7 @@ async fn call(
     (status, json)
 }
 
-fn tenant() -> Tenant {
+pub(super) fn tenant() -> Tenant {
     Tenant(KEY_TENANT.with(|t| t.clone()))
 }
 
@@ -888,4 +889,30 @@ async fn an_orphaned_create_is_failed_and_deleted_once() {
     // words, but not by this pass.
     policy::fail_orphaned_creates(&h.service, std::slice::from_ref(&pending)).await;
     assert_eq!(deletes(), before + 1, "deleted once");
+}
+
+#[tokio::test]
+async fn an_empty_command_is_refused_first_whatever_the_sandbox() {
+    let h = Harness::new(FakeBackend::tcp()).await;
+    let id = h.ready_sandbox().await;
+    for sandbox in [id.as_str(), "no-such-sandbox"] {
+        for command in [shell(""), shell(" \n\t"), CompatCommand::Argv(Vec::new())] {
+            let e = h
+                .service
+                .submit(&tenant(), sandbox, command.clone(), JobOptions::default())
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&e, Error::BadRequest(m) if m == "command must not be empty"),
+                "{sandbox} {command:?}: {e:?}"
+            );
+        }
+    }
+    // A list whose one argument is blank is a command (the program "" fails to run).
+    let argv = CompatCommand::Argv(vec![String::new()]);
+    assert!(h
+        .service
+        .submit(&tenant(), &id, argv, JobOptions::default())
+        .await
+        .is_ok());
 }

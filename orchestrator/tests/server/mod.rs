@@ -3,6 +3,7 @@
 //! server killed with SIGKILL and restarted.
 
 mod bad_input;
+mod bad_input_routes;
 mod bench;
 mod bench_hostile;
 mod bench_snapshots;
@@ -16,7 +17,9 @@ mod registry_gc;
 mod runtime_env;
 mod snapshots;
 mod token;
+mod v1_files;
 mod v1_routes;
+mod v1_terminals;
 
 use std::collections::BTreeSet;
 

@@ -1,10 +1,9 @@
-//! The `/v1/` routes over a real server: the sandbox lifecycle, every agent route of a
-//! sandbox as proxied at `/v1/sandboxes/{id}/...` (exec and its NDJSON stream,
-//! processes, sessions, terminals over WebSocket, files raw and as archives, git),
-//! direct access to the agent with the endpoint and token a sandbox answers, and the
-//! Orchard-compatible terminal WebSocket with its auth and close codes.
+//! The `/v1/` routes over a real server: the sandbox lifecycle, the agent's exec (and
+//! its NDJSON stream), processes and sessions as proxied at `/v1/sandboxes/{id}/...`,
+//! and direct access to the agent with the endpoint and token a sandbox answers. Files
+//! and git through the proxy are in [`super::v1_files`], terminals over WebSocket in
+//! [`super::v1_terminals`]; the WebSocket helpers here serve every module.
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -12,13 +11,12 @@ use futures_util::{SinkExt, StreamExt};
 use orchard_client::{AgentClient, Endpoint};
 use orchard_protocol::output::{b64_decode, b64_encode};
 use orchard_protocol::{Command, ExecRequest};
-use orchard_test_support::tar_gz;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::util::server::{send, TestServer, KEY, OTHER_KEY};
+use crate::util::server::{send, TestServer, OTHER_KEY};
 
 /// A WebSocket client of the test server.
 pub type Ws =
@@ -103,7 +101,7 @@ pub async fn close_code(ws: &mut Ws) -> Option<u16> {
 
 /// Reads terminal frames (`output`/`stdout` with base64 `data`) until the text seen
 /// contains `needle`; answers everything seen.
-async fn read_until(ws: &mut Ws, needle: &str) -> String {
+pub async fn read_until(ws: &mut Ws, needle: &str) -> String {
     let mut seen = String::new();
     while !seen.contains(needle) {
         let f = next_json(ws).await;
@@ -119,7 +117,7 @@ async fn read_until(ws: &mut Ws, needle: &str) -> String {
 }
 
 /// The bytes of a non-JSON answer.
-async fn bytes(req: reqwest::RequestBuilder) -> (u16, Vec<u8>) {
+pub async fn bytes(req: reqwest::RequestBuilder) -> (u16, Vec<u8>) {
     let resp = tokio::time::timeout(Duration::from_secs(60), req.send())
         .await
         .expect("request timed out")
@@ -480,107 +478,8 @@ async fn sessions_keep_cd_and_export_through_the_proxy() {
     srv.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn terminal_attach_type_resize_detach_and_reattach_with_scrollback() {
-    orchard_test_support::require_runc!();
-    let srv = TestServer::start().await;
-    let id = srv.sandbox().await;
-    let base = format!("/v1/sandboxes/{id}/pty");
-    let (s, pty) = srv
-        .post(
-            &base,
-            json!({"command": ["sh"], "rows": 24, "cols": 80, "env": {"PS1": "$ "}}),
-        )
-        .await;
-    assert_eq!(s, 200, "{pty}");
-    assert_eq!(
-        (pty["rows"].as_u64(), pty["alive"].as_bool()),
-        (Some(24), Some(true))
-    );
-    let tid = pty["id"].as_str().unwrap().to_string();
-    let attach = format!("{base}/{tid}/attach");
-
-    let (mut ws, _) = ws_connect(&srv, &attach, &[("X-API-Key", KEY)]).await;
-    let hello = next_json(&mut ws).await;
-    assert_eq!(
-        (hello["type"].as_str(), hello["pty"]["id"].as_str()),
-        (Some("attached"), Some(tid.as_str())),
-        "{hello}"
-    );
-    send_json(
-        &mut ws,
-        json!({"type": "stdin", "data": b64_encode(b"echo mark-$((6*7))\n")}),
-    )
-    .await;
-    read_until(&mut ws, "mark-42").await;
-    // A resize frame, seen by the program itself.
-    send_json(&mut ws, json!({"type": "resize", "rows": 40, "cols": 100})).await;
-    send_json(
-        &mut ws,
-        json!({"type": "stdin", "data": b64_encode(b"stty size\n")}),
-    )
-    .await;
-    read_until(&mut ws, "40 100").await;
-    // Detach: the agent closes this viewer, the terminal keeps running.
-    send_json(&mut ws, json!({"type": "detach"})).await;
-    close_code(&mut ws).await;
-    let (s, info) = srv.get(&format!("{base}/{tid}")).await;
-    assert_eq!(
-        (s, info["alive"].as_bool(), info["rows"].as_u64()),
-        (200, Some(true), Some(40)),
-        "{info}"
-    );
-    // Resize over HTTP.
-    let (s, info) = srv
-        .post(
-            &format!("{base}/{tid}/resize"),
-            json!({"rows": 30, "cols": 90}),
-        )
-        .await;
-    assert_eq!(
-        (s, info["rows"].as_u64(), info["cols"].as_u64()),
-        (200, Some(30), Some(90)),
-        "{info}"
-    );
-    let (_, listed) = srv.get(&base).await;
-    assert_eq!(listed["ptys"][0]["id"], tid.as_str());
-
-    // Re-attach: the scrollback replays what was typed and printed.
-    let (mut ws, _) = ws_connect(&srv, &attach, &[("X-API-Key", KEY)]).await;
-    assert_eq!(next_json(&mut ws).await["type"], "attached");
-    let replay = next_json(&mut ws).await;
-    assert_eq!(
-        (replay["type"].as_str(), replay["replay"].as_bool()),
-        (Some("output"), Some(true)),
-        "{replay}"
-    );
-    let text =
-        String::from_utf8_lossy(&b64_decode(replay["data"].as_str().unwrap()).unwrap()).to_string();
-    assert!(
-        text.contains("mark-42") && text.contains("40 100"),
-        "{text:?}"
-    );
-    send_json(
-        &mut ws,
-        json!({"type": "stdin", "data": b64_encode(b"exit 3\n")}),
-    )
-    .await;
-    let exit = loop {
-        let f = next_json(&mut ws).await;
-        if f["type"] == "exit" {
-            break f;
-        }
-        assert_eq!(f["type"], "output", "{f}");
-    };
-    assert_eq!(exit["code"], 3, "{exit}");
-    close_code(&mut ws).await;
-    let (s, gone) = srv.delete(&format!("{base}/{tid}")).await;
-    assert_eq!((s, gone["alive"].as_bool()), (200, Some(false)), "{gone}");
-    srv.finish().await;
-}
-
 /// Bytes that are not text and not repetitive.
-fn noise(n: usize) -> Vec<u8> {
+pub fn noise(n: usize) -> Vec<u8> {
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     (0..n)
         .map(|_| {
@@ -590,263 +489,6 @@ fn noise(n: usize) -> Vec<u8> {
             (x >> 24) as u8
         })
         .collect()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn files_raw_stat_list_mkdir_move_delete_through_the_proxy() {
-    orchard_test_support::require_runc!();
-    let srv = TestServer::start().await;
-    let id = srv.sandbox().await;
-    let f = format!("/v1/sandboxes/{id}/files");
-    let big = noise(3 << 20);
-    let (s, put) = send(
-        srv.req(reqwest::Method::PUT, &format!("{f}?path=/tmp/up/big.bin"))
-            .header("content-type", "application/octet-stream")
-            .body(big.clone()),
-    )
-    .await;
-    assert_eq!(s, 200, "{put}");
-    assert_eq!(put, json!({"path": "/tmp/up/big.bin", "size": 3 << 20}));
-    let (s, back) =
-        bytes(srv.req(reqwest::Method::GET, &format!("{f}?path=/tmp/up/big.bin"))).await;
-    assert_eq!(s, 200);
-    assert!(
-        back == big,
-        "3 MiB came back altered ({} bytes)",
-        back.len()
-    );
-    let (s, part) = bytes(srv.req(
-        reqwest::Method::GET,
-        &format!("{f}?path=/tmp/up/big.bin&offset=1000&length=24"),
-    ))
-    .await;
-    assert_eq!((s, part.as_slice()), (200, &big[1000..1024]));
-
-    let (s, st) = srv.get(&format!("{f}/stat?path=/tmp/up/big.bin")).await;
-    assert_eq!(s, 200, "{st}");
-    assert_eq!(
-        (
-            st["kind"].as_str(),
-            st["size"].as_u64(),
-            st["name"].as_str()
-        ),
-        (Some("file"), Some(3 << 20), Some("big.bin"))
-    );
-    let (s, d) = srv
-        .post(&format!("{f}/mkdir"), json!({"path": "/tmp/d/e"}))
-        .await;
-    assert_eq!((s, d), (200, json!({"path": "/tmp/d/e"})));
-    let (s, m) = srv
-        .post(
-            &format!("{f}/move"),
-            json!({"from": "/tmp/up/big.bin", "to": "/tmp/d/e/moved.bin"}),
-        )
-        .await;
-    assert_eq!(s, 200, "{m}");
-    let (s, e) = srv.get(&format!("{f}/stat?path=/tmp/up/big.bin")).await;
-    assert_eq!((s, e["code"].as_str()), (404, Some("not_found")));
-    let (s, list) = srv.get(&format!("{f}/list?path=/tmp/d&depth=2")).await;
-    assert_eq!(s, 200, "{list}");
-    let paths: Vec<&str> = list["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(paths, ["/tmp/d/e", "/tmp/d/e/moved.bin"]);
-    // A non-empty directory needs `recursive`.
-    let (s, e) = srv.delete(&format!("{f}?path=/tmp/d")).await;
-    assert_eq!(
-        (s, e["code"].as_str()),
-        (409, Some("directory_not_empty")),
-        "{e}"
-    );
-    let (s, _) = srv.delete(&format!("{f}?path=/tmp/d&recursive=true")).await;
-    assert_eq!(s, 200);
-    let (s, _) = srv.get(&format!("{f}/stat?path=/tmp/d")).await;
-    assert_eq!(s, 404);
-    srv.finish().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn archives_upload_and_download_through_the_proxy() {
-    orchard_test_support::require_runc!();
-    let srv = TestServer::start().await;
-    let id = srv.sandbox().await;
-    let f = format!("/v1/sandboxes/{id}/files");
-    let blob = noise(200_000);
-    let archive = tar_gz(&[
-        ("a.txt", b"alpha\n"),
-        ("sub/b.txt", b"beta\n"),
-        ("sub/blob.bin", &blob),
-    ]);
-    let (s, up) = send(
-        srv.req(reqwest::Method::PUT, &format!("{f}/archive?path=/tmp/arch"))
-            .header("content-type", "application/gzip")
-            .body(archive),
-    )
-    .await;
-    assert_eq!(s, 200, "{up}");
-    assert_eq!(up["path"], "/tmp/arch");
-    assert_eq!(up["bytes"], 6 + 5 + 200_000, "{up}");
-    let (s, b) = bytes(srv.req(
-        reqwest::Method::GET,
-        &format!("{f}?path=/tmp/arch/sub/b.txt"),
-    ))
-    .await;
-    assert_eq!((s, b.as_slice()), (200, b"beta\n".as_slice()));
-
-    let (s, down) =
-        bytes(srv.req(reqwest::Method::GET, &format!("{f}/archive?path=/tmp/arch"))).await;
-    assert_eq!(s, 200);
-    assert_eq!(&down[..2], &[0x1f, 0x8b], "gzip");
-    let mut files = std::collections::BTreeMap::new();
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(down.as_slice()));
-    for entry in tar.entries().unwrap() {
-        let mut entry = entry.unwrap();
-        if entry.header().entry_type().is_file() {
-            let path = entry.path().unwrap().display().to_string();
-            let mut data = Vec::new();
-            entry.read_to_end(&mut data).unwrap();
-            files.insert(
-                path.trim_start_matches("./")
-                    .trim_start_matches("arch/")
-                    .to_string(),
-                data,
-            );
-        }
-    }
-    assert_eq!(files.len(), 3, "{:?}", files.keys().collect::<Vec<_>>());
-    assert_eq!(files["a.txt"], b"alpha\n");
-    assert_eq!(files["sub/b.txt"], b"beta\n");
-    assert!(files["sub/blob.bin"] == blob);
-    srv.finish().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn git_status_commit_diff_reset_apply_through_the_proxy() {
-    orchard_test_support::require_runc!();
-    let srv = TestServer::start().await;
-    let id = srv.sandbox().await;
-    let base = format!("/v1/sandboxes/{id}");
-    // busybox has no git: a repository is a few files, made with exec.
-    let (s, r) = srv
-        .post(
-            &format!("{base}/exec"),
-            json!({"command": "mkdir -p /repo/.git/objects /repo/.git/refs/heads && cd /repo/.git && echo 'ref: refs/heads/main' > HEAD && printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n' > config"}),
-        )
-        .await;
-    assert_eq!((s, r["exit_code"].as_i64()), (200, Some(0)), "{r}");
-    let put = |path: &str, body: &'static str| {
-        srv.req(
-            reqwest::Method::PUT,
-            &format!("{base}/files?path=/repo/{path}"),
-        )
-        .body(body)
-    };
-    assert_eq!(send(put("a.txt", "one\ntwo\nthree\n")).await.0, 200);
-    assert_eq!(send(put("dir/b.txt", "bee\n")).await.0, 200);
-    let repo = json!({"repo": "/repo"});
-    let (s, st) = srv.post(&format!("{base}/git/status"), repo.clone()).await;
-    assert_eq!(s, 200, "{st}");
-    assert_eq!(
-        (st["branch"].as_str(), &st["head"], st["clean"].as_bool()),
-        (Some("main"), &Value::Null, Some(false))
-    );
-    let untracked: Vec<(&str, &str)> = st["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["path"].as_str().unwrap(), e["status"].as_str().unwrap()))
-        .collect();
-    assert_eq!(
-        untracked,
-        [("a.txt", "untracked"), ("dir/b.txt", "untracked")]
-    );
-
-    let (s, c) = srv
-        .post(
-            &format!("{base}/git/commit"),
-            json!({"repo": "/repo", "message": "initial"}),
-        )
-        .await;
-    assert_eq!(s, 200, "{c}");
-    assert_eq!(c["files_changed"], 2);
-    let first = c["commit"].as_str().unwrap().to_string();
-    let (_, st) = srv.post(&format!("{base}/git/status"), repo.clone()).await;
-    assert_eq!(
-        (st["head"].as_str(), st["clean"].as_bool()),
-        (Some(first.as_str()), Some(true)),
-        "{st}"
-    );
-
-    // Modify, diff, reset (the change is gone), apply the diff (it is back).
-    assert_eq!(send(put("a.txt", "one\nTWO\nthree\n")).await.0, 200);
-    assert_eq!(send(put("new.txt", "fresh\n")).await.0, 200);
-    let (s, diff) = srv.post(&format!("{base}/git/diff"), repo.clone()).await;
-    assert_eq!(s, 200, "{diff}");
-    assert_eq!(
-        (
-            diff["files_changed"].as_u64(),
-            diff["insertions"].as_u64(),
-            diff["deletions"].as_u64()
-        ),
-        (Some(2), Some(2), Some(1))
-    );
-    let patch = diff["patch"].as_str().unwrap().to_string();
-    assert!(
-        patch.contains("-two\n+TWO\n") && patch.contains("+fresh\n"),
-        "{patch}"
-    );
-    let (s, reset) = srv.post(&format!("{base}/git/reset"), repo.clone()).await;
-    assert_eq!(s, 200, "{reset}");
-    assert_eq!(reset["head"], first.as_str());
-    assert_eq!(reset["removed"], json!(["new.txt"]));
-    let (_, a) = bytes(srv.req(
-        reqwest::Method::GET,
-        &format!("{base}/files?path=/repo/a.txt"),
-    ))
-    .await;
-    assert_eq!(a, b"one\ntwo\nthree\n");
-    let (s, applied) = srv
-        .post(
-            &format!("{base}/git/apply"),
-            json!({"repo": "/repo", "patch": patch}),
-        )
-        .await;
-    assert_eq!(s, 200, "{applied}");
-    assert_eq!(
-        (applied["applied"].as_bool(), &applied["files"]),
-        (Some(true), &json!(["a.txt", "new.txt"]))
-    );
-    let (_, a) = bytes(srv.req(
-        reqwest::Method::GET,
-        &format!("{base}/files?path=/repo/a.txt"),
-    ))
-    .await;
-    assert_eq!(a, b"one\nTWO\nthree\n");
-    // Applying it again conflicts and writes nothing.
-    let (s, again) = srv
-        .post(
-            &format!("{base}/git/apply"),
-            json!({"repo": "/repo", "patch": patch}),
-        )
-        .await;
-    assert_eq!(
-        (s, again["applied"].as_bool()),
-        (200, Some(false)),
-        "{again}"
-    );
-    assert!(!again["conflicts"].as_array().unwrap().is_empty());
-    let (_, st) = srv.post(&format!("{base}/git/status"), repo).await;
-    let changed: Vec<(&str, &str)> = st["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["path"].as_str().unwrap(), e["status"].as_str().unwrap()))
-        .collect();
-    assert_eq!(changed, [("a.txt", "modified"), ("new.txt", "untracked")]);
-    srv.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -931,119 +573,5 @@ async fn direct_agent_access_answers_what_the_proxy_answers() {
         wrong.stat("/etc").await,
         Err(orchard_client::ClientError::Api { status, .. }) if status == 401
     ));
-    srv.finish().await;
-}
-
-/// The compatible init frame for `sh`.
-fn init_sh() -> Value {
-    json!({"type": "init", "cmd": ["sh"], "env": {}, "cwd": "/", "rows": 24, "cols": 80, "login_shell": false})
-}
-
-/// Runs `echo hi` then `exit` on a compatible terminal; asserts the frames.
-async fn compat_echo_hi(ws: &mut Ws) {
-    send_json(ws, init_sh()).await;
-    let ready = next_json(ws).await;
-    assert_eq!(ready["type"], "ready", "{ready}");
-    assert!(ready["pid"].as_u64().is_some_and(|p| p > 0));
-    send_json(
-        ws,
-        json!({"type": "stdin", "data": b64_encode(b"echo hi\n")}),
-    )
-    .await;
-    send_json(ws, json!({"type": "stdin", "data": b64_encode(b"exit\n")})).await;
-    let mut out = String::new();
-    loop {
-        let f = next_json(ws).await;
-        match f["type"].as_str() {
-            Some("stdout") => out.push_str(&String::from_utf8_lossy(
-                &b64_decode(f["data"].as_str().unwrap()).unwrap(),
-            )),
-            Some("exit") => {
-                assert_eq!(f, json!({"type": "exit", "code": 0}));
-                break;
-            }
-            _ => panic!("unexpected frame {f}"),
-        }
-    }
-    assert!(out.contains("hi\r\n"), "{out:?}");
-    close_code(ws).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compatible_terminal_websocket_auth_frames_and_close_codes() {
-    orchard_test_support::require_runc!();
-    let srv = TestServer::start().await;
-    let id = srv.sandbox().await;
-    let path = format!("/sandboxes/{id}/exec/pty");
-
-    let (mut ws, _) = ws_connect(&srv, &format!("{path}?api_key={KEY}"), &[]).await;
-    compat_echo_hi(&mut ws).await;
-
-    let proto = format!("api_key.{KEY}");
-    let (mut ws, resp) = ws_connect(&srv, &path, &[("Sec-WebSocket-Protocol", &proto)]).await;
-    assert_eq!(
-        resp.headers()["sec-websocket-protocol"],
-        proto.as_str(),
-        "the subprotocol is chosen"
-    );
-    compat_echo_hi(&mut ws).await;
-
-    // Wrong keys: 4401, by query and by subprotocol; no key at all, too.
-    let (mut ws, _) = ws_connect(&srv, &format!("{path}?api_key=wrong"), &[]).await;
-    assert_eq!(close_code(&mut ws).await, Some(4401));
-    let (mut ws, _) = ws_connect(&srv, &path, &[("Sec-WebSocket-Protocol", "api_key.wrong")]).await;
-    assert_eq!(close_code(&mut ws).await, Some(4401));
-    let (mut ws, _) = ws_connect(&srv, &path, &[]).await;
-    assert_eq!(close_code(&mut ws).await, Some(4401));
-    // Unknown sandbox, and another tenant's: 4404.
-    let (mut ws, _) = ws_connect(
-        &srv,
-        &format!("/sandboxes/nope-1/exec/pty?api_key={KEY}"),
-        &[],
-    )
-    .await;
-    assert_eq!(close_code(&mut ws).await, Some(4404));
-    let (mut ws, _) = ws_connect(&srv, &format!("{path}?api_key={OTHER_KEY}"), &[]).await;
-    assert_eq!(close_code(&mut ws).await, Some(4404));
-    // A first frame that is not `init`: 4400, from the agent through the bridge.
-    let (mut ws, _) = ws_connect(&srv, &format!("{path}?api_key={KEY}"), &[]).await;
-    send_json(&mut ws, json!({"type": "stdin", "data": "aGk="})).await;
-    assert_eq!(close_code(&mut ws).await, Some(4400));
-    srv.finish().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn regression_terminal_attach_takes_the_key_as_a_query_or_a_subprotocol() {
-    orchard_test_support::require_runc!();
-    let srv = TestServer::start().await;
-    let id = srv.sandbox().await;
-    let base = format!("/v1/sandboxes/{id}/pty");
-    let (s, pty) = srv.post(&base, json!({"command": ["sh"]})).await;
-    assert_eq!(s, 200, "{pty}");
-    let attach = format!("{base}/{}/attach", pty["id"].as_str().unwrap());
-    // A browser cannot set X-API-Key on a WebSocket: `?api_key=` ...
-    let (mut ws, _) = ws_connect(&srv, &format!("{attach}?api_key={KEY}"), &[]).await;
-    assert_eq!(next_json(&mut ws).await["type"], "attached");
-    drop(ws);
-    // ... or the `api_key.<key>` subprotocol, which the handshake names back.
-    let (mut ws, resp) = ws_connect(
-        &srv,
-        &attach,
-        &[("Sec-WebSocket-Protocol", &format!("api_key.{KEY}"))],
-    )
-    .await;
-    assert_eq!(
-        resp.headers()["sec-websocket-protocol"],
-        format!("api_key.{KEY}").as_str()
-    );
-    assert_eq!(next_json(&mut ws).await["type"], "attached");
-    drop(ws);
-    // A wrong key is still refused before any upgrade.
-    let url = format!(
-        "{}{attach}?api_key=wrong",
-        srv.url.replacen("http://", "ws://", 1)
-    );
-    let e = tokio_tungstenite::connect_async(url).await.unwrap_err();
-    assert!(e.to_string().contains("401"), "{e}");
     srv.finish().await;
 }

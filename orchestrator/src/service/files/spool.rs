@@ -357,18 +357,6 @@ impl Pace {
     }
 }
 
-/// Whether a body's error is the listener's body time-out (`TimeoutBody`).
-pub fn is_body_timeout(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.is::<tower_http::timeout::TimeoutError>() {
-            return true;
-        }
-        source = err.source();
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

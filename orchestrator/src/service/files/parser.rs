@@ -10,6 +10,7 @@
 
 use base64::Engine;
 
+use crate::service::json::parse_json;
 use crate::service::Error;
 
 /// Longest `path` accepted.
@@ -329,8 +330,7 @@ impl<W: std::io::Write> UploadParser<W> {
             State::Start => return Err(Error::BadRequest("expected a JSON body".into())),
             State::Raw => {
                 return Err(
-                    match super::parse_json::<serde_json::Map<String, serde_json::Value>>(&self.raw)
-                    {
+                    match parse_json::<serde_json::Map<String, serde_json::Value>>(&self.raw) {
                         Err(e) => e,
                         Ok(_) => bad("not an object"),
                     },
@@ -367,6 +367,11 @@ impl<W: std::io::Write> UploadParser<W> {
 mod tests {
     use super::*;
 
+    /// The HTTP status the API answers for `e`.
+    fn http_status(e: &Error) -> u16 {
+        orchard_protocol::ServiceErrorCode::from(e).http_status()
+    }
+
     fn parse_in_pieces(body: &[u8], piece: usize) -> Result<(Parsed, Vec<u8>), Error> {
         let mut p = UploadParser::new(Vec::new());
         for chunk in body.chunks(piece.max(1)) {
@@ -396,11 +401,7 @@ mod tests {
         let body = br#"{"path": "/a", "content": "aGk=aGk="}"#;
         for piece in 1..=body.len() {
             let err = parse_in_pieces(body, piece).err();
-            assert_eq!(
-                err.map(|e| crate::server::error::status(&e)),
-                Some(400),
-                "pieces of {piece}"
-            );
+            assert_eq!(err.map(|e| http_status(&e)), Some(400), "pieces of {piece}");
         }
         let padded_last = br#"{"path": "/a", "content": "aGVsbG8haGk="}"#;
         for piece in 1..=padded_last.len() {
@@ -414,7 +415,7 @@ mod tests {
         let status = |b: &[u8]| {
             parse_in_pieces(b, 3)
                 .map(|_| 0)
-                .unwrap_or_else(|e| crate::server::error::status(&e))
+                .unwrap_or_else(|e| http_status(&e))
         };
         assert_eq!(status(b"not json"), 400);
         assert_eq!(status(br#"{"path": "/a", "content": "!!!!"}"#), 400);
