@@ -970,6 +970,9 @@ impl Config {
 }
 
 #[cfg(test)]
+mod pins;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
