@@ -16,7 +16,7 @@ use crate::image::gc::{self, InUse};
 use crate::image::{ImageStore, StoreConfig};
 use crate::metrics::Metrics;
 use crate::server::{router, AppState};
-use crate::service::{Keys, Service, ServiceConfig};
+use crate::service::{Keys, Service};
 #[cfg(feature = "redis")]
 use crate::state::redis::RedisStore;
 
@@ -72,16 +72,7 @@ pub async fn app(
     config: &Config,
     keys: Keys,
 ) -> Result<(axum::Router, Service), ServeError> {
-    let service_config = ServiceConfig {
-        data_dir: config.data_dir.clone(),
-        policy: config.policy.clone(),
-        quotas: config.quotas,
-        defaults: config.defaults.clone(),
-        max_concurrent_creates: config.max_concurrent_creates,
-        create_queue: config.create_queue,
-        job_output_cap: config.job_output_cap,
-        job_output_budget: config.job_output_budget,
-    };
+    let service_config = config.service.clone();
     let metrics = Arc::new(Metrics::default());
     let service = match &config.state {
         StateChoice::Memory => Service::open(backend, images, service_config, metrics).await,
@@ -101,7 +92,7 @@ pub async fn app(
     }
     .map_err(|e| ServeError::Setup(format!("starting the service: {e}")))?;
     let spools = crate::service::files::spool::Spools::new(
-        &config.data_dir,
+        &config.service.data_dir,
         config.upload_spool,
         config.connections.body_timeout,
     );
@@ -154,7 +145,7 @@ pub fn open_images(config: &Config) -> Result<ImageStore, ServeError> {
         allowed,
         egress: config.egress.clone(),
     };
-    ImageStore::open(config.data_dir.join("images"), store_config)
+    ImageStore::open(config.service.data_dir.join("images"), store_config)
         .map_err(|e| ServeError::Setup(format!("opening the image store: {e}")))
 }
 
@@ -225,12 +216,13 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
                     config.agent.display()
                 )));
             }
-            let mut local = LocalConfig::new(config.data_dir.join("backend"), &config.agent);
+            let mut local =
+                LocalConfig::new(config.service.data_dir.join("backend"), &config.agent);
             local.harness = config.harness.clone();
             local.disk = config.sandbox_disk;
             local.allow_user_namespaces = config.allow_user_namespaces;
             local.egress = config.egress.clone();
-            local.ready_timeout = config.policy.max_ready_timeout;
+            local.ready_timeout = config.service.policy.max_ready_timeout;
             // Replicas over one Redis serve the same sandboxes: each may run on this
             // data directory beside the others (one exclusive backend per root otherwise).
             local.shared = matches!(config.state, StateChoice::Redis { .. });
@@ -249,8 +241,9 @@ async fn open_backend(config: &Config) -> Result<Arc<dyn Backend>, ServeError> {
             let mut kube = (**kube).clone();
             kube.egress = config.egress.clone();
             // Warm pods have the default limits: a create that asks for nothing claims one.
-            kube.warm_cpus = crate::units::parse_cpu(&config.defaults.cpu).ok();
-            kube.warm_memory_bytes = crate::units::parse_memory(&config.defaults.memory).ok();
+            kube.warm_cpus = crate::units::parse_cpu(&config.service.defaults.cpu).ok();
+            kube.warm_memory_bytes =
+                crate::units::parse_memory(&config.service.defaults.memory).ok();
             // --sandbox-disk bounds a sandbox's writes on either backend.
             if kube.ephemeral_storage.is_none() {
                 kube.ephemeral_storage = config.sandbox_disk.map(|d| d.bytes.to_string());
@@ -295,19 +288,20 @@ fn raise_open_files() {
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     crate::log::set_level(&config.log_level);
     raise_open_files();
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|e| ServeError::Setup(format!("creating {}: {e}", config.data_dir.display())))?;
+    let data_dir = &config.service.data_dir;
+    std::fs::create_dir_all(data_dir)
+        .map_err(|e| ServeError::Setup(format!("creating {}: {e}", data_dir.display())))?;
     // It holds the generated key, every tenant's jobs and the sandboxes' tokens.
-    std::fs::set_permissions(&config.data_dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| ServeError::Setup(format!("securing {}: {e}", config.data_dir.display())))?;
+    std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| ServeError::Setup(format!("securing {}: {e}", data_dir.display())))?;
     let keys = if config.no_auth {
         tracing::warn!("auth is disabled: every request is accepted");
         Keys::disabled()
     } else if config.api_keys.is_empty() {
-        let key = generated_key(&config.data_dir)?;
+        let key = generated_key(data_dir)?;
         eprintln!(
             "orchard: no API key configured; use this one (saved in {}):\n  export SANDBOX_API_KEY={key}",
-            config.data_dir.join("api-key").display()
+            data_dir.join("api-key").display()
         );
         Keys::new([key])
     } else {
@@ -336,7 +330,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         .map_err(|e| ServeError::Setup(format!("listening on {}: {e}", config.listen)))?;
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
-    tracing::info!(url = %url, data_dir = %config.data_dir.display(), "listening");
+    tracing::info!(url = %url, data_dir = %data_dir.display(), "listening");
     if let Some(f) = &config.ready_file {
         std::fs::write(f, format!("{url}\n"))
             .map_err(|e| ServeError::Setup(format!("writing {}: {e}", f.display())))?;

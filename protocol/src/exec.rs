@@ -86,7 +86,7 @@ pub struct ExecKept {
     /// The `result_id` it was run with.
     pub id: String,
     /// Running, or exited (then `result` is set).
-    pub state: crate::process::ProcessState,
+    pub state: ProcessState,
     /// Its result, once it ended: what `POST /v1/exec` answered or would have.
     pub result: Option<ExecResult>,
 }
@@ -143,6 +143,17 @@ pub struct ExecResult {
     pub stdout: Output,
     /// Captured stderr.
     pub stderr: Output,
+}
+
+// Here, beside `ExitInfo`, so that `process` builds on `exec` and not both ways.
+/// Whether a background process is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessState {
+    /// Still running.
+    Running,
+    /// Ended; `exit` says how.
+    Exited,
 }
 
 /// How a process ended.

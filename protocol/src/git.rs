@@ -13,7 +13,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::openapi::{Body, Route};
+use crate::route::{Body, Route};
 
 fn yes() -> bool {
     true

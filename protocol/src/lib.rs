@@ -32,6 +32,7 @@ pub mod openapi;
 pub mod output;
 pub mod process;
 pub mod pty;
+pub mod route;
 pub mod sandbox;
 pub mod session;
 pub mod signal;

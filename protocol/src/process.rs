@@ -9,17 +9,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::exec::ExitInfo;
+pub use crate::exec::ProcessState;
 use crate::signal::Signal;
-
-/// Whether a background process is still running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ProcessState {
-    /// Still running.
-    Running,
-    /// Ended; `exit` says how.
-    Exited,
-}
 
 /// A background process, as listed and as returned by start and wait.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

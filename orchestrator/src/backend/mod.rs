@@ -15,7 +15,7 @@ pub mod kubernetes;
 #[cfg(not(feature = "kubernetes"))]
 pub mod kubernetes {
     pub mod config;
-    pub use config::{KubeArgs, KubeConfig, KubeFile};
+    pub use config::{KubeArgs, KubeConfig};
 }
 pub mod local;
 pub mod offload;

@@ -95,8 +95,8 @@ async fn resources(State(state): State<AppState>, Auth(tenant): Auth) -> Json<se
     for r in state.service.all().await.unwrap_or_default() {
         let phase = &r.phase;
         let (c, m) = (
-            crate::service::units::parse_cpu(&r.cpu).unwrap_or(0.0),
-            crate::service::units::parse_memory(&r.memory).unwrap_or(0),
+            crate::units::parse_cpu(&r.cpu).unwrap_or(0.0),
+            crate::units::parse_memory(&r.memory).unwrap_or(0),
         );
         if !matches!(phase, Phase::Failed { .. }) {
             cpu += c;

@@ -29,7 +29,7 @@ pub(super) async fn replica(
         ..Default::default()
     })
     .unwrap();
-    config.policy = Options::default().policy;
+    config.service.policy = Options::default().policy;
     config.state = state(redis);
     let keys = Keys::new([KEY, OTHER_KEY]).with_operators([KEY]);
     let (router, service) = orchard::serve::app(

@@ -43,9 +43,9 @@ async fn job(srv: &TestServer, id: &str, body: Value) -> Value {
 async fn operator_defaults_are_applied_and_echoed() {
     orchard_test_support::require_runc!();
     let srv = TestServer::with(options(|c| {
-        c.defaults.cpu = "1500m".into();
-        c.defaults.memory = "300Mi".into();
-        c.defaults.working_dir = "/srv/work".into();
+        c.service.defaults.cpu = "1500m".into();
+        c.service.defaults.memory = "300Mi".into();
+        c.service.defaults.working_dir = "/srv/work".into();
     }))
     .await;
     let (id, created) = compat_sandbox(&srv, json!({"image": "busybox:latest"})).await;
@@ -87,7 +87,7 @@ async fn regression_job_output_is_not_cut_at_one_mebibyte_and_the_cap_is_stated(
     assert_eq!(big["output_truncated"], false);
     srv.finish().await;
 
-    let srv = TestServer::with(options(|c| c.job_output_cap = 64 << 10)).await;
+    let srv = TestServer::with(options(|c| c.service.job_output_cap = 64 << 10)).await;
     let (id, _) = compat_sandbox(&srv, json!({"image": "busybox:latest"})).await;
     let cut = job(
         &srv,
@@ -172,8 +172,8 @@ async fn v1_exec_reports_timeouts_with_124_only_when_asked() {
 async fn creates_beyond_the_concurrency_limit_wait_in_the_queue() {
     orchard_test_support::require_runc!();
     let srv = TestServer::with(options(|c| {
-        c.max_concurrent_creates = 1;
-        c.create_queue = 16;
+        c.service.max_concurrent_creates = 1;
+        c.service.create_queue = 16;
     }))
     .await;
     let creates = (0..6).map(|_| srv.post("/sandboxes", json!({"image": "busybox:latest"})));
@@ -204,7 +204,7 @@ async fn regression_a_pull_from_a_stalled_registry_holds_no_create_slot() {
         std::thread::sleep(Duration::from_secs(90));
         drop(conns);
     });
-    let srv = TestServer::with(options(|c| c.max_concurrent_creates = 1)).await;
+    let srv = TestServer::with(options(|c| c.service.max_concurrent_creates = 1)).await;
     let (s, pulling) = srv
         .post(
             "/sandboxes",
@@ -231,8 +231,8 @@ async fn regression_a_pull_from_a_stalled_registry_holds_no_create_slot() {
 async fn a_full_create_queue_answers_503_with_retry_after() {
     orchard_test_support::require_runc!();
     let mut opts = options(|c| {
-        c.max_concurrent_creates = 1;
-        c.create_queue = 1;
+        c.service.max_concurrent_creates = 1;
+        c.service.create_queue = 1;
     });
     // Creates hang at the backend until their readiness limit: the slot and the queue
     // stay full for that long.

@@ -513,7 +513,7 @@ async fn regression_parallel_snapshots_cannot_pass_the_quota_and_entries_are_cha
     let limit: u64 = 3 << 20;
     let srv = crate::util::server::TestServer::with(crate::util::server::Options {
         configure: Some(Arc::new(move |c: &mut orchard::config::Config| {
-            c.quotas.snapshot_bytes = limit;
+            c.service.quotas.snapshot_bytes = limit;
         })),
         ..Default::default()
     })

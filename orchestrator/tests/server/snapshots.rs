@@ -549,7 +549,7 @@ async fn a_sparse_terabyte_is_snapshotted_as_its_data() {
 async fn bad_snapshot_requests_are_refused_clearly() {
     orchard_test_support::require_runc!();
     let srv = TestServer::with(Options {
-        configure: Some(Arc::new(|c| c.quotas.snapshot_bytes = 50_000)),
+        configure: Some(Arc::new(|c| c.service.quotas.snapshot_bytes = 50_000)),
         ..Options::default()
     })
     .await;

@@ -179,9 +179,9 @@ impl TestServer {
             ..Default::default()
         })
         .unwrap();
-        config.policy = opts.policy.clone();
-        config.quotas.max_sandboxes = opts.max_sandboxes;
-        config.quotas.creates_per_minute = opts.creates_per_minute;
+        config.service.policy = opts.policy.clone();
+        config.service.quotas.max_sandboxes = opts.max_sandboxes;
+        config.service.quotas.creates_per_minute = opts.creates_per_minute;
         if let Some(f) = &opts.configure {
             f(&mut config);
         }

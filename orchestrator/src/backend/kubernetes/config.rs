@@ -1,6 +1,8 @@
 //! Settings of the Kubernetes backend: flags (`--kube-*`, plus `--kubeconfig` and
 //! `--namespace`), `ORCHARD_*` variables, and the TOML file's `[kubernetes]` table, with
 //! the same precedence as every other setting (flags, environment, file, defaults).
+//! [`KubeArgs`] declares each once (flattened into `orchard serve`'s settings, layered
+//! by `crate::config`); [`KubeConfig::resolve`] adds the defaults and checks.
 //!
 //! The defaults match what `make cluster` imports into the test cluster, so
 //! `orchard serve --backend kubernetes --kubeconfig FILE` needs nothing else there.
@@ -8,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use merge::Merge;
 use serde::Deserialize;
 
 /// The injector image's default name: this release's, as `make k8s-images` builds it
@@ -90,8 +93,11 @@ impl Default for KubeConfig {
     }
 }
 
-/// Flags and environment of the Kubernetes backend (flattened into `orchard serve`).
-#[derive(clap::Args, Debug, Default, Clone)]
+/// Flags and environment of the Kubernetes backend (flattened into `orchard serve`);
+/// the file's `[kubernetes]` table, whose keys drop the flags' `kube_`.
+#[derive(clap::Args, Deserialize, Merge, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+#[merge(strategy = merge::option::overwrite_none)]
 pub struct KubeArgs {
     /// Kubeconfig file of the Kubernetes backend [default: KUBECONFIG, ~/.kube/config,
     /// then the in-cluster service account].
@@ -108,84 +114,54 @@ pub struct KubeArgs {
     pub injector_pull_policy: Option<String>,
     /// Pull policy of sandbox images [default: IfNotPresent].
     #[arg(long, env = "ORCHARD_KUBE_IMAGE_PULL_POLICY")]
+    #[serde(rename = "image_pull_policy")]
     pub kube_image_pull_policy: Option<String>,
     /// The agents' port in their pods [default: 7070].
     #[arg(long, env = "ORCHARD_KUBE_AGENT_PORT")]
+    #[serde(rename = "agent_port")]
     pub kube_agent_port: Option<u16>,
     /// Seconds between SIGTERM and SIGKILL when a sandbox pod is deleted [default: 2].
     #[arg(long, env = "ORCHARD_KUBE_GRACE_PERIOD_S")]
+    #[serde(rename = "grace_period_s")]
     pub kube_grace_period_s: Option<i64>,
     /// Ephemeral-storage limit of each sandbox pod, like "10Gi" [default: --sandbox-disk,
     /// else none].
     #[arg(long, env = "ORCHARD_KUBE_EPHEMERAL_STORAGE")]
+    #[serde(rename = "ephemeral_storage")]
     pub kube_ephemeral_storage: Option<String>,
     /// The injector image carries the harness bundle: publish it in sandboxes
     /// [default: false].
     #[arg(long, env = "ORCHARD_KUBE_HARNESS", num_args = 0..=1, default_missing_value = "true")]
+    #[serde(rename = "harness")]
     pub kube_harness: Option<bool>,
     /// A CIDR allowed to reach agents (repeatable; ORCHARD_KUBE_INGRESS_CIDRS takes a
     /// comma-separated list): trainers, or this host when the server runs outside the
     /// cluster [default: none; the orchestrator's pods always may].
     #[arg(long = "kube-ingress-cidr")]
-    pub kube_ingress_cidrs: Vec<String>,
+    #[serde(rename = "ingress_cidrs")]
+    pub kube_ingress_cidrs: Option<Vec<String>>,
     /// Pod labels `key=value` (any namespace) allowed to reach agents (repeatable;
     /// ORCHARD_KUBE_INGRESS_POD_LABELS takes a comma-separated list).
     #[arg(long = "kube-ingress-pod-label")]
-    pub kube_ingress_pod_labels: Vec<String>,
+    #[serde(rename = "ingress_pod_labels")]
+    pub kube_ingress_pod_labels: Option<Vec<String>>,
     /// RuntimeClass of sandbox pods (gVisor, Kata) [default: the cluster's].
     #[arg(long, env = "ORCHARD_KUBE_RUNTIME_CLASS")]
+    #[serde(rename = "runtime_class")]
     pub kube_runtime_class: Option<String>,
     /// A warm pool, `IMAGE=N`: N pods of IMAGE kept started with their agent ready, so
     /// a create of IMAGE with the default CPU and memory and no extra environment is a
     /// claim, not a pod start (repeatable; ORCHARD_KUBE_WARM_POOLS takes a
     /// comma-separated list) [default: none].
     #[arg(long = "kube-warm-pool")]
-    pub kube_warm_pools: Vec<String>,
-}
-
-/// The file form: `[kubernetes]`.
-#[derive(Deserialize, Debug, Default, Clone)]
-#[serde(deny_unknown_fields)]
-pub struct KubeFile {
-    kubeconfig: Option<PathBuf>,
-    namespace: Option<String>,
-    injector_image: Option<String>,
-    injector_pull_policy: Option<String>,
-    image_pull_policy: Option<String>,
-    agent_port: Option<u16>,
-    grace_period_s: Option<i64>,
-    ephemeral_storage: Option<String>,
-    harness: Option<bool>,
-    ingress_cidrs: Option<Vec<String>>,
-    ingress_pod_labels: Option<Vec<String>>,
-    runtime_class: Option<String>,
-    node_selector: Option<BTreeMap<String, String>>,
-    pod_annotations: Option<BTreeMap<String, String>>,
-    warm_pools: Option<Vec<String>>,
-}
-
-fn env_list(name: &str) -> Vec<String> {
-    std::env::var(name)
-        .map(|v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The first non-empty list: flags, environment, file.
-fn list(flags: &[String], env: &str, file: Option<&Vec<String>>) -> Vec<String> {
-    if !flags.is_empty() {
-        return flags.to_vec();
-    }
-    let e = env_list(env);
-    if !e.is_empty() {
-        return e;
-    }
-    file.cloned().unwrap_or_default()
+    #[serde(rename = "warm_pools")]
+    pub kube_warm_pools: Option<Vec<String>>,
+    /// Node selector of sandbox pods (the file only: a table has no flag).
+    #[arg(skip)]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Extra annotations on sandbox pods (the file only).
+    #[arg(skip)]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
 }
 
 /// `IMAGE=N` as (normalised image, N).
@@ -205,36 +181,26 @@ fn parse_pool(text: &str) -> Result<(String, usize), String> {
 }
 
 impl KubeConfig {
-    /// Resolves flags (and environment, through clap) over the file over defaults.
-    pub fn resolve(args: &KubeArgs, file: Option<&KubeFile>) -> Result<KubeConfig, String> {
-        let empty = KubeFile::default();
-        let file = file.unwrap_or(&empty);
+    /// The layered settings (flags, environment, file) over the defaults.
+    pub fn resolve(s: &KubeArgs) -> Result<KubeConfig, String> {
         let d = KubeConfig::default();
-        let policy = |v: Option<String>, what: &str| -> Result<Option<String>, String> {
-            match v.as_deref() {
-                None => Ok(None),
-                Some(p @ ("Always" | "IfNotPresent" | "Never")) => Ok(Some(p.to_string())),
-                Some(p) => Err(format!("{what} {p:?}: use Always, IfNotPresent or Never")),
-            }
+        let policy = |v: &Option<String>, what: &str, default: String| match v.as_deref() {
+            None => Ok(default),
+            Some(p @ ("Always" | "IfNotPresent" | "Never")) => Ok(p.to_string()),
+            Some(p) => Err(format!("{what} {p:?}: use Always, IfNotPresent or Never")),
         };
-        let pod_labels = list(
-            &args.kube_ingress_pod_labels,
-            "ORCHARD_KUBE_INGRESS_POD_LABELS",
-            file.ingress_pod_labels.as_ref(),
-        )
-        .into_iter()
-        .map(|l| {
-            l.split_once('=')
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .ok_or_else(|| format!("kube ingress pod label {l:?}: use key=value"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-        let cidrs = list(
-            &args.kube_ingress_cidrs,
-            "ORCHARD_KUBE_INGRESS_CIDRS",
-            file.ingress_cidrs.as_ref(),
-        );
-        for c in &cidrs {
+        let ingress_pod_labels = s
+            .kube_ingress_pod_labels
+            .iter()
+            .flatten()
+            .map(|l| {
+                l.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .ok_or_else(|| format!("kube ingress pod label {l:?}: use key=value"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let ingress_cidrs = s.kube_ingress_cidrs.clone().unwrap_or_default();
+        for c in &ingress_cidrs {
             let ok = c.split_once('/').is_some_and(|(ip, len)| {
                 ip.parse::<std::net::IpAddr>().is_ok() && len.parse::<u8>().is_ok_and(|l| l <= 128)
             });
@@ -244,79 +210,51 @@ impl KubeConfig {
                 ));
             }
         }
-        let namespace = args
-            .namespace
-            .clone()
-            .or(file.namespace.clone())
-            .unwrap_or(d.namespace);
+        let namespace = s.namespace.clone().unwrap_or(d.namespace);
         if !crate::backend::valid_id(&namespace) || namespace.contains(['_', '.']) {
             return Err(format!(
                 "namespace {namespace:?} is not a valid namespace name"
             ));
         }
-        let grace_period_s = args
-            .kube_grace_period_s
-            .or(file.grace_period_s)
-            .unwrap_or(d.grace_period_s);
+        let grace_period_s = s.kube_grace_period_s.unwrap_or(d.grace_period_s);
         if grace_period_s < 0 {
             return Err("kube grace period must be 0 or more seconds".into());
         }
-        let warm_pools = list(
-            &args.kube_warm_pools,
-            "ORCHARD_KUBE_WARM_POOLS",
-            file.warm_pools.as_ref(),
-        )
-        .into_iter()
-        .map(|p| parse_pool(&p))
-        .collect::<Result<Vec<_>, _>>()?;
-        let agent_port = args
-            .kube_agent_port
-            .or(file.agent_port)
-            .unwrap_or(d.agent_port);
+        let warm_pools = s
+            .kube_warm_pools
+            .iter()
+            .flatten()
+            .map(|p| parse_pool(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let agent_port = s.kube_agent_port.unwrap_or(d.agent_port);
         if agent_port == 0 {
             return Err("the kube agent port must not be 0".into());
         }
         Ok(KubeConfig {
-            kubeconfig: args.kubeconfig.clone().or(file.kubeconfig.clone()),
+            kubeconfig: s.kubeconfig.clone(),
             namespace,
-            injector_image: args
-                .injector_image
-                .clone()
-                .or(file.injector_image.clone())
-                .unwrap_or(d.injector_image),
+            injector_image: s.injector_image.clone().unwrap_or(d.injector_image),
             injector_pull_policy: policy(
-                args.injector_pull_policy
-                    .clone()
-                    .or(file.injector_pull_policy.clone()),
+                &s.injector_pull_policy,
                 "injector pull policy",
-            )?
-            .unwrap_or(d.injector_pull_policy),
+                d.injector_pull_policy,
+            )?,
             image_pull_policy: policy(
-                args.kube_image_pull_policy
-                    .clone()
-                    .or(file.image_pull_policy.clone()),
+                &s.kube_image_pull_policy,
                 "image pull policy",
-            )?
-            .unwrap_or(d.image_pull_policy),
+                d.image_pull_policy,
+            )?,
             agent_port,
             grace_period_s,
-            ephemeral_storage: args
-                .kube_ephemeral_storage
-                .clone()
-                .or(file.ephemeral_storage.clone()),
-            harness: args.kube_harness.or(file.harness).unwrap_or(false),
-            ingress_cidrs: cidrs,
-            ingress_pod_labels: pod_labels,
-            runtime_class: args
-                .kube_runtime_class
-                .clone()
-                .or(file.runtime_class.clone()),
-            node_selector: file.node_selector.clone().unwrap_or_default(),
-            pod_annotations: file.pod_annotations.clone().unwrap_or_default(),
+            ephemeral_storage: s.kube_ephemeral_storage.clone(),
+            harness: s.kube_harness.unwrap_or(d.harness),
+            ingress_cidrs,
+            ingress_pod_labels,
+            runtime_class: s.kube_runtime_class.clone(),
+            node_selector: s.node_selector.clone().unwrap_or_default(),
+            pod_annotations: s.pod_annotations.clone().unwrap_or_default(),
             warm_pools,
-            warm_cpus: None,
-            warm_memory_bytes: None,
-            egress: crate::egress::EgressPolicy::default(),
+            ..d
         })
     }
 }
@@ -327,30 +265,31 @@ mod tests {
 
     #[test]
     fn flags_win_over_the_file_and_the_file_over_defaults() {
-        let file: KubeFile = toml::from_str(
+        let file: KubeArgs = toml::from_str(
             "namespace = \"from-file\"\ninjector_image = \"file/img:1\"\ningress_cidrs = [\"10.0.0.0/8\"]",
         )
         .unwrap();
-        let args = KubeArgs {
+        let mut args = KubeArgs {
             namespace: Some("from-flag".into()),
             ..Default::default()
         };
-        let c = KubeConfig::resolve(&args, Some(&file)).unwrap();
+        args.merge(file);
+        let c = KubeConfig::resolve(&args).unwrap();
         assert_eq!(c.namespace, "from-flag");
         assert_eq!(c.injector_image, "file/img:1");
         assert_eq!(c.ingress_cidrs, vec!["10.0.0.0/8".to_string()]);
         assert_eq!(c.agent_port, DEFAULT_AGENT_PORT);
-        let d = KubeConfig::resolve(&KubeArgs::default(), None).unwrap();
+        let d = KubeConfig::resolve(&KubeArgs::default()).unwrap();
         assert_eq!(d, KubeConfig::default());
     }
 
     #[test]
     fn warm_pools_name_a_normalised_image_and_a_count() {
         let args = KubeArgs {
-            kube_warm_pools: vec!["python:3.11-slim=4".into(), "busybox=0".into()],
+            kube_warm_pools: Some(vec!["python:3.11-slim=4".into(), "busybox=0".into()]),
             ..Default::default()
         };
-        let c = KubeConfig::resolve(&args, None).unwrap();
+        let c = KubeConfig::resolve(&args).unwrap();
         assert_eq!(
             c.warm_pools,
             vec![
@@ -360,11 +299,11 @@ mod tests {
         );
         for bad in ["python", "python=x", "python=5000", "=3"] {
             let args = KubeArgs {
-                kube_warm_pools: vec![bad.into()],
+                kube_warm_pools: Some(vec![bad.into()]),
                 ..Default::default()
             };
             assert!(
-                KubeConfig::resolve(&args, None)
+                KubeConfig::resolve(&args)
                     .unwrap_err()
                     .contains("warm pool"),
                 "{bad}"
@@ -374,9 +313,9 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused_with_the_setting_named() {
-        let bad = |args: KubeArgs| KubeConfig::resolve(&args, None).unwrap_err();
+        let bad = |args: KubeArgs| KubeConfig::resolve(&args).unwrap_err();
         assert!(bad(KubeArgs {
-            kube_ingress_cidrs: vec!["10.0.0.0".into()],
+            kube_ingress_cidrs: Some(vec!["10.0.0.0".into()]),
             ..Default::default()
         })
         .contains("CIDR"));
@@ -391,7 +330,7 @@ mod tests {
         })
         .contains("namespace"));
         assert!(bad(KubeArgs {
-            kube_ingress_pod_labels: vec!["role".into()],
+            kube_ingress_pod_labels: Some(vec!["role".into()]),
             ..Default::default()
         })
         .contains("key=value"));

@@ -36,7 +36,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 
-pub use config::{KubeArgs, KubeConfig, KubeFile};
+pub use config::{KubeArgs, KubeConfig};
 pub use error::KubeError;
 
 use self::error::{is_conflict, is_not_found};

@@ -426,7 +426,7 @@ mod tests {
             serde_json::json!([
                 "/.orchard/bin/orchard-agent",
                 "--listen-fd",
-                "3",
+                "0",
                 "--workers",
                 "1"
             ])
