@@ -52,13 +52,13 @@ fn quantities(cpu: Option<&str>, memory: Option<&str>) {
                 v.is_finite() && (0.01..=1024.0).contains(&v),
                 "cpu {cpu:?} = {v}"
             ),
-            Err(e) => assert_eq!(error::status(&e), 400, "cpu {cpu:?}: {e}"),
+            Err(e) => assert_eq!(error::status(&e.into()), 400, "cpu {cpu:?}"),
         }
     }
     if let Some(memory) = memory {
         match parse_memory(memory) {
             Ok(v) => assert!((16 << 20..=1 << 50).contains(&v), "memory {memory:?} = {v}"),
-            Err(e) => assert_eq!(error::status(&e), 400, "memory {memory:?}: {e}"),
+            Err(e) => assert_eq!(error::status(&e.into()), 400, "memory {memory:?}"),
         }
     }
 }
