@@ -81,13 +81,37 @@ impl DiskLimit {
 }
 
 async fn tool(name: &'static str, path: &Path, cmd: &mut Command) -> Result<(), DiskError> {
+    run_tool(name, path, cmd, false).await
+}
+
+/// Runs `cmd` (the tool `name`, on `path`), started by [`super::background::command`]
+/// when `background`.
+async fn run_tool(
+    name: &'static str,
+    path: &Path,
+    cmd: &mut Command,
+    background: bool,
+) -> Result<(), DiskError> {
     let fail = |reason: String| DiskError::Tool {
         tool: name,
         path: path.to_path_buf(),
         reason,
     };
-    cmd.kill_on_drop(true).stdin(std::process::Stdio::null());
-    let out = tokio::time::timeout(CALL_LIMIT, cmd.output())
+    cmd.kill_on_drop(true)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let run = async {
+        if background {
+            super::background::check_runnable(Path::new(name))?;
+        }
+        let child = cmd.spawn()?;
+        if background {
+            super::background::lower(child.id()).await;
+        }
+        child.wait_with_output().await
+    };
+    let out = tokio::time::timeout(CALL_LIMIT, run)
         .await
         .map_err(|_| fail(format!("took longer than {} s", CALL_LIMIT.as_secs())))?
         .map_err(|e| {
@@ -138,10 +162,12 @@ fn make_sparse(image: &Path, limit: DiskLimit) -> Result<(), DiskError> {
 /// Makes `image` (sparse, `limit.bytes` long, `limit.inodes` inodes).
 pub async fn make_image(image: &Path, limit: DiskLimit) -> Result<(), DiskError> {
     make_sparse(image, limit)?;
-    tool(
+    // Background work, like runc: in an autogroup of its own (`background.rs`).
+    run_tool(
         "mkfs.ext4",
         image,
-        Command::new("mkfs.ext4").args(mkfs_args(limit, image)),
+        super::background::command(Path::new("mkfs.ext4")).args(mkfs_args(limit, image)),
+        true,
     )
     .await
 }
@@ -149,10 +175,18 @@ pub async fn make_image(image: &Path, limit: DiskLimit) -> Result<(), DiskError>
 /// [`make_image`] for a thread of its own (the pool's, off every create's path).
 pub fn make_image_blocking(image: &Path, limit: DiskLimit) -> Result<(), DiskError> {
     make_sparse(image, limit)?;
-    let out = std::process::Command::new("mkfs.ext4")
-        .args(mkfs_args(limit, image))
-        .stdin(std::process::Stdio::null())
-        .output()
+    // Background work, like runc: in an autogroup of its own (`background.rs`).
+    let out = super::background::check_runnable(Path::new("mkfs.ext4"))
+        .and_then(|()| {
+            let child = super::background::std_command(Path::new("mkfs.ext4"))
+                .args(mkfs_args(limit, image))
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()?;
+            super::background::lower_blocking(child.id());
+            child.wait_with_output()
+        })
         .map_err(|e| DiskError::Tool {
             tool: "mkfs.ext4",
             path: image.to_path_buf(),

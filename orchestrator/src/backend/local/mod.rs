@@ -65,6 +65,7 @@
 //! - [`mod@bench`]: the backend's benchmark.
 
 pub mod audit;
+mod background;
 pub mod cgroup;
 pub mod disk;
 pub mod diskpool;

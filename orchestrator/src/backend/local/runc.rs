@@ -85,40 +85,6 @@ pub struct Container {
 pub struct Runc {
     binary: PathBuf,
     root: PathBuf,
-    /// util-linux's `setsid`, which each runc call is started through when there is one
-    /// (see [`Runc::command`]).
-    setsid: Option<PathBuf>,
-}
-
-/// Where `setsid` is looked for.
-const SETSID: [&str; 2] = ["/usr/bin/setsid", "/bin/setsid"];
-/// The nice value of a runc call's autogroup.
-const RUNC_GROUP_NICE: &str = "19";
-
-/// Whether `binary` names a file: itself if it has a `/`, else in a `PATH` directory.
-fn on_path(binary: &Path) -> bool {
-    if binary.components().count() > 1 {
-        return binary.is_file();
-    }
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(binary).is_file()))
-}
-
-/// Whether process `pid` leads its session (field 6 of its stat, after the command's
-/// name, which may hold spaces and parentheses, so read after its last `)`).
-fn leads_session(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let fields = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(3)?
-                .to_string();
-            fields.parse::<u32>().ok()
-        })
-        == Some(pid)
 }
 
 fn not_found(output: &str) -> bool {
@@ -131,7 +97,6 @@ impl Runc {
         Self {
             binary: binary.into(),
             root: root.into(),
-            setsid: SETSID.iter().map(PathBuf::from).find(|p| p.exists()),
         }
     }
 
@@ -141,21 +106,9 @@ impl Runc {
     }
 
     fn command(&self) -> Command {
-        // runc in a session of its own, so in an autogroup of its own, which
-        // [`Runc::spawn`] weighs at nice 19. Why: where the server runs in the root CPU
-        // cgroup, each sandbox is a cgroup beside the autogroups, and a group's weight
-        // does not depend on the nice values inside it: runc's nice 10 only yielded to
-        // the server's own threads, while the server's autogroup, runc included, took
-        // its whole weight against the sandboxes. Tenant A's 50 creates thereby took the
-        // cores from tenant B's running sandbox (issue 30).
-        let mut cmd = match &self.setsid {
-            Some(setsid) => {
-                let mut cmd = Command::new(setsid);
-                cmd.arg(&self.binary);
-                cmd
-            }
-            None => Command::new(&self.binary),
-        };
+        // In a session and autogroup of its own, weighed at nice 19: see
+        // `background.rs`.
+        let mut cmd = super::background::command(&self.binary);
         cmd.arg("--root").arg(&self.root).stdin(Stdio::null());
         // A cancelled or timed-out call must not leave runc running on its own.
         cmd.kill_on_drop(true);
@@ -168,25 +121,11 @@ impl Runc {
         cmd
     }
 
-    /// Starts `cmd` (from [`Runc::command`]) and weighs its session's autogroup at nice
-    /// 19. The autogroup is written only once the child leads a session of its own:
-    /// before its `setsid`, the child's autogroup is still the server's.
+    /// Starts `cmd` (from [`Runc::command`]) as background work (`background.rs`).
     async fn spawn(&self, cmd: &mut Command) -> std::io::Result<tokio::process::Child> {
-        // Through setsid a missing runc would be setsid's failure, not a spawn error.
-        if self.setsid.is_some() && !on_path(&self.binary) {
-            return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
-        }
+        super::background::check_runnable(&self.binary)?;
         let child = cmd.spawn()?;
-        if let (Some(_), Some(pid)) = (&self.setsid, child.id()) {
-            for _ in 0..50 {
-                if leads_session(pid) {
-                    // Best effort: a kernel without autogroups has no such file.
-                    let _ = std::fs::write(format!("/proc/{pid}/autogroup"), RUNC_GROUP_NICE);
-                    break;
-                }
-                tokio::time::sleep(Duration::from_micros(200)).await;
-            }
-        }
+        super::background::lower(child.id()).await;
         Ok(child)
     }
 
@@ -425,34 +364,6 @@ pub fn tail(path: &Path, max: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A runc call runs in a session of its own, whose autogroup weighs nice 19, and the
-    /// server's own autogroup is left as it was. runc is a script that waits here: the
-    /// session and the group are what is checked.
-    #[tokio::test]
-    async fn a_runc_call_runs_in_a_session_and_autogroup_of_its_own() {
-        let dir = tempfile::tempdir().unwrap();
-        let fake = dir.path().join("runc");
-        std::fs::write(&fake, "#!/bin/sh\nexec sleep 30\n").unwrap();
-        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        let runc = Runc::new(&fake, dir.path());
-        if runc.setsid.is_none() {
-            eprintln!("no setsid here: runc runs in the server's session");
-            return;
-        }
-        let own = std::fs::read_to_string("/proc/self/autogroup").ok();
-        let mut child = runc.spawn(&mut runc.command()).await.unwrap();
-        let pid = child.id().unwrap();
-        assert!(leads_session(pid), "runc does not lead a session");
-        if let Some(own) = own {
-            let theirs = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).unwrap();
-            assert!(theirs.trim_end().ends_with("nice 19"), "{theirs}");
-            let ours = std::fs::read_to_string("/proc/self/autogroup").unwrap();
-            assert_eq!(ours, own, "the caller's autogroup changed");
-        }
-        child.kill().await.unwrap();
-    }
 
     #[test]
     fn list_output_parses() {
