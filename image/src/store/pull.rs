@@ -347,45 +347,7 @@ impl Inner {
                 (work, result)
             })
         };
-        let mut received = 0u64;
-        let mut reported = 0u64;
-        let mut failure = None;
-        task.reporter.bytes(&descriptor.digest, 0, total);
-        loop {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    received += chunk.len() as u64;
-                    if descriptor.size > 0 && received > descriptor.size {
-                        failure = Some(ImageError::invalid(
-                            &what,
-                            format!(
-                                "{source} sent more than the {} bytes the manifest declares",
-                                descriptor.size
-                            ),
-                        ));
-                        break;
-                    }
-                    if sender.send(chunk).await.is_err() {
-                        break;
-                    }
-                    if received - reported >= PROGRESS_STEP {
-                        reported = received;
-                        task.reporter.bytes(&descriptor.digest, received, total);
-                    }
-                }
-                Ok(None) => break,
-                Err(err) => {
-                    failure = Some(ImageError::Unreachable {
-                        reference: task.reference.to_string(),
-                        tried: vec![format!(
-                            "{source}: download interrupted: {}",
-                            crate::error::chain(&err)
-                        )],
-                    });
-                    break;
-                }
-            }
-        }
+        let (received, failure) = relay(task, &mut response, &sender, &what, &source, total).await;
         drop(sender);
         let (work, outcome) = unpacking
             .await
@@ -402,6 +364,59 @@ impl Inner {
             .await
             .map_err(|err| ImageError::invalid(&what, format!("install thread failed: {err}")))?
     }
+}
+
+/// A layer download's streaming step: the response's chunks to the unpacker, with
+/// progress reports; answers the bytes received and why the download failed, if it did.
+async fn relay(
+    task: &LayerTask,
+    response: &mut reqwest::Response,
+    sender: &mpsc::Sender<Bytes>,
+    what: &str,
+    source: &str,
+    total: u64,
+) -> (u64, Option<ImageError>) {
+    let mut received = 0u64;
+    let mut reported = 0u64;
+    let mut failure = None;
+    let descriptor = &task.descriptor;
+    task.reporter.bytes(&descriptor.digest, 0, total);
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                received += chunk.len() as u64;
+                if descriptor.size > 0 && received > descriptor.size {
+                    failure = Some(ImageError::invalid(
+                        what,
+                        format!(
+                            "{source} sent more than the {} bytes the manifest declares",
+                            descriptor.size
+                        ),
+                    ));
+                    break;
+                }
+                if sender.send(chunk).await.is_err() {
+                    break;
+                }
+                if received - reported >= PROGRESS_STEP {
+                    reported = received;
+                    task.reporter.bytes(&descriptor.digest, received, total);
+                }
+            }
+            Ok(None) => break,
+            Err(err) => {
+                failure = Some(ImageError::Unreachable {
+                    reference: task.reference.to_string(),
+                    tried: vec![format!(
+                        "{source}: download interrupted: {}",
+                        crate::error::chain(&err)
+                    )],
+                });
+                break;
+            }
+        }
+    }
+    (received, failure)
 }
 
 /// The manifests a pull resolved.
