@@ -117,6 +117,10 @@ async fn attach(
     session(client, socket, interactive, size).await
 }
 
+/// Relays one terminal session: keys, resizes and signals out, output in, until the
+/// program exits or the connection ends; answers the exit status.
+// Over 100 lines because it is one select loop: each arm is a terminal event, and their
+// order (resizes first) and shared state (size, Ctrl-D repeats) read best together.
 async fn session(
     client: &Client,
     socket: super::client::WebSocket,

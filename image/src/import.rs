@@ -75,6 +75,7 @@ struct SaveEntry {
     layers: Vec<String>,
 }
 
+/// Imports the images of a `docker save` archive.
 fn import_docker_save(
     store: &ImageStore,
     source: &Source,
@@ -130,42 +131,7 @@ fn import_docker_save(
         let _pins = store.pin_image(&[&config_digest], config.diff_ids())?;
         let mut layers = Vec::new();
         for (layer, diff_id) in entry.layers.iter().zip(config.diff_ids()) {
-            let layer_what = format!("layer {layer} of {what}");
-            let (reader, _) = source.reader(layer)?;
-            let expected = digest_in_name(layer);
-            let dest = store.layer_path(diff_id)?;
-            let (blob_digest, size, compression) = if dest.is_dir() {
-                hash_blob(reader, &layer_what)?
-            } else {
-                let work = store.work_dir("import")?;
-                let verified = unpack::unpack_verified(
-                    reader,
-                    work.path(),
-                    expected.as_deref(),
-                    diff_id,
-                    &layer_what,
-                )?;
-                work.install(&dest)?;
-                (
-                    verified.blob_digest,
-                    verified.blob_size,
-                    verified.compression,
-                )
-            };
-            if let Some(expected) = expected {
-                if expected != blob_digest {
-                    return Err(ImageError::DigestMismatch {
-                        what: layer_what,
-                        expected,
-                        actual: blob_digest,
-                    });
-                }
-            }
-            layers.push(serde_json::json!({
-                "mediaType": compression.media_type(),
-                "digest": blob_digest,
-                "size": size,
-            }));
+            layers.push(import_layer(store, source, layer, diff_id, &what)?);
         }
         // The registry manifest docker would have pushed for this image.
         let manifest = serde_json::json!({
@@ -185,6 +151,53 @@ fn import_docker_save(
         }
     }
     Ok(images)
+}
+
+/// A docker save's layer step: unpacked and checked unless the store has it (then
+/// only hashed); answers its descriptor for the manifest.
+fn import_layer(
+    store: &ImageStore,
+    source: &Source,
+    layer: &str,
+    diff_id: &str,
+    what: &str,
+) -> Result<serde_json::Value, ImageError> {
+    let layer_what = format!("layer {layer} of {what}");
+    let (reader, _) = source.reader(layer)?;
+    let expected = digest_in_name(layer);
+    let dest = store.layer_path(diff_id)?;
+    let (blob_digest, size, compression) = if dest.is_dir() {
+        hash_blob(reader, &layer_what)?
+    } else {
+        let work = store.work_dir("import")?;
+        let verified = unpack::unpack_verified(
+            reader,
+            work.path(),
+            expected.as_deref(),
+            diff_id,
+            &layer_what,
+        )?;
+        work.install(&dest)?;
+        (
+            verified.blob_digest,
+            verified.blob_size,
+            verified.compression,
+        )
+    };
+    if let Some(expected) = expected {
+        if expected != blob_digest {
+            return Err(ImageError::DigestMismatch {
+                what: layer_what,
+                expected,
+                actual: blob_digest,
+            });
+        }
+    }
+    Ok(serde_json::json!({
+        "mediaType": compression.media_type(),
+        "digest": blob_digest,
+        "size": size,
+    }))
 }
 
 fn import_oci_layout(

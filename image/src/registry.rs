@@ -501,25 +501,9 @@ impl RegistryClient {
         challenge: Option<Challenge>,
         scope: &str,
     ) -> Result<(Auth, Duration), Attempt> {
-        let failed = |reason: String| {
-            Attempt::Failed(ImageError::AuthFailed {
-                registry: endpoint.url.clone(),
-                reason,
-            })
-        };
+        let failed = |reason: String| auth_failed(endpoint, reason);
         let (realm, service, challenge_scope) = match challenge {
-            Some(Challenge::Basic) => {
-                return match &endpoint.credentials {
-                    Some(credentials) if credentials.identity_token.is_some() => Err(failed(
-                        "the registry asks for a user name and password and only an identity token is configured for it".to_string(),
-                    )),
-                    // Basic credentials do not expire; re-check them hourly anyway.
-                    Some(credentials) => Ok((Auth::Basic(credentials.clone()), Duration::from_secs(3600))),
-                    None => Err(failed(
-                        "the registry asks for a user name and password and none is configured for it".to_string(),
-                    )),
-                };
-            }
+            Some(Challenge::Basic) => return basic_auth(endpoint),
             Some(Challenge::Bearer {
                 realm,
                 service,
@@ -531,16 +515,36 @@ impl RegistryClient {
                 ))
             }
         };
-        let mut url = reqwest::Url::parse(&realm)
+        let url = reqwest::Url::parse(&realm)
             .map_err(|err| failed(format!("bad token realm {realm:?}: {err}")))?;
         // A registry names its token server: it must not be a way in either.
         self.targets.check_url(&url).map_err(failed)?;
         let scope = challenge_scope.as_deref().unwrap_or(scope);
+        let request = self.token_request(endpoint, url, service.as_deref(), scope)?;
+        let response = request.send().await.map_err(|err| {
+            Attempt::Unreachable(format!(
+                "token server {realm}: {}",
+                super::targets::connect_failure(&err)
+            ))
+        })?;
+        read_token(endpoint, &realm, response).await
+    }
+
+    /// Authentication's request to the token server: the identity token POSTed, or a
+    /// GET with the basic credentials, if any.
+    fn token_request(
+        &self,
+        endpoint: &Endpoint,
+        mut url: reqwest::Url,
+        service: Option<&str>,
+        scope: &str,
+    ) -> Result<reqwest::RequestBuilder, Attempt> {
+        let failed = |reason: String| auth_failed(endpoint, reason);
         let refresh_token = endpoint
             .credentials
             .as_ref()
             .and_then(|c| c.identity_token.as_deref());
-        let request = match refresh_token {
+        Ok(match refresh_token {
             // Docker's identity token is an OAuth2 refresh token: POST it (the token
             // server's OAuth form), never in a URL where logs would keep it.
             Some(refresh_token) => {
@@ -548,7 +552,7 @@ impl RegistryClient {
                     .map_err(|err| failed(format!("cannot build the token request: {err}")))?;
                 form.query_pairs_mut()
                     .append_pair("grant_type", "refresh_token")
-                    .append_pair("service", service.as_deref().unwrap_or_default())
+                    .append_pair("service", service.unwrap_or_default())
                     .append_pair("scope", scope)
                     .append_pair("client_id", "orchard")
                     .append_pair("refresh_token", refresh_token);
@@ -560,7 +564,7 @@ impl RegistryClient {
             None => {
                 {
                     let mut query = url.query_pairs_mut();
-                    if let Some(service) = &service {
+                    if let Some(service) = service {
                         query.append_pair("service", service);
                     }
                     query.append_pair("scope", scope);
@@ -572,54 +576,81 @@ impl RegistryClient {
                 }
                 request
             }
-        };
-        let response = request.send().await.map_err(|err| {
-            Attempt::Unreachable(format!(
-                "token server {realm}: {}",
-                super::targets::connect_failure(&err)
-            ))
-        })?;
-        let status = response.status();
-        if !status.is_success() {
-            let who = match &endpoint.credentials {
-                Some(credentials) if credentials.identity_token.is_some() => {
-                    "the configured identity token".to_string()
-                }
-                Some(credentials) => format!("the credentials of {}", credentials.username),
-                None => "anonymous access (no credentials configured)".to_string(),
-            };
-            let message = error_message(response).await;
-            return Err(failed(format!(
-                "token server {realm} refused {who}: {status}: {message}"
-            )));
-        }
-        let body = read_limited(response, MAX_DOCUMENT)
-            .await
-            .map_err(|reason| Attempt::Unreachable(format!("token server {realm}: {reason}")))?;
-        #[derive(serde::Deserialize)]
-        struct TokenAnswer {
-            token: Option<String>,
-            access_token: Option<String>,
-            expires_in: Option<u64>,
-        }
-        let answer: TokenAnswer = serde_json::from_slice(&body).map_err(|err| {
-            failed(format!(
-                "token server {realm} answered malformed JSON: {err}"
-            ))
-        })?;
-        let token = answer
-            .token
-            .or(answer.access_token)
-            .filter(|token| !token.is_empty())
-            .ok_or_else(|| failed(format!("token server {realm} answered no token")))?;
-        // Renew a little early so a token does not expire between check and use.
-        let seconds = answer
-            .expires_in
-            .unwrap_or(DEFAULT_TOKEN_SECONDS)
-            .saturating_sub(5)
-            .max(1);
-        Ok((Auth::Bearer(token), Duration::from_secs(seconds)))
+        })
     }
+}
+
+/// The error of a failed authentication at `endpoint`.
+fn auth_failed(endpoint: &Endpoint, reason: String) -> Attempt {
+    Attempt::Failed(ImageError::AuthFailed {
+        registry: endpoint.url.clone(),
+        reason,
+    })
+}
+
+/// Authentication's answer to a Basic challenge: the configured credentials.
+fn basic_auth(endpoint: &Endpoint) -> Result<(Auth, Duration), Attempt> {
+    let failed = |reason: String| auth_failed(endpoint, reason);
+    match &endpoint.credentials {
+            Some(credentials) if credentials.identity_token.is_some() => Err(failed(
+                "the registry asks for a user name and password and only an identity token is configured for it".to_string(),
+            )),
+            // Basic credentials do not expire; re-check them hourly anyway.
+            Some(credentials) => Ok((Auth::Basic(credentials.clone()), Duration::from_secs(3600))),
+            None => Err(failed(
+                "the registry asks for a user name and password and none is configured for it".to_string(),
+            )),
+        }
+}
+
+/// Authentication's last step: the token server's answer read into a token and how
+/// long to keep it.
+async fn read_token(
+    endpoint: &Endpoint,
+    realm: &str,
+    response: reqwest::Response,
+) -> Result<(Auth, Duration), Attempt> {
+    let failed = |reason: String| auth_failed(endpoint, reason);
+    let status = response.status();
+    if !status.is_success() {
+        let who = match &endpoint.credentials {
+            Some(credentials) if credentials.identity_token.is_some() => {
+                "the configured identity token".to_string()
+            }
+            Some(credentials) => format!("the credentials of {}", credentials.username),
+            None => "anonymous access (no credentials configured)".to_string(),
+        };
+        let message = error_message(response).await;
+        return Err(failed(format!(
+            "token server {realm} refused {who}: {status}: {message}"
+        )));
+    }
+    let body = read_limited(response, MAX_DOCUMENT)
+        .await
+        .map_err(|reason| Attempt::Unreachable(format!("token server {realm}: {reason}")))?;
+    #[derive(serde::Deserialize)]
+    struct TokenAnswer {
+        token: Option<String>,
+        access_token: Option<String>,
+        expires_in: Option<u64>,
+    }
+    let answer: TokenAnswer = serde_json::from_slice(&body).map_err(|err| {
+        failed(format!(
+            "token server {realm} answered malformed JSON: {err}"
+        ))
+    })?;
+    let token = answer
+        .token
+        .or(answer.access_token)
+        .filter(|token| !token.is_empty())
+        .ok_or_else(|| failed(format!("token server {realm} answered no token")))?;
+    // Renew a little early so a token does not expire between check and use.
+    let seconds = answer
+        .expires_in
+        .unwrap_or(DEFAULT_TOKEN_SECONDS)
+        .saturating_sub(5)
+        .max(1);
+    Ok((Auth::Bearer(token), Duration::from_secs(seconds)))
 }
 
 /// Endpoint indexes starting with `first`.

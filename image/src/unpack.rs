@@ -287,105 +287,158 @@ impl<'a> Unpacker<'a> {
         self.parent_dirs(&rel, &raw_path)?;
         let path = self.root.join(&rel);
         match kind {
-            EntryType::Directory => {
-                match fs::symlink_metadata(&path) {
-                    Ok(existing) if existing.is_dir() => {}
-                    Ok(_) => {
-                        self.remove(&path)?;
-                        self.mkdir(&path, 0o700)?;
-                    }
-                    Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                        self.mkdir(&path, 0o700)?
-                    }
-                    Err(err) => return Err(self.io_error("cannot inspect", &path, err)),
-                }
-                self.set_owner(&path, &meta)?;
-                self.set_xattrs(&path, &xattrs);
-                self.known_dirs.insert(rel);
-                self.dirs.push((path, meta));
-            }
+            EntryType::Directory => self.directory(rel, path, meta, &xattrs)?,
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                self.remove(&path)?;
-                let mut file = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&path)
-                    .map_err(|err| self.io_error("cannot create", &path, err))?;
-                loop {
-                    let n = match entry.read(&mut self.buffer) {
-                        Ok(0) => break,
-                        Ok(n) => n,
-                        Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(err) => return Err(self.tar_error(err)),
-                    };
-                    file.write_all(&self.buffer[..n])
-                        .map_err(|err| self.io_error("cannot write", &path, err))?;
-                }
-                drop(file);
-                self.set_owner(&path, &meta)?;
-                self.set_mode(&path, meta.mode)?;
-                self.set_xattrs(&path, &xattrs);
-                self.set_mtime(&path, meta.mtime)?;
+                self.regular_file(entry, &path, &meta, &xattrs)?
             }
-            EntryType::Symlink => {
-                let target = entry
-                    .link_name()
-                    .map_err(|err| self.tar_error(err))?
-                    .ok_or_else(|| self.refuse(&raw_path, "symbolic link without a target"))?
-                    .into_owned();
-                self.remove(&path)?;
-                std::os::unix::fs::symlink(&target, &path)
-                    .map_err(|err| self.io_error("cannot create symbolic link", &path, err))?;
-                self.set_owner(&path, &meta)?;
-                self.set_xattrs(&path, &xattrs);
-                self.set_mtime(&path, meta.mtime)?;
-            }
-            EntryType::Link => {
-                let raw_target = entry
-                    .link_name()
-                    .map_err(|err| self.tar_error(err))?
-                    .ok_or_else(|| self.refuse(&raw_path, "hard link without a target"))?
-                    .into_owned();
-                let target_rel = clean(&raw_target).map_err(|reason| {
-                    self.refuse(
-                        &raw_path,
-                        format!("hard link target {}: {reason}", raw_target.display()),
-                    )
-                })?;
-                if target_rel == rel {
-                    return Ok(());
-                }
-                let target = self.existing_file(&target_rel, &raw_path)?;
-                self.remove(&path)?;
-                // link(2) does not follow a symbolic link target: it links the link itself.
-                fs::hard_link(&target, &path)
-                    .map_err(|err| self.io_error("cannot create hard link", &path, err))?;
-            }
+            EntryType::Symlink => self.symlink(entry, &raw_path, &path, &meta, &xattrs)?,
+            EntryType::Link => self.hard_link(entry, &raw_path, &rel, &path)?,
             EntryType::Char | EntryType::Block | EntryType::Fifo => {
-                let file_type = match kind {
-                    EntryType::Char => libc::S_IFCHR,
-                    EntryType::Block => libc::S_IFBLK,
-                    _ => libc::S_IFIFO,
-                };
-                let header = entry.header();
-                let major = header.device_major().ok().flatten().unwrap_or(0);
-                let minor = header.device_minor().ok().flatten().unwrap_or(0);
-                self.remove(&path)?;
-                self.mknod(
-                    &path,
-                    file_type | (meta.mode & 0o7777),
-                    libc::makedev(major, minor),
-                )?;
-                self.set_owner(&path, &meta)?;
-                self.set_mode(&path, meta.mode)?;
-                self.set_mtime(&path, meta.mtime)?;
+                self.device(entry, kind, &path, &meta)?
             }
             // Other types (GNU volume labels, multi-volume continuations) carry nothing a
             // root file system can hold; like Docker, skip them.
             _ => {}
         }
+        Ok(())
+    }
+
+    /// An entry's step for a directory: made unless one is there, replacing anything else.
+    fn directory(
+        &mut self,
+        rel: PathBuf,
+        path: PathBuf,
+        meta: Meta,
+        xattrs: &Xattrs,
+    ) -> Result<(), ImageError> {
+        match fs::symlink_metadata(&path) {
+            Ok(existing) if existing.is_dir() => {}
+            Ok(_) => {
+                self.remove(&path)?;
+                self.mkdir(&path, 0o700)?;
+            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => self.mkdir(&path, 0o700)?,
+            Err(err) => return Err(self.io_error("cannot inspect", &path, err)),
+        }
+        self.set_owner(&path, &meta)?;
+        self.set_xattrs(&path, xattrs);
+        self.known_dirs.insert(rel);
+        self.dirs.push((path, meta));
+        Ok(())
+    }
+
+    /// An entry's step for a regular file: created afresh and filled from the stream.
+    fn regular_file<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        path: &Path,
+        meta: &Meta,
+        xattrs: &Xattrs,
+    ) -> Result<(), ImageError> {
+        self.remove(path)?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|err| self.io_error("cannot create", path, err))?;
+        loop {
+            let n = match entry.read(&mut self.buffer) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => return Err(self.tar_error(err)),
+            };
+            file.write_all(&self.buffer[..n])
+                .map_err(|err| self.io_error("cannot write", path, err))?;
+        }
+        drop(file);
+        self.set_owner(path, meta)?;
+        self.set_mode(path, meta.mode)?;
+        self.set_xattrs(path, xattrs);
+        self.set_mtime(path, meta.mtime)?;
+        Ok(())
+    }
+
+    /// An entry's step for a symbolic link, whose target is taken as it is.
+    fn symlink<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        raw_path: &Path,
+        path: &Path,
+        meta: &Meta,
+        xattrs: &Xattrs,
+    ) -> Result<(), ImageError> {
+        let target = entry
+            .link_name()
+            .map_err(|err| self.tar_error(err))?
+            .ok_or_else(|| self.refuse(raw_path, "symbolic link without a target"))?
+            .into_owned();
+        self.remove(path)?;
+        std::os::unix::fs::symlink(&target, path)
+            .map_err(|err| self.io_error("cannot create symbolic link", path, err))?;
+        self.set_owner(path, meta)?;
+        self.set_xattrs(path, xattrs);
+        self.set_mtime(path, meta.mtime)?;
+        Ok(())
+    }
+
+    /// An entry's step for a hard link, to a file already unpacked in this root.
+    fn hard_link<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        raw_path: &Path,
+        rel: &Path,
+        path: &Path,
+    ) -> Result<(), ImageError> {
+        let raw_target = entry
+            .link_name()
+            .map_err(|err| self.tar_error(err))?
+            .ok_or_else(|| self.refuse(raw_path, "hard link without a target"))?
+            .into_owned();
+        let target_rel = clean(&raw_target).map_err(|reason| {
+            self.refuse(
+                raw_path,
+                format!("hard link target {}: {reason}", raw_target.display()),
+            )
+        })?;
+        if target_rel == rel {
+            return Ok(());
+        }
+        let target = self.existing_file(&target_rel, raw_path)?;
+        self.remove(path)?;
+        // link(2) does not follow a symbolic link target: it links the link itself.
+        fs::hard_link(&target, path)
+            .map_err(|err| self.io_error("cannot create hard link", path, err))?;
+        Ok(())
+    }
+
+    /// An entry's step for a device node or a FIFO.
+    fn device<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        kind: EntryType,
+        path: &Path,
+        meta: &Meta,
+    ) -> Result<(), ImageError> {
+        let file_type = match kind {
+            EntryType::Char => libc::S_IFCHR,
+            EntryType::Block => libc::S_IFBLK,
+            _ => libc::S_IFIFO,
+        };
+        let header = entry.header();
+        let major = header.device_major().ok().flatten().unwrap_or(0);
+        let minor = header.device_minor().ok().flatten().unwrap_or(0);
+        self.remove(path)?;
+        self.mknod(
+            path,
+            file_type | (meta.mode & 0o7777),
+            libc::makedev(major, minor),
+        )?;
+        self.set_owner(path, meta)?;
+        self.set_mode(path, meta.mode)?;
+        self.set_mtime(path, meta.mtime)?;
         Ok(())
     }
 

@@ -77,6 +77,7 @@ fn chunk_reader(chunks: mpsc::Receiver<Bytes>, handle: Handle) -> impl Read {
 }
 
 impl Inner {
+    /// Pulls `reference`: its manifest and config, then every layer; records the image.
     pub(super) async fn pull_now(
         self: Arc<Self>,
         reference: Reference,
@@ -84,9 +85,62 @@ impl Inner {
     ) -> Result<Image, ImageError> {
         let name = reference.to_string();
         let endpoints = Arc::new(registry::endpoints(&self.config, &reference));
+        let Resolved {
+            bytes: manifest_bytes,
+            digest: manifest_digest,
+            index,
+            manifest,
+            first,
+        } = self.resolve_manifest(&endpoints, &reference, &name).await?;
+        check_manifest(&manifest, &name)?;
+        let config_digest = manifest.config.digest.clone();
+        let config_bytes = self
+            .config_bytes(&endpoints, &reference, &name, &config_digest, first)
+            .await?;
+        let config = ConfigFile::parse(
+            &config_bytes,
+            &format!("config of {name}"),
+            manifest.layers.len(),
+        )?;
+        let mut blobs = vec![manifest_digest.as_str(), config_digest.as_str()];
+        blobs.extend(index.as_ref().map(|(_, digest)| digest.as_str()));
+        let _pins = self.pin_image(&blobs, config.diff_ids())?;
+        self.write_blob(&manifest_digest, &manifest_bytes)?;
+        self.write_blob(&config_digest, &config_bytes)?;
+        if let Some((bytes, digest)) = &index {
+            self.write_blob(digest, bytes)?;
+        }
+
+        self.download_layers(
+            &reference,
+            &endpoints,
+            first,
+            &manifest,
+            config.diff_ids(),
+            report,
+        )
+        .await?;
+        let index_digest = index.map(|(_, digest)| digest);
+        self.record(
+            &name,
+            &manifest_digest,
+            index_digest,
+            &config_digest,
+            &config,
+        )
+    }
+
+    /// The pull's first step: fetches the manifest the reference names, checks its
+    /// digests and, for an index, fetches the manifest for this platform.
+    async fn resolve_manifest(
+        &self,
+        endpoints: &[Endpoint],
+        reference: &Reference,
+        name: &str,
+    ) -> Result<Resolved, ImageError> {
         let fetched = self
             .registry
-            .manifest(&endpoints, &reference, reference.manifest_ref(), 0)
+            .manifest(endpoints, reference, reference.manifest_ref(), 0)
             .await?;
         let first = fetched.endpoint;
         let what = format!("manifest of {name}");
@@ -102,15 +156,15 @@ impl Inner {
             verify_bytes(&what, &fetched.bytes, header)?;
         }
         // (manifest, its digest, the index and its digest when the name points at one)
-        let (manifest_bytes, manifest_digest, index, manifest) =
+        let (bytes, digest, index, manifest) =
             match parse_manifest(&fetched.bytes, fetched.content_type.as_deref(), &what)? {
                 ManifestDoc::Manifest(manifest) => (fetched.bytes, top_digest, None, manifest),
                 ManifestDoc::Index(index) => {
-                    let chosen = select_platform(&index, &name)?.digest.clone();
+                    let chosen = select_platform(&index, name)?.digest.clone();
                     digest::hex_of(&chosen)?;
                     let child = self
                         .registry
-                        .manifest(&endpoints, &reference, &chosen, first)
+                        .manifest(endpoints, reference, &chosen, first)
                         .await?;
                     let child_what = format!("manifest {chosen} of {name}");
                     verify_bytes(&child_what, &child.bytes, &chosen)?;
@@ -131,37 +185,54 @@ impl Inner {
                     }
                 }
             };
-        check_manifest(&manifest, &name)?;
-        let config_digest = manifest.config.digest.clone();
-        let config_bytes = match self.read_blob(&config_digest) {
+        Ok(Resolved {
+            bytes,
+            digest,
+            index,
+            manifest,
+            first,
+        })
+    }
+
+    /// The pull's config step: the image's config from the store, or else fetched and
+    /// checked against its digest.
+    async fn config_bytes(
+        &self,
+        endpoints: &[Endpoint],
+        reference: &Reference,
+        name: &str,
+        config_digest: &str,
+        first: usize,
+    ) -> Result<Vec<u8>, ImageError> {
+        Ok(match self.read_blob(config_digest) {
             Some(bytes) => bytes,
             None => {
                 let bytes = self
                     .registry
-                    .small_blob(&endpoints, &reference, &config_digest, first, MAX_CONFIG)
+                    .small_blob(endpoints, reference, config_digest, first, MAX_CONFIG)
                     .await?;
                 verify_bytes(
                     &format!("config {config_digest} of {name}"),
                     &bytes,
-                    &config_digest,
+                    config_digest,
                 )?;
                 bytes
             }
-        };
-        let config = ConfigFile::parse(
-            &config_bytes,
-            &format!("config of {name}"),
-            manifest.layers.len(),
-        )?;
-        let mut blobs = vec![manifest_digest.as_str(), config_digest.as_str()];
-        blobs.extend(index.as_ref().map(|(_, digest)| digest.as_str()));
-        let _pins = self.pin_image(&blobs, config.diff_ids())?;
-        self.write_blob(&manifest_digest, &manifest_bytes)?;
-        self.write_blob(&config_digest, &config_bytes)?;
-        if let Some((bytes, digest)) = &index {
-            self.write_blob(digest, bytes)?;
-        }
+        })
+    }
 
+    /// The pull's layer step: every layer ensured at once; the first failure aborts
+    /// the others.
+    async fn download_layers(
+        self: &Arc<Self>,
+        reference: &Reference,
+        endpoints: &Arc<Vec<Endpoint>>,
+        first: usize,
+        manifest: &Manifest,
+        diff_ids: &[String],
+        report: Listener,
+    ) -> Result<(), ImageError> {
+        let name = reference.to_string();
         let reporter = Reporter {
             reference: name.clone(),
             total: manifest.layers.len(),
@@ -169,7 +240,7 @@ impl Inner {
             listener: report,
         };
         let mut tasks = JoinSet::new();
-        for (descriptor, diff_id) in manifest.layers.iter().zip(config.diff_ids()) {
+        for (descriptor, diff_id) in manifest.layers.iter().zip(diff_ids) {
             let task = LayerTask {
                 reference: reference.clone(),
                 endpoints: endpoints.clone(),
@@ -193,14 +264,7 @@ impl Inner {
                 }
             }
         }
-        let index_digest = index.map(|(_, digest)| digest);
-        self.record(
-            &name,
-            &manifest_digest,
-            index_digest,
-            &config_digest,
-            &config,
-        )
+        Ok(())
     }
 
     /// Makes sure a layer is unpacked, downloading it unless it is there or another
@@ -283,45 +347,7 @@ impl Inner {
                 (work, result)
             })
         };
-        let mut received = 0u64;
-        let mut reported = 0u64;
-        let mut failure = None;
-        task.reporter.bytes(&descriptor.digest, 0, total);
-        loop {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    received += chunk.len() as u64;
-                    if descriptor.size > 0 && received > descriptor.size {
-                        failure = Some(ImageError::invalid(
-                            &what,
-                            format!(
-                                "{source} sent more than the {} bytes the manifest declares",
-                                descriptor.size
-                            ),
-                        ));
-                        break;
-                    }
-                    if sender.send(chunk).await.is_err() {
-                        break;
-                    }
-                    if received - reported >= PROGRESS_STEP {
-                        reported = received;
-                        task.reporter.bytes(&descriptor.digest, received, total);
-                    }
-                }
-                Ok(None) => break,
-                Err(err) => {
-                    failure = Some(ImageError::Unreachable {
-                        reference: task.reference.to_string(),
-                        tried: vec![format!(
-                            "{source}: download interrupted: {}",
-                            crate::error::chain(&err)
-                        )],
-                    });
-                    break;
-                }
-            }
-        }
+        let (received, failure) = relay(task, &mut response, &sender, &what, &source, total).await;
         drop(sender);
         let (work, outcome) = unpacking
             .await
@@ -338,6 +364,73 @@ impl Inner {
             .await
             .map_err(|err| ImageError::invalid(&what, format!("install thread failed: {err}")))?
     }
+}
+
+/// A layer download's streaming step: the response's chunks to the unpacker, with
+/// progress reports; answers the bytes received and why the download failed, if it did.
+async fn relay(
+    task: &LayerTask,
+    response: &mut reqwest::Response,
+    sender: &mpsc::Sender<Bytes>,
+    what: &str,
+    source: &str,
+    total: u64,
+) -> (u64, Option<ImageError>) {
+    let mut received = 0u64;
+    let mut reported = 0u64;
+    let mut failure = None;
+    let descriptor = &task.descriptor;
+    task.reporter.bytes(&descriptor.digest, 0, total);
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                received += chunk.len() as u64;
+                if descriptor.size > 0 && received > descriptor.size {
+                    failure = Some(ImageError::invalid(
+                        what,
+                        format!(
+                            "{source} sent more than the {} bytes the manifest declares",
+                            descriptor.size
+                        ),
+                    ));
+                    break;
+                }
+                if sender.send(chunk).await.is_err() {
+                    break;
+                }
+                if received - reported >= PROGRESS_STEP {
+                    reported = received;
+                    task.reporter.bytes(&descriptor.digest, received, total);
+                }
+            }
+            Ok(None) => break,
+            Err(err) => {
+                failure = Some(ImageError::Unreachable {
+                    reference: task.reference.to_string(),
+                    tried: vec![format!(
+                        "{source}: download interrupted: {}",
+                        crate::error::chain(&err)
+                    )],
+                });
+                break;
+            }
+        }
+    }
+    (received, failure)
+}
+
+/// The manifests a pull resolved.
+struct Resolved {
+    /// The image's manifest, as fetched.
+    bytes: Vec<u8>,
+    /// Its digest.
+    digest: String,
+    /// The index and its digest, when the name points at one.
+    index: Option<(Vec<u8>, String)>,
+    /// The manifest, parsed.
+    manifest: Manifest,
+    /// Index of the endpoint that answered first.
+    first: usize,
 }
 
 /// What a layer download needs, owned so it can run as its own task.

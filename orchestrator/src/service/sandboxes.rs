@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::backend::{BackendSandbox, CreateSpec, SandboxImage};
-use crate::state::{AgentRecord, Phase, SandboxRecord, StoreError, Topic, Version};
+use crate::state::{AgentRecord, Lease, Phase, SandboxRecord, StoreError, Topic, Version};
 use crate::units;
 
 use crate::time::now_ms;
@@ -307,44 +307,7 @@ impl Service {
         tenant: &Tenant,
         req: CreateRequest,
     ) -> Result<SandboxRecord, Error> {
-        if req.image.trim().is_empty() {
-            return Err(Error::BadRequest("image must not be empty".into()));
-        }
-        // Input the backend would refuse is refused here, as a 400: found only by the
-        // create task, it would be a sandbox that failed to start (502).
-        crate::image::Reference::parse(&req.image).map_err(|e| Error::BadRequest(e.to_string()))?;
-        validate_env_and_labels(&req.env, &req.labels)?;
-        let defaults = &self.inner.config.defaults;
-        let limits = self.fit_limits(
-            req.cpu.clone().unwrap_or_else(|| defaults.cpu.clone()),
-            req.memory
-                .clone()
-                .unwrap_or_else(|| defaults.memory.clone()),
-        )?;
-        let policy = &self.inner.config.policy;
-        let ready_timeout = match req.ready_timeout_s {
-            None | Some(0) => policy.ready_timeout,
-            Some(s) => Duration::from_secs(s).min(policy.max_ready_timeout),
-        };
-        let ttl = match req.ttl_s {
-            Some(0) => None,
-            Some(s) if s > MAX_TTL_S => {
-                return Err(Error::BadRequest(format!(
-                    "ttl_s {s}: at most {MAX_TTL_S} seconds (100 years); 0 keeps the sandbox until deleted"
-                )))
-            }
-            Some(s) => Some(Duration::from_secs(s)),
-            None => policy.default_ttl,
-        };
-        for k in req.labels.keys() {
-            if k.starts_with(META) {
-                return Err(BadLabel::Reserved {
-                    key: k.clone(),
-                    prefix: META,
-                }
-                .into());
-            }
-        }
+        let (limits, ready_timeout, ttl) = self.check_create(&req)?;
         let id = match &req.id {
             Some(id) => {
                 if !crate::backend::valid_id(id) {
@@ -354,34 +317,7 @@ impl Service {
             }
             None => format!("sb-{}", crate::random::hex(6)?),
         };
-        let cfg = &self.inner.config;
-        let room = (cfg.max_concurrent_creates.max(1) + cfg.create_queue) as u64;
-        if self.inner.pending.load(Ordering::Relaxed) >= room {
-            return Err(Error::Unavailable(format!(
-                "{} sandboxes are being created and {} more wait in the queue, which is full; retry shortly",
-                cfg.max_concurrent_creates, cfg.create_queue
-            )));
-        }
-        if self.store().sandbox(&id).await?.is_some() {
-            return Err(Error::SandboxExists(id));
-        }
-        // The create lease, taken before the record exists and held until the record
-        // is marked: a pending record whose lease nobody holds lost its creator (a
-        // replica that died), and the policy loop fails it.
-        // A holder of its own per create: two racing creates of one id in one replica
-        // must not share (and the loser release) the winner's lease.
-        let holder = format!("{}/create/{}", self.inner.holder, crate::random::hex(4)?);
-        let Some(lease) = self
-            .store()
-            .acquire_lease(&create_lease(&id), &holder, self.policy().worker_lease)
-            .await?
-        else {
-            return Err(Error::SandboxExists(id));
-        };
-        if let Err(e) = self.take_quota(tenant).await {
-            let _ = self.store().release_lease(&lease).await;
-            return Err(e);
-        }
+        let lease = self.reserve_create(tenant, &id).await?;
         let mut rec = self.new_record(id.clone(), tenant, &req, ready_timeout, ttl, now_ms())?;
         // The record says what the sandbox has, and why it differs from the request.
         (rec.cpu, rec.memory) = (limits.cpu.clone(), limits.memory.clone());
@@ -422,6 +358,87 @@ impl Service {
             let _ = service.store().release_lease(&lease).await;
         });
         Ok(rec)
+    }
+
+    /// The create's checks of the request: its limits fitted to the host, its ready
+    /// timeout and its TTL.
+    fn check_create(
+        &self,
+        req: &CreateRequest,
+    ) -> Result<(FittedLimits, Duration, Option<Duration>), Error> {
+        if req.image.trim().is_empty() {
+            return Err(Error::BadRequest("image must not be empty".into()));
+        }
+        // Input the backend would refuse is refused here, as a 400: found only by the
+        // create task, it would be a sandbox that failed to start (502).
+        crate::image::Reference::parse(&req.image).map_err(|e| Error::BadRequest(e.to_string()))?;
+        validate_env_and_labels(&req.env, &req.labels)?;
+        let defaults = &self.inner.config.defaults;
+        let limits = self.fit_limits(
+            req.cpu.clone().unwrap_or_else(|| defaults.cpu.clone()),
+            req.memory
+                .clone()
+                .unwrap_or_else(|| defaults.memory.clone()),
+        )?;
+        let policy = &self.inner.config.policy;
+        let ready_timeout = match req.ready_timeout_s {
+            None | Some(0) => policy.ready_timeout,
+            Some(s) => Duration::from_secs(s).min(policy.max_ready_timeout),
+        };
+        let ttl = match req.ttl_s {
+            Some(0) => None,
+            Some(s) if s > MAX_TTL_S => {
+                return Err(Error::BadRequest(format!(
+                    "ttl_s {s}: at most {MAX_TTL_S} seconds (100 years); 0 keeps the sandbox until deleted"
+                )))
+            }
+            Some(s) => Some(Duration::from_secs(s)),
+            None => policy.default_ttl,
+        };
+        for k in req.labels.keys() {
+            if k.starts_with(META) {
+                return Err(BadLabel::Reserved {
+                    key: k.clone(),
+                    prefix: META,
+                }
+                .into());
+            }
+        }
+        Ok((limits, ready_timeout, ttl))
+    }
+
+    /// The create's reservation of `id`: room in the create queue, no record yet, the
+    /// create lease and the tenant's quota (the lease released if the quota refuses).
+    async fn reserve_create(&self, tenant: &Tenant, id: &str) -> Result<Lease, Error> {
+        let cfg = &self.inner.config;
+        let room = (cfg.max_concurrent_creates.max(1) + cfg.create_queue) as u64;
+        if self.inner.pending.load(Ordering::Relaxed) >= room {
+            return Err(Error::Unavailable(format!(
+                "{} sandboxes are being created and {} more wait in the queue, which is full; retry shortly",
+                cfg.max_concurrent_creates, cfg.create_queue
+            )));
+        }
+        if self.store().sandbox(id).await?.is_some() {
+            return Err(Error::SandboxExists(id.to_string()));
+        }
+        // The create lease, taken before the record exists and held until the record
+        // is marked: a pending record whose lease nobody holds lost its creator (a
+        // replica that died), and the policy loop fails it.
+        // A holder of its own per create: two racing creates of one id in one replica
+        // must not share (and the loser release) the winner's lease.
+        let holder = format!("{}/create/{}", self.inner.holder, crate::random::hex(4)?);
+        let Some(lease) = self
+            .store()
+            .acquire_lease(&create_lease(id), &holder, self.policy().worker_lease)
+            .await?
+        else {
+            return Err(Error::SandboxExists(id.to_string()));
+        };
+        if let Err(e) = self.take_quota(tenant).await {
+            let _ = self.store().release_lease(&lease).await;
+            return Err(e);
+        }
+        Ok(lease)
     }
 
     /// A new pending record.

@@ -24,6 +24,7 @@
 //! [`Runtime`]: super::runtime::Runtime
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tracing::Instrument;
 
@@ -31,6 +32,7 @@ use crate::state::{JobRecord, Lease, Phase, SandboxRecord, StoreError, Topic};
 
 use super::exec::{self, collect, Outcome};
 use super::handle::{Inner, Service};
+use super::runtime::Live;
 
 /// How the worker's hold on its lease ended.
 enum Held {
@@ -173,45 +175,13 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
         let job = match &rec.phase {
             Phase::Pending => None,
             Phase::Failed { message } => {
-                let why = format!("the sandbox failed to start: {message}");
-                fail_queued(&service, id, &why, lease).await;
-                if unsure {
-                    if let Ok(seen) = taken_unseen(&service, id, lease).await {
-                        unsure = false;
-                        if let Some(job) = seen {
-                            fail(&service, job, why, lease).await;
-                        }
-                    }
-                }
+                fail_all(&service, id, message, lease, &mut unsure).await;
                 None
             }
-            Phase::Ready => {
-                let mut job = None;
-                if unsure {
-                    if let Ok(seen) = taken_unseen(&service, id, lease).await {
-                        unsure = seen.is_some();
-                        job = seen;
-                    }
-                    // Run it only while surely still the holder: a successor may have
-                    // failed it as orphaned already.
-                    if job.is_some()
-                        && !matches!(service.store().renew_lease(lease, ttl).await, Ok(true))
-                    {
-                        return Held::Lost;
-                    }
-                }
-                if !unsure {
-                    match service.store().take_job(id, lease).await {
-                        Ok(taken) => job = taken,
-                        Err(StoreError::Conflict(_)) => return Held::Lost,
-                        // The take may have happened with its answer lost (Redis went
-                        // away mid-call): the job would be `running` under this lease
-                        // with nobody running it. Look before taking again.
-                        Err(_) => unsure = true,
-                    }
-                }
-                job
-            }
+            Phase::Ready => match next_job(&service, id, lease, ttl, &mut unsure).await {
+                Ok(job) => job,
+                Err(held) => return held,
+            },
         };
         let Some(job) = job else {
             drop(service);
@@ -235,19 +205,80 @@ async fn hold(weak: &Weak<Inner>, id: &str, uid: &str, lease: &Lease) -> Held {
                 continue;
             }
         };
-        let job_span = tracing::warn_span!("job", job_id = %job.job.job_id);
-        let run = exec::run(&service, &live, job, &rec, lease).instrument(job_span);
-        tokio::pin!(run);
-        loop {
-            tokio::select! {
-                _ = &mut run => break,
-                _ = tokio::time::sleep(ttl / 3) => {
-                    let _ = service.renew_worker_lease(lease).await;
-                }
-            }
-        }
+        run_job(&service, &live, job, &rec, lease, ttl).await;
         if !service.renew_worker_lease(lease).await {
             return Held::Lost;
+        }
+    }
+}
+
+/// A hold's step for a sandbox that failed to start: its queued jobs fail, and so
+/// does a job whose take was unsure, once it is found.
+async fn fail_all(service: &Service, id: &str, message: &str, lease: &Lease, unsure: &mut bool) {
+    let why = format!("the sandbox failed to start: {message}");
+    fail_queued(service, id, &why, lease).await;
+    if *unsure {
+        if let Ok(seen) = taken_unseen(service, id, lease).await {
+            *unsure = false;
+            if let Some(job) = seen {
+                fail(service, job, why, lease).await;
+            }
+        }
+    }
+}
+
+/// A hold's step for a ready sandbox: the next job to run, the one an unsure take
+/// left running first; `Err` when the lease is lost.
+async fn next_job(
+    service: &Service,
+    id: &str,
+    lease: &Lease,
+    ttl: Duration,
+    unsure: &mut bool,
+) -> Result<Option<JobRecord>, Held> {
+    let mut job = None;
+    if *unsure {
+        if let Ok(seen) = taken_unseen(service, id, lease).await {
+            *unsure = seen.is_some();
+            job = seen;
+        }
+        // Run it only while surely still the holder: a successor may have
+        // failed it as orphaned already.
+        if job.is_some() && !matches!(service.store().renew_lease(lease, ttl).await, Ok(true)) {
+            return Err(Held::Lost);
+        }
+    }
+    if !*unsure {
+        match service.store().take_job(id, lease).await {
+            Ok(taken) => job = taken,
+            Err(StoreError::Conflict(_)) => return Err(Held::Lost),
+            // The take may have happened with its answer lost (Redis went
+            // away mid-call): the job would be `running` under this lease
+            // with nobody running it. Look before taking again.
+            Err(_) => *unsure = true,
+        }
+    }
+    Ok(job)
+}
+
+/// A hold's step that runs one job, renewing the lease meanwhile.
+async fn run_job(
+    service: &Service,
+    live: &Live,
+    job: JobRecord,
+    rec: &SandboxRecord,
+    lease: &Lease,
+    ttl: Duration,
+) {
+    let job_span = tracing::warn_span!("job", job_id = %job.job.job_id);
+    let run = exec::run(service, live, job, rec, lease).instrument(job_span);
+    tokio::pin!(run);
+    loop {
+        tokio::select! {
+            _ = &mut run => break,
+            _ = tokio::time::sleep(ttl / 3) => {
+                let _ = service.renew_worker_lease(lease).await;
+            }
         }
     }
 }

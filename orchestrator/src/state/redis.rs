@@ -82,6 +82,8 @@ struct Scripts {
 }
 
 impl Scripts {
+    /// Every script, compiled once.
+    // Over 100 lines because it is one literal: each Lua script reads best beside its name.
     fn new() -> Scripts {
         Scripts {
             insert_sandbox: Script::new(

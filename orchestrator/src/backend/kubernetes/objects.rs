@@ -179,143 +179,10 @@ pub fn pod(cfg: &KubeConfig, input: &PodInput<'_>) -> Result<Pod, KubeError> {
     ]);
     annotations.extend(cfg.pod_annotations.clone());
 
-    let mut env = vec![EnvVar {
-        name: "ORCHARD_AGENT_TOKEN".into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: secret_name(input.id),
-                key: TOKEN_KEY.into(),
-                optional: Some(false),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }];
-    for kv in input.env {
-        let (k, v) = kv.split_once('=').ok_or_else(|| {
-            KubeError::Invalid(format!("environment entry {kv:?} is not KEY=value"))
-        })?;
-        if k.is_empty() || k == "ORCHARD_AGENT_TOKEN" {
-            return Err(KubeError::Invalid(format!(
-                "environment variable {k:?} cannot be set"
-            )));
-        }
-        env.push(EnvVar {
-            name: k.to_string(),
-            value: Some(v.to_string()),
-            ..Default::default()
-        });
-    }
-
-    let mut limits = BTreeMap::new();
-    if let Some(cpus) = input.cpus {
-        limits.insert("cpu".to_string(), cpu_quantity(cpus)?);
-    }
-    if let Some(bytes) = input.memory_bytes {
-        limits.insert("memory".to_string(), Quantity(bytes.to_string()));
-    }
-    if let Some(q) = &cfg.ephemeral_storage {
-        limits.insert("ephemeral-storage".to_string(), Quantity(q.clone()));
-    }
-    let resources = (!limits.is_empty()).then(|| ResourceRequirements {
-        requests: Some(limits.clone()),
-        limits: Some(limits),
-        ..Default::default()
-    });
-
-    let port = i32::from(cfg.agent_port);
-    let mut command = vec![
-        AGENT_IN_SANDBOX.to_string(),
-        "--tcp".into(),
-        format!("0.0.0.0:{port}"),
-    ];
-    let mut mounts = vec![VolumeMount {
-        name: INJECT_VOLUME.into(),
-        mount_path: INJECT_MOUNT.into(),
-        read_only: Some(true),
-        ..Default::default()
-    }];
-    let mut inject = vec![
-        INJECTOR_BIN.to_string(),
-        "--agent".into(),
-        AGENT_IN_INJECTOR.into(),
-        "--target".into(),
-        INJECT_MOUNT.into(),
-    ];
-    if cfg.harness {
-        command.extend(["--publish-tools".to_string(), TOOLS_MOUNT.into()]);
-        mounts.push(VolumeMount {
-            name: INJECT_VOLUME.into(),
-            mount_path: TOOLS_MOUNT.into(),
-            sub_path: Some("harness".into()),
-            read_only: Some(true),
-            ..Default::default()
-        });
-        inject.extend(["--harness".to_string(), HARNESS_IN_INJECTOR.into()]);
-    }
-
-    let sandbox = Container {
-        name: SANDBOX_CONTAINER.into(),
-        image: Some(input.image.to_string()),
-        image_pull_policy: Some(cfg.image_pull_policy.clone()),
-        command: Some(command),
-        env: Some(env),
-        ports: Some(vec![ContainerPort {
-            name: Some("agent".into()),
-            container_port: port,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-        readiness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/livez".into()),
-                port: IntOrString::Int(port),
-                ..Default::default()
-            }),
-            period_seconds: Some(2),
-            failure_threshold: Some(3),
-            ..Default::default()
-        }),
-        resources,
-        volume_mounts: Some(mounts),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let injector = Container {
-        name: INJECTOR_CONTAINER.into(),
-        image: Some(cfg.injector_image.clone()),
-        image_pull_policy: Some(cfg.injector_pull_policy.clone()),
-        command: Some(inject),
-        volume_mounts: Some(vec![VolumeMount {
-            name: INJECT_VOLUME.into(),
-            mount_path: INJECT_MOUNT.into(),
-            ..Default::default()
-        }]),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity("50m".into())),
-                ("memory".to_string(), Quantity("32Mi".into())),
-            ])),
-            limits: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity("500m".into())),
-                ("memory".to_string(), Quantity("64Mi".into())),
-            ])),
-            ..Default::default()
-        }),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let env = pod_env(input)?;
+    let resources = pod_resources(cfg, input)?;
+    let sandbox = sandbox_container(cfg, input, env, resources);
+    let injector = injector_container(cfg);
     let deadline = input
         .ttl
         .map(|t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX / 2) + DEADLINE_MARGIN_S);
@@ -346,6 +213,167 @@ pub fn pod(cfg: &KubeConfig, input: &PodInput<'_>) -> Result<Pod, KubeError> {
         }),
         status: None,
     })
+}
+
+/// The pod's step 1: the sandbox's environment, the token from its Secret first.
+fn pod_env(input: &PodInput<'_>) -> Result<Vec<EnvVar>, KubeError> {
+    let mut env = vec![EnvVar {
+        name: "ORCHARD_AGENT_TOKEN".into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret_name(input.id),
+                key: TOKEN_KEY.into(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    for kv in input.env {
+        let (k, v) = kv.split_once('=').ok_or_else(|| {
+            KubeError::Invalid(format!("environment entry {kv:?} is not KEY=value"))
+        })?;
+        if k.is_empty() || k == "ORCHARD_AGENT_TOKEN" {
+            return Err(KubeError::Invalid(format!(
+                "environment variable {k:?} cannot be set"
+            )));
+        }
+        env.push(EnvVar {
+            name: k.to_string(),
+            value: Some(v.to_string()),
+            ..Default::default()
+        });
+    }
+    Ok(env)
+}
+
+/// The pod's step 2: the sandbox container's resources, requests equal to limits.
+fn pod_resources(
+    cfg: &KubeConfig,
+    input: &PodInput<'_>,
+) -> Result<Option<ResourceRequirements>, KubeError> {
+    let mut limits = BTreeMap::new();
+    if let Some(cpus) = input.cpus {
+        limits.insert("cpu".to_string(), cpu_quantity(cpus)?);
+    }
+    if let Some(bytes) = input.memory_bytes {
+        limits.insert("memory".to_string(), Quantity(bytes.to_string()));
+    }
+    if let Some(q) = &cfg.ephemeral_storage {
+        limits.insert("ephemeral-storage".to_string(), Quantity(q.clone()));
+    }
+    Ok((!limits.is_empty()).then(|| ResourceRequirements {
+        requests: Some(limits.clone()),
+        limits: Some(limits),
+        ..Default::default()
+    }))
+}
+
+/// The pod's step 3: the sandbox container, running the injected agent.
+fn sandbox_container(
+    cfg: &KubeConfig,
+    input: &PodInput<'_>,
+    env: Vec<EnvVar>,
+    resources: Option<ResourceRequirements>,
+) -> Container {
+    let port = i32::from(cfg.agent_port);
+    let mut command = vec![
+        AGENT_IN_SANDBOX.to_string(),
+        "--tcp".into(),
+        format!("0.0.0.0:{port}"),
+    ];
+    let mut mounts = vec![VolumeMount {
+        name: INJECT_VOLUME.into(),
+        mount_path: INJECT_MOUNT.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }];
+    if cfg.harness {
+        command.extend(["--publish-tools".to_string(), TOOLS_MOUNT.into()]);
+        mounts.push(VolumeMount {
+            name: INJECT_VOLUME.into(),
+            mount_path: TOOLS_MOUNT.into(),
+            sub_path: Some("harness".into()),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    Container {
+        name: SANDBOX_CONTAINER.into(),
+        image: Some(input.image.to_string()),
+        image_pull_policy: Some(cfg.image_pull_policy.clone()),
+        command: Some(command),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("agent".into()),
+            container_port: port,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/livez".into()),
+                port: IntOrString::Int(port),
+                ..Default::default()
+            }),
+            period_seconds: Some(2),
+            failure_threshold: Some(3),
+            ..Default::default()
+        }),
+        resources,
+        volume_mounts: Some(mounts),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pod's step 4: the init container that copies the agent (and the harness) in.
+fn injector_container(cfg: &KubeConfig) -> Container {
+    let mut inject = vec![
+        INJECTOR_BIN.to_string(),
+        "--agent".into(),
+        AGENT_IN_INJECTOR.into(),
+        "--target".into(),
+        INJECT_MOUNT.into(),
+    ];
+    if cfg.harness {
+        inject.extend(["--harness".to_string(), HARNESS_IN_INJECTOR.into()]);
+    }
+    Container {
+        name: INJECTOR_CONTAINER.into(),
+        image: Some(cfg.injector_image.clone()),
+        image_pull_policy: Some(cfg.injector_pull_policy.clone()),
+        command: Some(inject),
+        volume_mounts: Some(vec![VolumeMount {
+            name: INJECT_VOLUME.into(),
+            mount_path: INJECT_MOUNT.into(),
+            ..Default::default()
+        }]),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("50m".into())),
+                ("memory".to_string(), Quantity("32Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("500m".into())),
+                ("memory".to_string(), Quantity("64Mi".into())),
+            ])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// The Secret holding a pod's token. Made before the pod (the kubelet would otherwise

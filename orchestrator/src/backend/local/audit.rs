@@ -197,9 +197,23 @@ pub(super) async fn audit(inner: &Inner) -> Result<AuditReport, LocalError> {
         }
     }
 
+    (report.processes, report.network_namespaces) = leaked_processes(inner, &live, own_pid);
+    Ok(report)
+}
+
+/// The audit's process step: processes in a gone sandbox's cgroup or marked as its
+/// slirp4netns, and the network namespaces they hold.
+fn leaked_processes(
+    inner: &Inner,
+    live: &HashSet<String>,
+    own_pid: i32,
+) -> (Vec<LeakedProcess>, Vec<String>) {
+    let prefix = inner.cgroup_prefix();
+    let gone = |id: &str| !live.contains(id);
     let own_netns = netns(own_pid);
     let marker_prefix = format!("{}/", inner.tag);
     let mut namespaces = Vec::new();
+    let mut processes = Vec::new();
     for pid in process::all_pids() {
         let Ok(Some(stat)) = process::stat(pid) else {
             continue;
@@ -235,13 +249,12 @@ pub(super) async fn audit(inner: &Inner) -> Result<AuditReport, LocalError> {
                     namespaces.push(entry);
                 }
             }
-            report.processes.push(LeakedProcess {
+            processes.push(LeakedProcess {
                 pid,
                 comm: stat.comm,
                 reason,
             });
         }
     }
-    report.network_namespaces = namespaces;
-    Ok(report)
+    (processes, namespaces)
 }

@@ -136,6 +136,64 @@ impl Inner {
         paths: &Paths,
         state_slot: &mut Option<SandboxState>,
     ) -> Result<(), LocalError> {
+        self.make_dirs(paths).await?;
+        let new_state = self.new_state(id, hostname, limits, spec)?;
+        let token = new_state.token.clone();
+        *state_slot = Some(new_state);
+        save(paths, state_slot)?;
+
+        self.mount_rootfs(spec, paths, state_slot).await?;
+        if let Some(s) = state_slot.as_mut() {
+            self.write_config(id, hostname, spec, paths, s)?;
+        }
+        save(paths, state_slot)?;
+
+        // slirp4netns must join the network namespace before the agent starts; without
+        // egress, one `runc run --detach` does create and start.
+        let split =
+            matches!(spec.network, NetworkMode::Egress { .. }) || self.config.fail_point.is_some();
+        let (pid, init) = self.start_init(id, paths, split).await?;
+        if let Some(s) = state_slot.as_mut() {
+            s.init = Some(init);
+            // Only the hierarchies runc really used.
+            s.cgroup_dirs.retain(|d| d.is_dir());
+        }
+        save(paths, state_slot)?;
+
+        if let NetworkMode::Egress {
+            allow_host_loopback,
+        } = spec.network
+        {
+            let slirp = self
+                .start_egress(id, pid, allow_host_loopback, paths)
+                .await?;
+            if let Some(s) = state_slot.as_mut() {
+                s.slirp = Some(slirp);
+            }
+            save(paths, state_slot)?;
+        }
+        if self.config.fail_point == Some(FailPoint::HangAfterRuncCreate) {
+            let _ = fs::write(paths.dir.join("failpoint"), b"hang-after-runc-create\n");
+            std::future::pending::<()>().await;
+        }
+        if split {
+            self.runc.start(id).await?;
+        }
+        self.wait_ready(id, &paths.socket, &token, init).await?;
+        if let Some(s) = state_slot.as_ref() {
+            super::cgroup::run_at_normal_priority(&s.cgroup_dirs);
+        }
+        if let Some(sid) = &spec.snapshot {
+            self.fill_tmp(sid, init.pid).await?;
+        }
+        if let Some(s) = state_slot.as_mut() {
+            s.phase = Phase::Running;
+        }
+        save(paths, state_slot)
+    }
+
+    /// Create step 1: the sandbox's directories, and its disk when disks are limited.
+    async fn make_dirs(&self, paths: &Paths) -> Result<(), LocalError> {
         fs::create_dir(&paths.dir).map_err(io_err("creating", &paths.dir))?;
         fs::set_permissions(&paths.dir, fs::Permissions::from_mode(0o700))
             .map_err(io_err("setting the mode of", &paths.dir))?;
@@ -147,14 +205,25 @@ impl Inner {
         for d in [&paths.rootfs, &paths.upper, &paths.work, &paths.run] {
             fs::create_dir(d).map_err(io_err("creating", d))?;
         }
+        Ok(())
+    }
+
+    /// Create step 2: the first state (phase `Creating`), with a fresh agent token.
+    fn new_state(
+        &self,
+        id: &str,
+        hostname: &str,
+        limits: Limits,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxState, LocalError> {
         let created_unix_ms = state::now_unix_ms();
         let token = crate::random::hex(16)?;
         let cgroup_name = self.cgroup_name(id);
-        *state_slot = Some(SandboxState {
+        Ok(SandboxState {
             version: state::STATE_VERSION,
             id: id.to_string(),
             phase: Phase::Creating,
-            token: token.clone(),
+            token,
             image: spec.image.reference.clone(),
             image_digest: spec.image.digest.clone(),
             created_unix_ms,
@@ -169,7 +238,7 @@ impl Inner {
                 .iter()
                 .map(|p| p.join(&cgroup_name))
                 .collect(),
-            cgroup_name: cgroup_name.clone(),
+            cgroup_name,
             init: None,
             slirp: None,
             env: spec.env.clone(),
@@ -178,15 +247,17 @@ impl Inner {
             snapshot: spec.snapshot.clone(),
             snapshot_layers: Vec::new(),
             runtime_files: Vec::new(),
-        });
-        let save = |s: &Option<SandboxState>| -> Result<(), LocalError> {
-            match s {
-                Some(s) => Ok(state::save(&paths.state, s)?),
-                None => Ok(()),
-            }
-        };
-        save(state_slot)?;
+        })
+    }
 
+    /// Create step 3: the overlay root from the image's layers and, for a fork, the
+    /// snapshot's (recorded in the state file first).
+    async fn mount_rootfs(
+        &self,
+        spec: &SandboxSpec,
+        paths: &Paths,
+        state_slot: &mut Option<SandboxState>,
+    ) -> Result<(), LocalError> {
         let mut layers = if spec.image.layers.is_empty() {
             vec![self.empty_layer.clone()]
         } else {
@@ -200,7 +271,7 @@ impl Inner {
             if let Some(s) = state_slot.as_mut() {
                 s.snapshot_layers = fork_layers;
             }
-            save(state_slot)?;
+            save(paths, state_slot)?;
         }
         rootfs::mount_overlay(
             self.mounter.as_ref(),
@@ -209,6 +280,20 @@ impl Inner {
             &paths.work,
             &paths.rootfs,
         )?;
+        Ok(())
+    }
+
+    /// Create step 4: the image's user and working directory, the runtime files and
+    /// the OCI config; records the user and the runtime files in `state` (not saved).
+    fn write_config(
+        &self,
+        id: &str,
+        hostname: &str,
+        spec: &SandboxSpec,
+        paths: &Paths,
+        state: &mut SandboxState,
+    ) -> Result<(), LocalError> {
+        let limits = state.limits;
         let config = &spec.image.config;
         let user = rootfs::resolve_user(&paths.rootfs, config.user.as_deref())?;
         if user.uid != 0 {
@@ -219,9 +304,7 @@ impl Inner {
         // anything can snapshot the sandbox, which leaves their mount points out.
         let files =
             runtime_files::prepare(&paths.rootfs, &paths.runtime_files, hostname, spec.network)?;
-        if let Some(s) = state_slot.as_mut() {
-            s.runtime_files = files.iter().map(|f| f.in_root.clone()).collect();
-        }
+        state.runtime_files = files.iter().map(|f| f.in_root.clone()).collect();
         // The agent runs as root; its commands run as the image's user (`--user`), with
         // that user's HOME unless the image sets one.
         let mut agent_args = self.config.agent_args.clone();
@@ -243,19 +326,17 @@ impl Inner {
             home,
             hostname,
             self.config.harness.is_some(),
-            &token,
+            &state.token,
         )?;
-        let annotations = self.annotations(id, spec, &limits, &user, created_unix_ms);
-        if let Some(s) = state_slot.as_mut() {
-            s.user = Some(user);
-        }
+        let annotations = self.annotations(id, spec, &limits, &user, state.created_unix_ms);
+        state.user = Some(user);
         let oci = spec::build(&spec::SpecInput {
             hostname,
             agent_args: &agent_args,
             env,
             cwd: &cwd,
             inject_dir: &self.inject_dir,
-            cgroups_path: &cgroup_name,
+            cgroups_path: &state.cgroup_name,
             limits: ResourceLimits {
                 cpus: limits.cpus,
                 memory_bytes: limits.memory_bytes,
@@ -270,12 +351,17 @@ impl Inner {
             runtime_files: &files,
         })?;
         spec::write(&oci, &paths.config)?;
-        save(state_slot)?;
+        Ok(())
+    }
 
-        // slirp4netns must join the network namespace before the agent starts; without
-        // egress, one `runc run --detach` does create and start.
-        let split =
-            matches!(spec.network, NetworkMode::Egress { .. }) || self.config.fail_point.is_some();
+    /// Create step 5: binds the agent's socket, has runc create (when `split`) or run
+    /// the container, and returns its init's pid.
+    async fn start_init(
+        &self,
+        id: &str,
+        paths: &Paths,
+        split: bool,
+    ) -> Result<(i32, ProcRef), LocalError> {
         // The agent's socket is bound here, on the host, in a directory the sandbox
         // never sees, and handed to the agent as fd 3: code in the sandbox cannot
         // replace, remove or redirect it (it used to be a writable bind mount).
@@ -306,58 +392,35 @@ impl Inner {
             reason: format!("its init {pid} vanished right after runc create"),
             log: String::new(),
         })?;
-        if let Some(s) = state_slot.as_mut() {
-            s.init = Some(init);
-            // Only the hierarchies runc really used.
-            s.cgroup_dirs.retain(|d| d.is_dir());
-        }
-        save(state_slot)?;
+        Ok((pid, init))
+    }
 
-        if let NetworkMode::Egress {
+    /// Create step 6 (egress only): the filter, then slirp4netns, whose process it returns.
+    async fn start_egress(
+        &self,
+        id: &str,
+        pid: i32,
+        allow_host_loopback: bool,
+        paths: &Paths,
+    ) -> Result<ProcRef, LocalError> {
+        // The filter first: no packet leaves before it (see `egress`).
+        egress::install(
+            &self.config.nft,
+            &self.config.egress,
+            pid,
             allow_host_loopback,
-        } = spec.network
-        {
-            // The filter first: no packet leaves before it (see `egress`).
-            egress::install(
-                &self.config.nft,
-                &self.config.egress,
-                pid,
-                allow_host_loopback,
-            )
-            .await
-            .map_err(network::NetworkError::from)?;
-            let slirp = network::start_slirp(
-                &self.config.slirp4netns,
-                pid,
-                allow_host_loopback,
-                &paths.slirp_log,
-                &self.marker(id),
-                Duration::from_secs(10),
-            )
-            .await?;
-            if let Some(s) = state_slot.as_mut() {
-                s.slirp = Some(slirp);
-            }
-            save(state_slot)?;
-        }
-        if self.config.fail_point == Some(FailPoint::HangAfterRuncCreate) {
-            let _ = fs::write(paths.dir.join("failpoint"), b"hang-after-runc-create\n");
-            std::future::pending::<()>().await;
-        }
-        if split {
-            self.runc.start(id).await?;
-        }
-        self.wait_ready(id, &paths.socket, &token, init).await?;
-        if let Some(s) = state_slot.as_ref() {
-            super::cgroup::run_at_normal_priority(&s.cgroup_dirs);
-        }
-        if let Some(sid) = &spec.snapshot {
-            self.fill_tmp(sid, init.pid).await?;
-        }
-        if let Some(s) = state_slot.as_mut() {
-            s.phase = Phase::Running;
-        }
-        save(state_slot)
+        )
+        .await
+        .map_err(network::NetworkError::from)?;
+        Ok(network::start_slirp(
+            &self.config.slirp4netns,
+            pid,
+            allow_host_loopback,
+            &paths.slirp_log,
+            &self.marker(id),
+            Duration::from_secs(10),
+        )
+        .await?)
     }
 
     fn annotations(
@@ -850,4 +913,12 @@ enum Adoption {
     Remove,
     /// A check failed (the reason): adopted, since a failed read is no evidence.
     Doubt(&'static str),
+}
+
+/// Saves the sandbox's state file, once there is a state.
+fn save(paths: &Paths, s: &Option<SandboxState>) -> Result<(), LocalError> {
+    match s {
+        Some(s) => Ok(state::save(&paths.state, s)?),
+        None => Ok(()),
+    }
 }

@@ -149,10 +149,6 @@ impl LocalBackend {
         config: LocalConfig,
         mounter: Arc<dyn Mounter>,
     ) -> Result<LocalBackend, LocalError> {
-        let root_err = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| LocalError::Root { path, source }
-        };
         if let Some(limit) = &config.disk {
             limit.validate()?;
         }
@@ -160,45 +156,8 @@ impl LocalBackend {
         let root = fs::canonicalize(&config.root).map_err(root_err(&config.root))?;
         // It holds tokens.
         fs::set_permissions(&root, fs::Permissions::from_mode(0o700)).map_err(root_err(&root))?;
-        let lock_path = root.join("lock");
-        let lock = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(root_err(&lock_path))?;
-        // Shared backends coexist; an exclusive one conflicts with any of them.
-        let op = if config.shared {
-            rustix::fs::FlockOperation::NonBlockingLockShared
-        } else {
-            rustix::fs::FlockOperation::NonBlockingLockExclusive
-        };
-        let deadline = std::time::Instant::now() + config.lock_wait;
-        let mut said = false;
-        while rustix::fs::flock(&lock, op).is_err() {
-            if std::time::Instant::now() >= deadline {
-                return Err(LocalError::Busy(root));
-            }
-            if !said {
-                tracing::warn!(path = %lock_path.display(), wait_s = %config.lock_wait.as_secs(), "another process holds the backend's lock; waiting for it");
-                said = true;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        let backend_file = root.join("backend.json");
-        let tag = match fs::read(&backend_file)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<BackendFile>(&b).ok())
-        {
-            Some(f) if !f.tag.is_empty() && f.tag.bytes().all(|c| c.is_ascii_hexdigit()) => f.tag,
-            _ => {
-                let tag = crate::random::hex(4)?;
-                let bytes = serde_json::to_vec(&BackendFile { tag: tag.clone() })
-                    .map_err(|e| LocalError::Task(e.to_string()))?;
-                fs::write(&backend_file, bytes).map_err(root_err(&backend_file))?;
-                tag
-            }
-        };
+        let lock = lock_root(&root, &config)?;
+        let tag = backend_tag(&root)?;
         let runc_root = root.join("runc");
         let inject_dir = root.join("inject");
         let empty_layer = root.join("empty");
@@ -207,28 +166,7 @@ impl LocalBackend {
         for d in [&runc_root, &empty_layer, &sandboxes_dir, &locks_dir] {
             fs::create_dir_all(d).map_err(root_err(d))?;
         }
-        // Backends sharing the root may start together: the injector removes the temporary
-        // files it finds (a dead injector's), which would be a live one's here. Held
-        // only while injecting, by a live process (the kernel drops a dead one's).
-        let inject_lock_path = root.join("inject.lock");
-        let inject_lock = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&inject_lock_path)
-            .map_err(root_err(&inject_lock_path))?;
-        rustix::fs::flock(&inject_lock, rustix::fs::FlockOperation::LockExclusive).map_err(
-            |e| LocalError::Root {
-                path: inject_lock_path.clone(),
-                source: e.into(),
-            },
-        )?;
-        orchard_injector::inject(&orchard_injector::InjectRequest {
-            agent: config.agent.clone(),
-            harness: config.harness.clone(),
-            target: inject_dir.clone(),
-        })?;
-        drop(inject_lock);
+        inject(&root, &config, &inject_dir)?;
         // The mount point of /.orchard/run inside the read-only /.orchard.
         let run_point = inject_dir.join("run");
         fs::create_dir_all(&run_point).map_err(root_err(&run_point))?;
@@ -572,4 +510,88 @@ impl crate::backend::Backend for LocalBackend {
             Ok(deleted?)
         })
     }
+}
+
+/// An error about the backend's root, or a file in it, at `path`.
+fn root_err(path: &Path) -> impl FnOnce(std::io::Error) -> LocalError {
+    let path = path.to_path_buf();
+    move |source| LocalError::Root { path, source }
+}
+
+/// Opening's step 1: takes the root's lock (shared or exclusive), waiting up to
+/// `config.lock_wait` for another process to let it go.
+fn lock_root(root: &Path, config: &LocalConfig) -> Result<fs::File, LocalError> {
+    let lock_path = root.join("lock");
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(root_err(&lock_path))?;
+    // Shared backends coexist; an exclusive one conflicts with any of them.
+    let op = if config.shared {
+        rustix::fs::FlockOperation::NonBlockingLockShared
+    } else {
+        rustix::fs::FlockOperation::NonBlockingLockExclusive
+    };
+    let deadline = std::time::Instant::now() + config.lock_wait;
+    let mut said = false;
+    while rustix::fs::flock(&lock, op).is_err() {
+        if std::time::Instant::now() >= deadline {
+            return Err(LocalError::Busy(root.to_path_buf()));
+        }
+        if !said {
+            tracing::warn!(path = %lock_path.display(), wait_s = %config.lock_wait.as_secs(), "another process holds the backend's lock; waiting for it");
+            said = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Ok(lock)
+}
+
+/// Opening's step 2: the root's tag, read from `backend.json` or made (and written).
+fn backend_tag(root: &Path) -> Result<String, LocalError> {
+    let backend_file = root.join("backend.json");
+    let tag = match fs::read(&backend_file)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<BackendFile>(&b).ok())
+    {
+        Some(f) if !f.tag.is_empty() && f.tag.bytes().all(|c| c.is_ascii_hexdigit()) => f.tag,
+        _ => {
+            let tag = crate::random::hex(4)?;
+            let bytes = serde_json::to_vec(&BackendFile { tag: tag.clone() })
+                .map_err(|e| LocalError::Task(e.to_string()))?;
+            fs::write(&backend_file, bytes).map_err(root_err(&backend_file))?;
+            tag
+        }
+    };
+    Ok(tag)
+}
+
+/// Opening's step 3: copies the agent (and the harness) into `inject_dir`, one
+/// process of a shared root at a time.
+fn inject(root: &Path, config: &LocalConfig, inject_dir: &Path) -> Result<(), LocalError> {
+    // Backends sharing the root may start together: the injector removes the temporary
+    // files it finds (a dead injector's), which would be a live one's here. Held
+    // only while injecting, by a live process (the kernel drops a dead one's).
+    let inject_lock_path = root.join("inject.lock");
+    let inject_lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&inject_lock_path)
+        .map_err(root_err(&inject_lock_path))?;
+    rustix::fs::flock(&inject_lock, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
+        LocalError::Root {
+            path: inject_lock_path.clone(),
+            source: e.into(),
+        }
+    })?;
+    orchard_injector::inject(&orchard_injector::InjectRequest {
+        agent: config.agent.clone(),
+        harness: config.harness.clone(),
+        target: inject_dir.to_path_buf(),
+    })?;
+    drop(inject_lock);
+    Ok(())
 }

@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::local::error::io_err;
 use crate::backend::local::error::LocalError;
-use crate::backend::local::inner::{Entry, FileKey, Inner};
+use crate::backend::local::inner::{Entry, FileKey, Inner, Paths};
 use crate::backend::local::state::{self, Phase, SandboxState};
 use crate::backend::local::{layer, lock};
 use crate::backend::{BackendSnapshot, SnapshotSpec};
@@ -245,51 +245,7 @@ impl Inner {
         if !paths.dir.exists() {
             return Err(LocalError::NotFound(id));
         }
-        let was_frozen = st.cgroup_dirs.iter().any(|d| super::cgroup::frozen(d));
-        let frozen_at = Instant::now();
-        if !was_frozen {
-            self.runc.pause(&id).await?;
-        }
-        let tmp_name = format!("{}-{}", std::process::id(), crate::random::hex(6)?);
-        let (upper, layers_dir) = (paths.upper.clone(), self.layers_dir());
-        // The runtime's files are mounted over these paths: the upper holds only their
-        // mount points, which are not the sandbox's content (a fork makes its own).
-        let skip = st.runtime_files.clone();
-        // The tmpfs /tmp as the sandbox sees it (its mount namespace, through its
-        // init's root), read while nothing in the sandbox runs.
-        let tmpfs = st
-            .init
-            .map(|p| PathBuf::from(format!("/proc/{}/root/tmp", p.pid)));
-        let copied = tokio::task::spawn_blocking(move || {
-            let rootfs = layer::copy(&upper, &layers_dir, &tmp_name, &skip)?;
-            let tmp = match tmpfs.filter(|t| has_entries(t)) {
-                Some(t) => match layer::copy(&t, &layers_dir, &format!("{tmp_name}-tmp"), &[]) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        let _ = layer::remove(&rootfs.dir);
-                        return Err(e);
-                    }
-                },
-                None => None,
-            };
-            Ok((rootfs, tmp))
-        })
-        .await
-        .map_err(|e| LocalError::Task(e.to_string()));
-        let thawed = if was_frozen {
-            Ok(())
-        } else {
-            self.runc.resume(&id).await
-        };
-        let frozen_ms = frozen_at.elapsed().as_secs_f64() * 1000.0;
-        let (captured, tmp) = copied?.map_err(|e| LocalError::Invalid(e.to_string()))?;
-        if let Err(e) = thawed {
-            let _ = layer::remove(&captured.dir);
-            if let Some(t) = &tmp {
-                let _ = layer::remove(&t.dir);
-            }
-            return Err(e.into());
-        }
+        let (captured, tmp, frozen_ms) = self.capture(&id, &st, &paths).await?;
         let tmp_layer = tmp.as_ref().map(|t| sha(&t.hex));
         let tmp_bytes = tmp.as_ref().map_or(0, |t| t.bytes);
         let mut layers: Vec<String> = st.snapshot_layers.iter().map(|h| sha(h)).collect();
@@ -354,13 +310,75 @@ impl Inner {
             run_image: image,
             snapshot: snapshot.clone(),
         };
+        self.write_snapshot(&sid, &file)?;
+        Ok(snapshot)
+    }
+
+    /// The snapshot's capture step: pauses the sandbox (unless it was frozen), copies
+    /// its upper directory and its /tmp into new layers, resumes it; answers the
+    /// layers and how long the sandbox was frozen (ms).
+    async fn capture(
+        &self,
+        id: &str,
+        st: &SandboxState,
+        paths: &Paths,
+    ) -> Result<(layer::Captured, Option<layer::Captured>, f64), LocalError> {
+        let was_frozen = st.cgroup_dirs.iter().any(|d| super::cgroup::frozen(d));
+        let frozen_at = Instant::now();
+        if !was_frozen {
+            self.runc.pause(id).await?;
+        }
+        let tmp_name = format!("{}-{}", std::process::id(), crate::random::hex(6)?);
+        let (upper, layers_dir) = (paths.upper.clone(), self.layers_dir());
+        // The runtime's files are mounted over these paths: the upper holds only their
+        // mount points, which are not the sandbox's content (a fork makes its own).
+        let skip = st.runtime_files.clone();
+        // The tmpfs /tmp as the sandbox sees it (its mount namespace, through its
+        // init's root), read while nothing in the sandbox runs.
+        let tmpfs = st
+            .init
+            .map(|p| PathBuf::from(format!("/proc/{}/root/tmp", p.pid)));
+        let copied = tokio::task::spawn_blocking(move || {
+            let rootfs = layer::copy(&upper, &layers_dir, &tmp_name, &skip)?;
+            let tmp = match tmpfs.filter(|t| has_entries(t)) {
+                Some(t) => match layer::copy(&t, &layers_dir, &format!("{tmp_name}-tmp"), &[]) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        let _ = layer::remove(&rootfs.dir);
+                        return Err(e);
+                    }
+                },
+                None => None,
+            };
+            Ok((rootfs, tmp))
+        })
+        .await
+        .map_err(|e| LocalError::Task(e.to_string()));
+        let thawed = if was_frozen {
+            Ok(())
+        } else {
+            self.runc.resume(id).await
+        };
+        let frozen_ms = frozen_at.elapsed().as_secs_f64() * 1000.0;
+        let (captured, tmp) = copied?.map_err(|e| LocalError::Invalid(e.to_string()))?;
+        if let Err(e) = thawed {
+            let _ = layer::remove(&captured.dir);
+            if let Some(t) = &tmp {
+                let _ = layer::remove(&t.dir);
+            }
+            return Err(e.into());
+        }
+        Ok((captured, tmp, frozen_ms))
+    }
+
+    /// The snapshot's last step: its file, written atomically (mode 0600).
+    fn write_snapshot(&self, sid: &str, file: &SnapshotFile) -> Result<(), LocalError> {
         let dir = self.snapshots_dir();
         fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
-        let bytes =
-            serde_json::to_vec_pretty(&file).map_err(|e| LocalError::Task(e.to_string()))?;
+        let bytes = serde_json::to_vec_pretty(file).map_err(|e| LocalError::Task(e.to_string()))?;
         let path = dir.join(format!("{sid}.json"));
         crate::atomic_file::write_private(&path, &bytes).map_err(io_err("writing", &path))?;
-        Ok(snapshot)
+        Ok(())
     }
 
     /// Deletes snapshot `sid` unless a sandbox was forked from it; removes the layers

@@ -24,11 +24,11 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use oci_spec::runtime::{
-    get_default_maskedpaths, get_default_mounts, get_default_readonly_paths, Capability,
+    get_default_maskedpaths, get_default_mounts, get_default_readonly_paths, Capability, Linux,
     LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxDeviceCgroupBuilder,
     LinuxMemoryBuilder, LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder,
-    LinuxResourcesBuilder, MountBuilder, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder,
-    RootBuilder, Spec, SpecBuilder, UserBuilder,
+    LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType, Process,
+    ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
 /// Where the injected volume is mounted in every sandbox.
@@ -160,6 +160,27 @@ fn read_only_bind(destination: &str, source: &Path) -> Result<oci_spec::runtime:
 
 /// Builds the runtime config.
 pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
+    let process = process(input)?;
+    let mounts = mounts(input)?;
+    let linux = linux(input)?;
+    Ok(SpecBuilder::default()
+        .version("1.0.2-dev")
+        .hostname(input.hostname)
+        .root(
+            RootBuilder::default()
+                .path("rootfs")
+                .readonly(false)
+                .build()?,
+        )
+        .process(process)
+        .mounts(mounts)
+        .linux(linux)
+        .annotations(input.annotations.clone())
+        .build()?)
+}
+
+/// The config's process: the agent, as root, with Docker's capabilities.
+fn process(input: &SpecInput) -> Result<Process, SpecError> {
     let mut args = vec![
         AGENT_IN_SANDBOX.to_string(),
         "--listen-fd".into(),
@@ -170,7 +191,7 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
     }
     args.extend(input.agent_args.iter().cloned());
     let caps: oci_spec::runtime::Capabilities = docker_capabilities().into_iter().collect();
-    let process = ProcessBuilder::default()
+    Ok(ProcessBuilder::default()
         .terminal(false)
         .user(UserBuilder::default().uid(0u32).gid(0u32).build()?)
         .args(args)
@@ -191,8 +212,11 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
             .soft(input.limits.nofile)
             .hard(input.limits.nofile)
             .build()?])
-        .build()?;
+        .build()?)
+}
 
+/// The config's mounts: the defaults, `/tmp`, the agent, the runtime files and the tools.
+fn mounts(input: &SpecInput) -> Result<Vec<Mount>, SpecError> {
     let mut mounts = get_default_mounts();
     let mut tmp_options = vec!["nosuid".to_string(), "nodev".into(), "mode=1777".into()];
     if let Some(bytes) = input.limits.tmp_bytes {
@@ -230,7 +254,11 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
             &input.inject_dir.join("harness"),
         )?);
     }
+    Ok(mounts)
+}
 
+/// The config's Linux part: namespaces, cgroup limits, seccomp and masked paths.
+fn linux(input: &SpecInput) -> Result<Linux, SpecError> {
     let mut resources = LinuxResourcesBuilder::default().devices(vec![
         // Deny every device; runc then allows its defaults (null, zero, full, tty,
         // random, urandom, pts, ptmx).
@@ -272,28 +300,13 @@ pub fn build(input: &SpecInput) -> Result<Spec, SpecError> {
     .into_iter()
     .map(|typ| LinuxNamespaceBuilder::default().typ(typ).build())
     .collect::<Result<Vec<_>, _>>()?;
-    let linux = LinuxBuilder::default()
+    Ok(LinuxBuilder::default()
         .namespaces(namespaces)
         .resources(resources.build()?)
         .cgroups_path(input.cgroups_path)
         .seccomp(super::seccomp::profile(input.user_namespaces)?)
         .masked_paths(get_default_maskedpaths())
         .readonly_paths(get_default_readonly_paths())
-        .build()?;
-
-    Ok(SpecBuilder::default()
-        .version("1.0.2-dev")
-        .hostname(input.hostname)
-        .root(
-            RootBuilder::default()
-                .path("rootfs")
-                .readonly(false)
-                .build()?,
-        )
-        .process(process)
-        .mounts(mounts)
-        .linux(linux)
-        .annotations(input.annotations.clone())
         .build()?)
 }
 

@@ -150,6 +150,8 @@ impl<W: std::io::Write> UploadParser<W> {
         Ok(())
     }
 
+    /// Feeds one byte to the state machine.
+    // Over 100 lines because it is the state machine's one match: a transition per arm.
     fn byte(&mut self, c: u8) -> Result<(), Error> {
         let ws = matches!(c, b' ' | b'\t' | b'\n' | b'\r');
         self.state = match self.state {
