@@ -345,6 +345,8 @@ fn previous(out: &Path) -> Value {
         .unwrap_or(Value::Null)
 }
 
+// Over 100 lines because it is the benchmark's script: each measurement in turn, in the
+// order of the results table it writes, reads best as one list.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();

@@ -196,6 +196,8 @@ fn previous(out: &std::path::Path) -> BTreeMap<String, f64> {
 
 /// Create to ready through both routes next to `runc run`, one at a time
 /// (interleaved) and `burst` at once.
+// Over 100 lines because the three routes are measured side by side in one loop, so
+// that each round's noise falls on all of them alike.
 async fn create_latency(
     api: &Api,
     floor: &mut FloorBundle,
@@ -458,6 +460,8 @@ async fn agent_of(api: &Api, id: &str) -> anyhow::Result<AgentClient> {
 
 /// Exec `true` per second with `clients` clients over `ids`: direct (argv, and the
 /// shell command the compatible route runs), `/v1`, compatible, and the spawn floor.
+// Over 100 lines because the five ways are measured in one interleaved loop, so that
+// each round's noise falls on all of them alike.
 async fn throughput(
     api: &Api,
     ids: &[String],
