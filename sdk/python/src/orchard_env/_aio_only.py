@@ -57,8 +57,8 @@ class AsyncExecIteration:
 
     _iterator: AsyncIterator[ExecEvent] | None = None
 
-    def _events(self) -> AsyncIterator[ExecEvent]:
-        raise NotImplementedError  # AsyncExecStream's
+    # Supplied by AsyncExecStream, the class this one is mixed into.
+    _events: Callable[[], AsyncIterator[ExecEvent]]
 
     def __aiter__(self) -> Self:
         return self

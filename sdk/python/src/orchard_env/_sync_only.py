@@ -48,8 +48,8 @@ class ExecIteration:
     over its ``_events``, so that leaving the loop early closes the stream at once (and,
     with ``kill_on_disconnect``, kills the command)."""
 
-    def _events(self) -> Iterator[ExecEvent]:
-        raise NotImplementedError  # ExecStream's
+    # Supplied by ExecStream, the class this one is mixed into.
+    _events: Callable[[], Iterator[ExecEvent]]
 
     def __iter__(self) -> Iterator[ExecEvent]:
         return self._events()
