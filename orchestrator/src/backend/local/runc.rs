@@ -129,26 +129,39 @@ impl Runc {
         Ok(child)
     }
 
+    /// `work` (starting runc `command` on container `id` and waiting for it), within
+    /// [`CALL_LIMIT`]; a failure to start it is a spawn error.
+    async fn bounded<T>(
+        &self,
+        command: &'static str,
+        id: &str,
+        work: impl std::future::Future<Output = std::io::Result<T>>,
+    ) -> Result<T, RuncError> {
+        tokio::time::timeout(CALL_LIMIT, work)
+            .await
+            .map_err(|_| RuncError::Timeout {
+                command,
+                id: id.to_string(),
+                limit: CALL_LIMIT,
+            })?
+            .map_err(|source| RuncError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })
+    }
+
     async fn run(
         &self,
         command: &'static str,
         id: &str,
         mut cmd: Command,
     ) -> Result<String, RuncError> {
-        let out = tokio::time::timeout(CALL_LIMIT, async {
-            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-            self.spawn(&mut cmd).await?.wait_with_output().await
-        })
-        .await
-        .map_err(|_| RuncError::Timeout {
-            command,
-            id: id.to_string(),
-            limit: CALL_LIMIT,
-        })?
-        .map_err(|source| RuncError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        })?;
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let out = self
+            .bounded(command, id, async {
+                self.spawn(&mut cmd).await?.wait_with_output().await
+            })
+            .await?;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -238,19 +251,9 @@ impl Runc {
             // Not pipes: the container keeps these open for its whole life.
             .stdout(file)
             .stderr(file2);
-        let status = tokio::time::timeout(CALL_LIMIT, async {
-            self.spawn(&mut cmd).await?.wait().await
-        })
-        .await
-        .map_err(|_| RuncError::Timeout {
-            command: verb,
-            id: id.to_string(),
-            limit: CALL_LIMIT,
-        })?
-        .map_err(|source| RuncError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        })?;
+        let status = self
+            .bounded(verb, id, async { self.spawn(&mut cmd).await?.wait().await })
+            .await?;
         if status.success() {
             Ok(())
         } else {
