@@ -31,11 +31,12 @@ build: agent
 
 ## lint: formatting, clippy (also of the orchestrator without its default features:
 ## no Kubernetes, no Redis), doc links, every workspace member in docs/architecture.md
-## (scripts/check-members-documented.py), and no import circle between the modules of
+## and in the README's layout table (scripts/check-members-documented.py), and no import circle between the modules of
 ## any crate (scripts/import-cycles.py).
 lint:
 	@scripts/check-doc-links.sh
 	@scripts/check-members-documented.py
+	@scripts/check-members-documented.py Cargo.toml README.md
 	@scripts/import-cycles.py $(wildcard */src)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fails when a workspace member is missing from docs/architecture.md. Part of `make lint`.
+"""Fails when a workspace member is missing from docs/architecture.md (or the README's
+layout table, given as DOC). Part of `make lint`.
 
 Every member listed in the root Cargo.toml's `[workspace] members` (globs expanded) must
 have its row in the document's crate table: a line starting with `|` that names both
