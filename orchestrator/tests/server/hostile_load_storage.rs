@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::hostile_load::{import_busybox, sandbox};
-use crate::util::server::{send, ServerProcess, KEY, OTHER_KEY};
+use crate::util::server::{
+    busybox_server, exec_waited, import_busybox, sandbox, send, temp_dir, ServerProcess, KEY,
+    OTHER_KEY,
+};
 
 const MIB: usize = 1 << 20;
 
@@ -177,13 +179,7 @@ fn parse_answer(got: &[u8]) -> Option<(u16, Value)> {
 
 /// Runs `command` in `id` through the compatible API; answers its stdout.
 async fn run(url: &str, key: &str, id: &str, command: &str) -> String {
-    let (s, job) = send(
-        reqwest::Client::new()
-            .post(format!("{url}/sandboxes/{id}/exec"))
-            .header("X-API-Key", key)
-            .json(&json!({"command": command, "wait": true})),
-    )
-    .await;
+    let (s, job) = exec_waited(&reqwest::Client::new(), url, key, id, command).await;
     assert_eq!(
         (s, job["exit_code"].as_i64()),
         (200, Some(0)),
@@ -204,10 +200,7 @@ async fn run(url: &str, key: &str, id: &str, command: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_upload_spools_are_charged_to_the_sandbox_disk_and_the_host() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-spool-disk-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-spool-disk-");
     let srv = ServerProcess::start(
         data.path(),
         &[
@@ -329,12 +322,7 @@ async fn regression_upload_spools_are_charged_to_the_sandbox_disk_and_the_host()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_stalled_or_trickling_upload_is_cut_and_its_spool_removed() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-spool-time-")
-        .tempdir()
-        .unwrap();
-    let srv = ServerProcess::start(data.path(), &["--body-timeout-s", "2"]);
-    import_busybox(&srv.url).await;
+    let (data, srv) = busybox_server("orchard-spool-time-", &["--body-timeout-s", "2"]).await;
     let http = reqwest::Client::new();
     sandbox(&http, &srv.url, KEY, "slow-up").await;
     let addr = addr_of(&srv.url);
@@ -474,10 +462,7 @@ async fn delete_all(http: &reqwest::Client, url: &str, key: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_all_keys_snapshots_together_are_bounded_on_the_host() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-snap-host-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-snap-host-");
     let limit: u64 = 3 << 20;
     let srv = ServerProcess::start(data.path(), &["--snapshot-bytes-total", "3Mi"]);
     import_busybox(&srv.url).await;
@@ -556,10 +541,7 @@ async fn regression_all_keys_snapshots_together_are_bounded_on_the_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_is_refused_when_the_host_disk_is_below_its_reserve() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-snap-free-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-snap-free-");
     let srv = ServerProcess::start_with_env(
         data.path(),
         &[KEY, OTHER_KEY],
