@@ -1,12 +1,11 @@
 //! The image store and the local backend together: every test image pulled from the
 //! real local registry through a docker.io mirror, started as a sandbox, and used.
 
-use orchard::backend::local::SandboxSpec;
 use orchard::image::{ImageStore, Progress, StoreConfig};
 use orchard_protocol::{Command, ExecRequest, ExecResult};
 
 use crate::util::registry::registry;
-use crate::util::sandbox::{unique_id, TestBackend};
+use crate::util::sandbox::{spec_of, TestBackend};
 
 async fn pulled(
     reference: &str,
@@ -32,9 +31,7 @@ async fn run(
     command: Command,
 ) -> ExecResult {
     let image = store.get(reference).unwrap().expect("the pulled image");
-    let mut spec = SandboxSpec::new(image);
-    spec.id = Some(unique_id("e2e"));
-    let sb = tb.create(spec).await;
+    let sb = tb.create(spec_of(image, "e2e")).await;
     let req = ExecRequest {
         command,
         // Generous: the harness tools start slowly on a loaded machine.

@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use orchard::backend::local::disk::DiskLimit;
-use orchard::backend::local::SandboxSpec;
 use orchard::image::{ImageStore, StoreConfig};
 
 use crate::util::sandbox::*;
@@ -32,9 +31,7 @@ async fn pid_1s_environ_and_the_disk_bound_hold_on_python_busybox_and_an_empty_i
     ] {
         store.import(&image_layout(layout), Some(name)).unwrap();
         let image = store.get(name).unwrap().unwrap();
-        let mut spec = SandboxSpec::new(image);
-        spec.id = Some(unique_id(layout));
-        let sb = tb.create(spec).await;
+        let sb = tb.create(spec_of(image, layout)).await;
         let client = sb.client();
 
         let environ = client.read_file("/proc/1/environ").await.unwrap();
