@@ -28,14 +28,7 @@ fn loops_under(dir: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_disk_bound_is_enospc_for_bytes_and_inodes_and_leaves_no_loop_device() {
     orchard_test_support::require_runc!();
-    let root = fresh_root();
-    let mut config = test_config(&root);
-    config.disk = Some(DiskLimit {
-        bytes: 32 << 20,
-        inodes: 2048,
-    });
-    config.disk_pool = 2;
-    let tb = TestBackend::with_config(config);
+    let tb = backend_with_disk(32 << 20, 2048, 2);
     assert_eq!(tb.backend.wait_disk_pool(Duration::from_secs(60)), 2);
     let sb = tb.busybox().await;
     // The pool made the image: the create took one, and the pool makes it good again.
@@ -110,14 +103,7 @@ async fn assert_no_loops_under(dir: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_sandboxes_and_a_destroyed_backend_leave_no_mount_or_loop_device_of_the_pool() {
     orchard_test_support::require_runc!();
-    let root = fresh_root();
-    let mut config = test_config(&root);
-    config.disk = Some(DiskLimit {
-        bytes: 32 << 20,
-        inodes: 2048,
-    });
-    config.disk_pool = 2;
-    let tb = TestBackend::with_config(config);
+    let tb = backend_with_disk(32 << 20, 2048, 2);
     let pool = tb
         .root
         .join("diskpool")

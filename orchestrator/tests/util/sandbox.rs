@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use orchard::backend::local::disk::DiskLimit;
 use orchard::backend::local::{LocalBackend, LocalConfig, SandboxInfo, SandboxSpec};
 use orchard::image::{Image, ImageConfig, ImageStore, StoreConfig};
 use orchard_protocol::{ExecRequest, ExecResult};
@@ -198,6 +199,15 @@ impl Drop for TestBackend {
             eprintln!("teardown of {}: {e}", root.display());
         }
     }
+}
+
+/// A backend on a fresh root whose sandboxes each get a disk of `bytes` and `inodes`,
+/// `pool` of them made ahead.
+pub fn backend_with_disk(bytes: u64, inodes: u64, pool: usize) -> TestBackend {
+    let mut config = test_config(&fresh_root());
+    config.disk = Some(DiskLimit { bytes, inodes });
+    config.disk_pool = pool;
+    TestBackend::with_config(config)
 }
 
 /// A backend on a fresh root whose harness bundle holds one tool, `bin/hello` (it prints
