@@ -270,8 +270,7 @@ async fn a_hundred_concurrent_creates_all_become_ready() {
         within(Duration::from_secs(600), t).await.unwrap();
     }
     eprintln!("100 sandboxes ready and used in {:?}", started.elapsed());
-    let (_, list) = srv.get("/v1/sandboxes").await;
-    assert_eq!(list["sandboxes"].as_array().unwrap().len(), 100);
+    assert_eq!(srv.sandbox_count().await, 100);
     let text = srv.metrics().await;
     assert!(
         text.contains("orchard_sandboxes{state=\"running\"} 100"),

@@ -267,6 +267,13 @@ impl TestServer {
         v["id"].as_str().unwrap().to_string()
     }
 
+    /// How many sandboxes `GET /v1/sandboxes` lists.
+    pub async fn sandbox_count(&self) -> usize {
+        let (s, list) = self.get("/v1/sandboxes").await;
+        assert_eq!(s, 200, "{list}");
+        list["sandboxes"].as_array().expect("a list").len()
+    }
+
     /// Queues the compatible job `command` in sandbox `id`; answers the job's id.
     pub async fn submit(&self, id: &str, command: &str) -> String {
         let (s, q) = self
