@@ -2,12 +2,31 @@
 //! build left out, the sandbox disk, quotas and host bounds, the create concurrency and
 //! registry credentials. What every setting's sources give is pinned in `pins`.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::*;
 use crate::image::gc::Budget;
 use crate::image::Credentials;
 use crate::service::SandboxDefaults;
+
+/// An `orchard.toml` holding `toml`, in a new directory that lives as long as the
+/// answer's first half.
+fn config_file(toml: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("orchard.toml");
+    std::fs::write(&file, toml).unwrap();
+    (dir, file)
+}
+
+/// The configuration from `file` alone.
+fn resolve_file(file: &Path) -> Config {
+    Config::resolve(ServeArgs {
+        config: Some(file.to_path_buf()),
+        ..Default::default()
+    })
+    .unwrap()
+}
 
 #[test]
 fn key_lists_split_on_commas_spaces_and_newlines() {
@@ -21,18 +40,9 @@ fn key_lists_split_on_commas_spaces_and_newlines() {
 #[test]
 #[cfg(feature = "redis")]
 fn the_state_is_memory_or_a_redis_url_from_the_flag_or_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("orchard.toml");
-    std::fs::write(
-        &file,
-        "state = \"redis://10.0.0.5:6379/2\"\nstate_prefix = \"team-a\"\n",
-    )
-    .unwrap();
-    let c = Config::resolve(ServeArgs {
-        config: Some(file.clone()),
-        ..Default::default()
-    })
-    .unwrap();
+    let (_dir, file) =
+        config_file("state = \"redis://10.0.0.5:6379/2\"\nstate_prefix = \"team-a\"\n");
+    let c = resolve_file(&file);
     assert_eq!(
         c.state,
         StateChoice::Redis {
@@ -72,50 +82,44 @@ fn the_state_is_memory_or_a_redis_url_from_the_flag_or_the_file() {
 /// it, whichever way it is chosen, and names the feature.
 #[test]
 fn choosing_a_part_left_out_of_the_build_names_its_feature() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("orchard.toml");
-    std::fs::write(
-        &file,
-        "backend = \"k8s\"\nstate = \"redis://10.0.0.5:6379\"\n",
-    )
-    .unwrap();
+    let (_dir, file) = config_file("backend = \"k8s\"\nstate = \"redis://10.0.0.5:6379\"\n");
+    // Each feature, chosen by its flag and by the file.
     let chosen = [
         (
             "kubernetes",
             cfg!(feature = "kubernetes"),
-            ServeArgs {
-                backend: Some("kubernetes".into()),
-                ..Default::default()
-            },
-        ),
-        (
-            "kubernetes",
-            cfg!(feature = "kubernetes"),
-            ServeArgs {
-                config: Some(file.clone()),
-                state: Some("memory".into()),
-                ..Default::default()
-            },
-        ),
-        (
-            "redis",
-            cfg!(feature = "redis"),
-            ServeArgs {
-                state: Some("rediss://cache:6380".into()),
-                ..Default::default()
-            },
+            [
+                ServeArgs {
+                    backend: Some("kubernetes".into()),
+                    ..Default::default()
+                },
+                ServeArgs {
+                    config: Some(file.clone()),
+                    state: Some("memory".into()),
+                    ..Default::default()
+                },
+            ],
         ),
         (
             "redis",
             cfg!(feature = "redis"),
-            ServeArgs {
-                config: Some(file.clone()),
-                backend: Some("local".into()),
-                ..Default::default()
-            },
+            [
+                ServeArgs {
+                    state: Some("rediss://cache:6380".into()),
+                    ..Default::default()
+                },
+                ServeArgs {
+                    config: Some(file.clone()),
+                    backend: Some("local".into()),
+                    ..Default::default()
+                },
+            ],
         ),
     ];
-    for (feature, built, args) in chosen {
+    for (feature, built, args) in chosen
+        .into_iter()
+        .flat_map(|(f, b, args)| args.map(|a| (f, b, a)))
+    {
         match Config::resolve(args) {
             Err(ConfigError::NotCompiled { feature: f, .. }) if !built => {
                 assert_eq!(f, feature)
@@ -212,18 +216,8 @@ fn snapshots_and_upload_spools_are_bounded_on_the_host_by_default() {
         Budget::Bytes(4 << 30),
         "uploads' spools too"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("orchard.toml");
-    std::fs::write(
-        &file,
-        "snapshot_bytes_total = \"100Gi\"\nsnapshot_min_free = \"0\"\n",
-    )
-    .unwrap();
-    let c = Config::resolve(ServeArgs {
-        config: Some(file.clone()),
-        ..Default::default()
-    })
-    .unwrap();
+    let (_dir, file) = config_file("snapshot_bytes_total = \"100Gi\"\nsnapshot_min_free = \"0\"\n");
+    let c = resolve_file(&file);
     assert_eq!(
         c.service.quotas.snapshot_bytes_total,
         Budget::Bytes(100 << 30)
@@ -353,13 +347,9 @@ fn registry_credentials_merge_per_host_and_the_budget_parses() {
 
 #[test]
 fn flags_beat_the_file_and_the_file_beats_defaults() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("orchard.toml");
-    std::fs::write(
-        &file,
+    let (dir, file) = config_file(
         "listen = \"127.0.0.1:9999\"\nttl_s = 60\nready_timeout_s = 10\napi_keys = [\"k1\"]\n",
-    )
-    .unwrap();
+    );
     let args = ServeArgs {
         config: Some(file.clone()),
         ready_timeout_s: Some(20),

@@ -242,15 +242,31 @@ mod tests {
         assert!(matches!(e, Error::Sandbox(_)), "{e:?}");
     }
 
-    /// A git work tree in `dir` with `f.txt` (`one two three`).
-    fn git_tree(dir: &std::path::Path) {
-        std::fs::write(dir.join("f.txt"), "one\ntwo\nthree\n").unwrap();
-        let out = std::process::Command::new("git")
-            .args(["init", "-q"])
-            .current_dir(dir)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
+    /// A harness with a ready sandbox whose working directory holds `f.txt` (`one two
+    /// three`), in a git work tree when `git`; answers the harness, the sandbox and its
+    /// working directory.
+    async fn sandbox_with_f(git: bool) -> (Harness, String, std::path::PathBuf) {
+        let h = Harness::new(FakeBackend::tcp()).await;
+        let id = h.ready_sandbox().await;
+        let workdir = h.dir.path().join("workspace");
+        std::fs::write(workdir.join("f.txt"), "one\ntwo\nthree\n").unwrap();
+        if git {
+            let out = std::process::Command::new("git")
+                .args(["init", "-q"])
+                .current_dir(&workdir)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
+        (h, id, workdir)
+    }
+
+    /// Applies `patch` in `id`, which answers (whether or not the patch applied).
+    async fn apply(h: &Harness, id: &str, patch: &str) -> PatchResult {
+        h.service
+            .apply_patch(&tenant(), id, patch.into(), 30)
+            .await
+            .unwrap()
     }
 
     const PATCH: &str =
@@ -258,15 +274,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_patch_in_a_git_tree_is_applied_by_the_agent_without_the_fallback() {
-        let h = Harness::new(FakeBackend::tcp()).await;
-        let id = h.ready_sandbox().await;
-        let workdir = h.dir.path().join("workspace");
-        git_tree(&workdir);
-        let r = h
-            .service
-            .apply_patch(&tenant(), &id, PATCH.into(), 30)
-            .await
-            .unwrap();
+        let (h, id, workdir) = sandbox_with_f(true).await;
+        let r = apply(&h, &id, PATCH).await;
         // libgit2's words: `git apply -v` would say "Applied patch f.txt cleanly."
         assert_eq!(
             (r.success, r.stdout.as_str(), r.stderr.as_str()),
@@ -275,11 +284,7 @@ mod tests {
         let f = std::fs::read_to_string(workdir.join("f.txt")).unwrap();
         assert_eq!(f, "one\nTWO\nthree\n");
         // Again: it no longer applies, which is an answer, not an error.
-        let r = h
-            .service
-            .apply_patch(&tenant(), &id, PATCH.into(), 30)
-            .await
-            .unwrap();
+        let r = apply(&h, &id, PATCH).await;
         assert_eq!(
             (r.success, r.exit_code, r.error.as_deref()),
             (false, 1, None)
@@ -289,16 +294,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_plain_diff_outside_a_git_tree_falls_back_to_the_sandboxs_tools() {
-        let h = Harness::new(FakeBackend::tcp()).await;
-        let id = h.ready_sandbox().await;
-        let workdir = h.dir.path().join("workspace");
-        std::fs::write(workdir.join("f.txt"), "one\ntwo\nthree\n").unwrap();
+        let (h, id, workdir) = sandbox_with_f(false).await;
         let plain = "--- a/f.txt\n+++ b/f.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n";
-        let r = h
-            .service
-            .apply_patch(&tenant(), &id, plain.into(), 30)
-            .await
-            .unwrap();
+        let r = apply(&h, &id, plain).await;
         assert_eq!(
             (r.success, r.exit_code, r.error.as_deref()),
             (true, 0, None),
@@ -311,11 +309,7 @@ mod tests {
         let f = std::fs::read_to_string(workdir.join("f.txt")).unwrap();
         assert_eq!(f, "one\nTWO\nthree\n");
         // The tools' own failure is answered as theirs.
-        let r = h
-            .service
-            .apply_patch(&tenant(), &id, plain.into(), 30)
-            .await
-            .unwrap();
+        let r = apply(&h, &id, plain).await;
         assert!(!r.success && r.exit_code != 0, "{r:?}");
         assert!(!r.stderr.is_empty(), "{r:?}");
     }

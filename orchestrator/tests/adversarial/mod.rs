@@ -4,27 +4,8 @@
 
 mod reads_as_user;
 
-use orchard::backend::local::SandboxSpec;
-use orchard::image::{ImageStore, StoreConfig};
-
-use crate::util::sandbox::{sh, unique_id, TestBackend};
-use crate::util::server::image_layout;
-
-/// A python:3.11-slim sandbox (Debian: python3, pip, git, util-linux).
-async fn python_sandbox(
-    tb: &TestBackend,
-) -> (tempfile::TempDir, orchard::backend::local::SandboxInfo) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = ImageStore::open(dir.path().join("store"), StoreConfig::default()).unwrap();
-    store
-        .import(&image_layout("python"), Some("python:3.11-slim"))
-        .unwrap();
-    let image = store.get("python:3.11-slim").unwrap().unwrap();
-    let mut spec = SandboxSpec::new(image);
-    spec.id = Some(unique_id("adv"));
-    let sb = tb.create(spec).await;
-    (dir, sb)
-}
+use crate::util::sandbox::{python_sandbox, sh, TestBackend};
+use crate::util::server::{image_layout, temp_dir};
 
 /// Calls each system call with arguments that are harmless when it is allowed (null
 /// pointers, an unknown command) and prints `name errno`: EPERM (1) or ENOSYS (38) only
@@ -64,7 +45,7 @@ async fn run_probe(sb: &orchard::backend::local::SandboxInfo, probe: &str) -> St
 async fn regression_sandbox_code_cannot_reach_keyrings_bpf_io_uring_or_user_namespaces() {
     orchard_test_support::require_runc!();
     let tb = TestBackend::new();
-    let (_dir, sb) = python_sandbox(&tb).await;
+    let (_dir, sb) = python_sandbox(&tb, "adv").await;
     let out = run_probe(&sb, PROBE).await;
     for line in out.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -92,7 +73,7 @@ async fn regression_sandbox_code_cannot_reach_keyrings_bpf_io_uring_or_user_name
 async fn ordinary_workloads_still_run_under_the_filter() {
     orchard_test_support::require_runc!();
     let tb = TestBackend::new();
-    let (_dir, sb) = python_sandbox(&tb).await;
+    let (_dir, sb) = python_sandbox(&tb, "adv").await;
     // Threads, processes (fork/clone without new namespaces), pip, git, a venv.
     let r = sh(
         &sb,
@@ -168,7 +149,7 @@ print("init_fd3", *getfd(1))
 async fn regression_sandbox_code_cannot_replace_steal_or_redirect_its_agent() {
     orchard_test_support::require_runc!();
     let tb = TestBackend::new();
-    let (_dir, sb) = python_sandbox(&tb).await;
+    let (_dir, sb) = python_sandbox(&tb, "adv").await;
     let out = run_probe(&sb, CHANNEL_PROBE).await;
     let lines: Vec<Vec<&str>> = out
         .lines()
@@ -211,48 +192,16 @@ fn peak_rss(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_huge_files_through_the_compatible_routes_stream_with_bounded_memory() {
     orchard_test_support::require_runc!();
-    use crate::util::server::{ServerProcess, KEY};
+    use crate::util::server::{busybox_server, exec_waited, sandbox, KEY};
     use futures_util::StreamExt;
-    let data = tempfile::Builder::new()
-        .prefix("orchard-dl-")
-        .tempdir()
-        .unwrap();
-    let srv = ServerProcess::start(data.path(), &[]);
-    let layout = image_layout("busybox");
-    let mut tar = tar::Builder::new(Vec::new());
-    tar.append_dir_all(".", &layout).unwrap();
+    let (_data, srv) = busybox_server("orchard-dl-", &[]).await;
     let http = reqwest::Client::new();
-    let r = http
-        .post(format!("{}/v1/images/import?name=busybox:latest", srv.url))
-        .header("X-API-Key", KEY)
-        .body(tar.into_inner().unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let sb: serde_json::Value = http
-        .post(format!("{}/v1/sandboxes", srv.url))
-        .header("X-API-Key", KEY)
-        .json(&serde_json::json!({"image": "busybox:latest"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = sb["id"].as_str().unwrap();
+    let id = "dl";
+    sandbox(&http, &srv.url, KEY, id).await;
     // 512 MiB that take no disk: the attack that took the server to 3.6 GB.
     let size: u64 = 512 << 20;
-    let job: serde_json::Value = http
-        .post(format!("{}/sandboxes/{id}/exec", srv.url))
-        .header("X-API-Key", KEY)
-        .json(&serde_json::json!({"command": format!("truncate -s {size} /tmp/sparse"), "wait": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let truncate = format!("truncate -s {size} /tmp/sparse");
+    let (_, job) = exec_waited(&http, &srv.url, KEY, id, &truncate).await;
     assert_eq!(job["status"], "succeeded", "{job}");
     let before = peak_rss(srv.child.id());
     let resp = http
@@ -324,16 +273,7 @@ async fn regression_huge_files_through_the_compatible_routes_stream_with_bounded
         grew >> 20,
         expected >> 20
     );
-    let job: serde_json::Value = http
-        .post(format!("{}/sandboxes/{id}/exec", srv.url))
-        .header("X-API-Key", KEY)
-        .json(&serde_json::json!({"command": "wc -c < /tmp/up", "wait": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, job) = exec_waited(&http, &srv.url, KEY, id, "wc -c < /tmp/up").await;
     assert_eq!(job["stdout"], format!("{expected}\n"), "{job}");
     drop(srv);
 }
@@ -469,10 +409,7 @@ async fn regression_a_pull_cannot_make_the_server_fetch_loopback_or_echo_what_an
         "",
     )
     .await;
-    let data = tempfile::Builder::new()
-        .prefix("orchard-ssrf-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-ssrf-");
     let allowed = format!("localhost:{}", redirector.port());
     let srv = ServerProcess::start_with_env(
         data.path(),
@@ -511,16 +448,19 @@ async fn regression_a_pull_cannot_make_the_server_fetch_loopback_or_echo_what_an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_files_api_does_not_follow_links_the_image_user_planted() {
     orchard_test_support::require_runc!();
-    use crate::util::sandbox::{image, layers, sh_ok};
+    use crate::util::sandbox::{image, layers, sh_ok, spec_of};
     let tb = TestBackend::new();
     let l = layers();
     let config = orchard::image::ImageConfig {
         user: Some("app".into()),
         ..orchard::image::ImageConfig::default()
     };
-    let mut spec = SandboxSpec::new(image("app", vec![l.busybox.clone(), l.top.clone()], config));
-    spec.id = Some(unique_id("links"));
-    let sb = tb.create(spec).await;
+    let sb = tb
+        .create(spec_of(
+            image("app", vec![l.busybox.clone(), l.top.clone()], config),
+            "links",
+        ))
+        .await;
     assert_eq!(sh_ok(&sb, "id -u").await, "1000\n");
     // /workspace, root's in the image, was handed to the user.
     assert_eq!(

@@ -6,10 +6,9 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use orchard::backend::local::SandboxSpec;
 use orchard_protocol::ErrorCode;
 
-use crate::util::sandbox::{image, layers, sh_ok, unique_id, TestBackend};
+use crate::util::sandbox::{image, layers, sh_ok, spec_of, TestBackend};
 
 /// A layer with root-only things: `/root` (0700) holding `key`, and `/etc/secret`,
 /// both 0600 and owned by root.
@@ -74,9 +73,9 @@ async fn regression_files_api_reads_as_the_image_user_not_through_planted_links(
         l.top.clone(),
         secrets.path().to_path_buf(),
     ];
-    let mut spec = SandboxSpec::new(image("app-secrets", layers, config));
-    spec.id = Some(unique_id("reads"));
-    let sb = tb.create(spec).await;
+    let sb = tb
+        .create(spec_of(image("app-secrets", layers, config), "reads"))
+        .await;
     // The user itself cannot read them: what the API must not do for it either.
     assert_eq!(
         sh_ok(

@@ -1,27 +1,31 @@
 //! The image store and the local backend together: every test image pulled from the
 //! real local registry through a docker.io mirror, started as a sandbox, and used.
 
-use orchard::backend::local::SandboxSpec;
 use orchard::image::{ImageStore, Progress, StoreConfig};
 use orchard_protocol::{Command, ExecRequest, ExecResult};
 
 use crate::util::registry::registry;
-use crate::util::sandbox::{unique_id, TestBackend};
+use crate::util::sandbox::{spec_of, TestBackend};
 
-async fn pulled(
-    reference: &str,
-    layout: &str,
-    tag: &str,
-    dest: &str,
-) -> (tempfile::TempDir, ImageStore) {
-    registry().push_image(layout, tag, dest);
+/// Pushes the test image `layout` to the registry as docker.io's
+/// `library/{layout}:{tag}` and pulls it into `store` (through its mirror).
+async fn pull(store: &ImageStore, layout: &str, tag: &str) {
+    registry().push_image(layout, tag, &format!("library/{layout}:{tag}"));
+    store
+        .pull(&format!("{layout}:{tag}"), |_: Progress| {})
+        .await
+        .unwrap();
+}
+
+/// A store whose docker.io mirror is the test registry, with `layout:tag` pulled.
+async fn pulled(layout: &str, tag: &str) -> (tempfile::TempDir, ImageStore) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = StoreConfig::default();
     config
         .mirrors
         .insert("docker.io".into(), vec![registry().url()]);
     let store = ImageStore::open(dir.path().join("store"), config).unwrap();
-    store.pull(reference, |_: Progress| {}).await.unwrap();
+    pull(&store, layout, tag).await;
     (dir, store)
 }
 
@@ -32,9 +36,7 @@ async fn run(
     command: Command,
 ) -> ExecResult {
     let image = store.get(reference).unwrap().expect("the pulled image");
-    let mut spec = SandboxSpec::new(image);
-    spec.id = Some(unique_id("e2e"));
-    let sb = tb.create(spec).await;
+    let sb = tb.create(spec_of(image, "e2e")).await;
     let req = ExecRequest {
         command,
         // Generous: the harness tools start slowly on a loaded machine.
@@ -49,13 +51,7 @@ async fn run(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_image_runs_the_quick_start() {
     orchard_test_support::require_runc!();
-    let (_dir, store) = pulled(
-        "python:3.11-slim",
-        "python",
-        "3.11-slim",
-        "library/python:3.11-slim",
-    )
-    .await;
+    let (_dir, store) = pulled("python", "3.11-slim").await;
     let tb = TestBackend::new();
     let r = run(&tb, &store, "python:3.11-slim", Command::Shell("python3 -c 'print(2+2)' && python -c 'import sys; print(sys.version_info[0])' && git --version && pwd".into())).await;
     assert_eq!(r.exit_code, Some(0), "{r:?}");
@@ -70,15 +66,8 @@ async fn the_python_image_runs_the_quick_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_busybox_and_empty_images_run() {
     orchard_test_support::require_runc!();
-    let (_dir, store) = pulled(
-        "busybox:latest",
-        "busybox",
-        "latest",
-        "library/busybox:latest",
-    )
-    .await;
-    registry().push_image("empty", "latest", "library/empty:latest");
-    store.pull("empty:latest", |_: Progress| {}).await.unwrap();
+    let (_dir, store) = pulled("busybox", "latest").await;
+    pull(&store, "empty", "latest").await;
     let tb = TestBackend::new();
     let r = run(
         &tb,
@@ -119,18 +108,8 @@ fn harness_bundle() -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn harness_tools_run_where_they_can_and_say_why_where_they_cannot() {
     orchard_test_support::require_runc!();
-    let (_dir, store) = pulled(
-        "python:3.11-slim",
-        "python",
-        "3.11-slim",
-        "library/python:3.11-slim",
-    )
-    .await;
-    registry().push_image("busybox", "latest", "library/busybox:latest");
-    store
-        .pull("busybox:latest", |_: Progress| {})
-        .await
-        .unwrap();
+    let (_dir, store) = pulled("python", "3.11-slim").await;
+    pull(&store, "busybox", "latest").await;
     let mut config = crate::util::sandbox::test_config(&crate::util::sandbox::fresh_root());
     config.harness = Some(harness_bundle());
     let tb = TestBackend::with_config(config);

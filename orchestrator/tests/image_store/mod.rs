@@ -39,6 +39,13 @@ fn hub_mirror() -> StoreConfig {
 
 fn no_progress(_: Progress) {}
 
+/// Pulls `name` from the test registry, by its host.
+async fn pull_from_registry(store: &ImageStore, name: &str) -> Result<Image, ImageError> {
+    store
+        .pull(&format!("{}/{name}", registry().host), no_progress)
+        .await
+}
+
 /// Names of the entries of a directory, sorted.
 fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = match fs::read_dir(dir) {
@@ -196,10 +203,7 @@ async fn whiteouts_and_opaque_dirs_work_under_overlayfs() {
     orchard_test_support::require_root!("overlayfs mounts");
     registry().push_image("whiteout", "latest", "whiteout:latest");
     let (_dir, store) = new_store(StoreConfig::default());
-    let image = store
-        .pull(&format!("{}/whiteout:latest", registry().host), no_progress)
-        .await
-        .unwrap();
+    let image = pull_from_registry(&store, "whiteout:latest").await.unwrap();
     assert_eq!(image.layers.len(), 2);
     let (lower, upper) = (&image.layers[0], &image.layers[1]);
 
@@ -287,11 +291,7 @@ async fn an_index_resolves_to_linux_amd64() {
     );
 
     let (_dir, store) = new_store(StoreConfig::default());
-    let image = store
-        .pull(
-            &format!("{}/index-test:multi", registry().host),
-            no_progress,
-        )
+    let image = pull_from_registry(&store, "index-test:multi")
         .await
         .unwrap();
     assert_eq!(image.digest, amd.digest);
@@ -306,13 +306,7 @@ async fn an_index_resolves_to_linux_amd64() {
         .join(&index.digest[7..])
         .is_file());
 
-    match store
-        .pull(
-            &format!("{}/index-test:arm-only", registry().host),
-            no_progress,
-        )
-        .await
-    {
+    match pull_from_registry(&store, "index-test:arm-only").await {
         Err(ImageError::NoMatchingPlatform { available, .. }) => {
             assert_eq!(available, "linux/arm64")
         }
@@ -340,11 +334,7 @@ async fn docker_schema2_zstd_and_uncompressed_layers_pull() {
         PushFormat::Docker,
     );
     let (_dir, store) = new_store(StoreConfig::default());
-    let image = store
-        .pull(
-            &format!("{}/docker-format/busybox:v2s2", registry().host),
-            no_progress,
-        )
+    let image = pull_from_registry(&store, "docker-format/busybox:v2s2")
         .await
         .unwrap();
     assert!(image.layers[0].join("bin/busybox").is_file());
@@ -372,11 +362,7 @@ async fn docker_schema2_zstd_and_uncompressed_layers_pull() {
         "compression-test:mixed",
         PushFormat::Oci,
     );
-    let image = store
-        .pull(
-            &format!("{}/compression-test:mixed", registry().host),
-            no_progress,
-        )
+    let image = pull_from_registry(&store, "compression-test:mixed")
         .await
         .unwrap();
     assert_eq!(
@@ -404,16 +390,7 @@ async fn a_corrupted_blob_fails_with_a_digest_mismatch_and_leaves_no_layer() {
     );
     layout.tag("v1", &written);
     registry().push(layout.path(), "v1", "corrupt-test:v1", PushFormat::Oci);
-    let manifest: Value = serde_json::from_slice(
-        &fs::read(
-            layout
-                .path()
-                .join("blobs/sha256")
-                .join(&written.digest[7..]),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let manifest = layout.json(&written);
     let layer_digest = manifest["layers"][0]["digest"]
         .as_str()
         .unwrap()
@@ -427,10 +404,7 @@ async fn a_corrupted_blob_fails_with_a_digest_mismatch_and_leaves_no_layer() {
     fs::write(&file, &bytes).unwrap();
 
     let (_dir, store) = new_store(StoreConfig::default());
-    match store
-        .pull(&format!("{}/corrupt-test:v1", registry().host), no_progress)
-        .await
-    {
+    match pull_from_registry(&store, "corrupt-test:v1").await {
         Err(err @ ImageError::DigestMismatch { .. }) => {
             let text = err.to_string();
             assert!(text.contains(&layer_digest), "{text}");
@@ -610,16 +584,7 @@ async fn concurrent_pulls_download_each_blob_once() {
     layout.tag("b", &written);
     registry().push(layout.path(), "a", "concurrent:a", PushFormat::Oci);
     registry().push(layout.path(), "b", "concurrent:b", PushFormat::Oci);
-    let manifest: Value = serde_json::from_slice(
-        &fs::read(
-            layout
-                .path()
-                .join("blobs/sha256")
-                .join(&written.digest[7..]),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let manifest = layout.json(&written);
     let layer_digests: Vec<String> = manifest["layers"]
         .as_array()
         .unwrap()
@@ -683,10 +648,7 @@ async fn gc_removes_unused_layers_and_keeps_used_ones() {
     registry().push_image("whiteout", "latest", "whiteout:latest");
     let (_dir, store) = new_store(hub_mirror());
     let busybox = store.pull("busybox", no_progress).await.unwrap();
-    let whiteout = store
-        .pull(&format!("{}/whiteout:latest", registry().host), no_progress)
-        .await
-        .unwrap();
+    let whiteout = pull_from_registry(&store, "whiteout:latest").await.unwrap();
     assert_eq!(store.gc().unwrap(), Default::default());
 
     store.remove(&whiteout.reference).unwrap();
@@ -902,9 +864,7 @@ async fn errors_read_well() {
     let dead = dead_endpoint();
     let messages = [
         store.pull(&format!("{dead}/x:1"), no_progress).await,
-        store
-            .pull(&format!("{}/missing:1", registry().host), no_progress)
-            .await,
+        pull_from_registry(&store, "missing:1").await,
         store.pull("UPPER", no_progress).await,
     ];
     for message in messages {

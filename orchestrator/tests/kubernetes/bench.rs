@@ -29,7 +29,7 @@ use orchard_protocol::{Command, ExecRequest};
 use serde_json::{json, Value};
 
 use super::{host_cidr, kube_config, require_cluster, TestNamespace};
-use crate::util::bench::{out_path, pcts, Pcts};
+use crate::util::bench::{out_path, pcts, post_json, Pcts};
 use crate::util::sandbox::{busybox_image, fresh_root, test_config, TestBackend};
 use crate::util::server::{send, ServerProcess, KEY};
 
@@ -192,19 +192,9 @@ struct Targets {
 
 impl Targets {
     async fn post(&self, url: &str, body: &'static [u8]) -> Value {
-        let resp = self
-            .http
-            .post(url)
-            .header("X-API-Key", KEY)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
+        post_json(&self.http, url, body)
             .await
-            .unwrap_or_else(|e| panic!("POST {url}: {e}"));
-        let status = resp.status();
-        let bytes = resp.bytes().await.unwrap();
-        assert!(status.is_success(), "POST {url}: {status}: {bytes:?}");
-        serde_json::from_slice(&bytes).unwrap()
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"))
     }
 
     /// One call by `route`; panics unless `true` succeeded.

@@ -8,10 +8,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use orchard::backend::local::disk::DiskLimit;
-use serde_json::{json, Value};
 
 use crate::util::sandbox::*;
-use crate::util::server::{image_layout, ServerProcess, KEY};
+use crate::util::server::{busybox_server, exec_waited, sandbox, send, KEY};
 
 /// Backing files of the attached loop devices under `dir`.
 fn loops_under(dir: &Path) -> Vec<String> {
@@ -29,14 +28,7 @@ fn loops_under(dir: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_disk_bound_is_enospc_for_bytes_and_inodes_and_leaves_no_loop_device() {
     orchard_test_support::require_runc!();
-    let root = fresh_root();
-    let mut config = test_config(&root);
-    config.disk = Some(DiskLimit {
-        bytes: 32 << 20,
-        inodes: 2048,
-    });
-    config.disk_pool = 2;
-    let tb = TestBackend::with_config(config);
+    let tb = backend_with_disk(32 << 20, 2048, 2);
     assert_eq!(tb.backend.wait_disk_pool(Duration::from_secs(60)), 2);
     let sb = tb.busybox().await;
     // The pool made the image: the create took one, and the pool makes it good again.
@@ -111,14 +103,7 @@ async fn assert_no_loops_under(dir: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_sandboxes_and_a_destroyed_backend_leave_no_mount_or_loop_device_of_the_pool() {
     orchard_test_support::require_runc!();
-    let root = fresh_root();
-    let mut config = test_config(&root);
-    config.disk = Some(DiskLimit {
-        bytes: 32 << 20,
-        inodes: 2048,
-    });
-    config.disk_pool = 2;
-    let tb = TestBackend::with_config(config);
+    let tb = backend_with_disk(32 << 20, 2048, 2);
     let pool = tb
         .root
         .join("diskpool")
@@ -198,52 +183,19 @@ async fn without_a_disk_bound_a_sandbox_writes_past_it() {
 /// `df -k /` inside a busybox sandbox of a real `orchard serve` started with `extra`:
 /// the size of the writable layer's filesystem, in KiB.
 async fn root_size_kib_under_serve(extra: &[&str]) -> u64 {
-    let data = tempfile::Builder::new()
-        .prefix("orchard-disk-")
-        .tempdir()
-        .unwrap();
-    let srv = ServerProcess::start(data.path(), extra);
-    let mut tar = tar::Builder::new(Vec::new());
-    tar.append_dir_all(".", image_layout("busybox")).unwrap();
+    let (data, srv) = busybox_server("orchard-disk-", extra).await;
     let http = reqwest::Client::new();
-    let r = http
-        .post(format!("{}/v1/images/import?name=busybox:latest", srv.url))
-        .header("X-API-Key", KEY)
-        .body(tar.into_inner().unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let sb: Value = http
-        .post(format!("{}/v1/sandboxes", srv.url))
-        .header("X-API-Key", KEY)
-        .json(&json!({"image": "busybox:latest"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = sb["id"].as_str().unwrap_or_else(|| panic!("{sb}"));
-    let job: Value = http
-        .post(format!("{}/sandboxes/{id}/exec", srv.url))
-        .header("X-API-Key", KEY)
-        .json(&json!({"command": "df -k / | tail -1", "wait": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let id = "disk";
+    sandbox(&http, &srv.url, KEY, id).await;
+    let (_, job) = exec_waited(&http, &srv.url, KEY, id, "df -k / | tail -1").await;
     assert_eq!(job["status"], "succeeded", "{job}");
     let line = job["stdout"].as_str().unwrap_or_default().to_string();
-    let r = http
-        .delete(format!("{}/v1/sandboxes/{id}", srv.url))
-        .header("X-API-Key", KEY)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
+    let (s, v) = send(
+        http.delete(format!("{}/v1/sandboxes/{id}", srv.url))
+            .header("X-API-Key", KEY),
+    )
+    .await;
+    assert!((200..300).contains(&s), "{s} {v}");
     // A stopped server leaves neither its pool's mounts nor their loop devices (mounts
     // outlive their process).
     drop(srv);

@@ -14,7 +14,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use orchard::backend::local::{NetworkMode, SandboxInfo, SandboxSpec};
+use orchard::backend::local::{NetworkMode, SandboxInfo};
 use orchard::egress::EgressPolicy;
 
 use crate::util::sandbox::*;
@@ -113,8 +113,7 @@ async fn scenario() {
     let mut config = test_config(&fresh_root());
     config.egress = EgressPolicy::parse(&["10.78.0.0/16"]).unwrap();
     let tb = TestBackend::with_config(config);
-    let mut spec = SandboxSpec::new(busybox_image());
-    spec.id = Some(unique_id("egress-inet"));
+    let mut spec = busybox_spec("egress-inet");
     spec.network = NetworkMode::Egress {
         allow_host_loopback: false,
     };

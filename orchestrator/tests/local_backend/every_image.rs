@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use orchard::backend::local::disk::DiskLimit;
-use orchard::backend::local::SandboxSpec;
 use orchard::image::{ImageStore, StoreConfig};
 
 use crate::util::sandbox::*;
@@ -15,14 +13,7 @@ use crate::util::server::image_layout;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pid_1s_environ_and_the_disk_bound_hold_on_python_busybox_and_an_empty_image() {
     orchard_test_support::require_runc!();
-    let root = fresh_root();
-    let mut config = test_config(&root);
-    config.disk = Some(DiskLimit {
-        bytes: 24 << 20,
-        inodes: 4096,
-    });
-    config.disk_pool = 1;
-    let tb = TestBackend::with_config(config);
+    let tb = backend_with_disk(24 << 20, 4096, 1);
     let dir = tempfile::tempdir().unwrap();
     let store = ImageStore::open(dir.path().join("store"), StoreConfig::default()).unwrap();
     for (layout, name) in [
@@ -32,9 +23,7 @@ async fn pid_1s_environ_and_the_disk_bound_hold_on_python_busybox_and_an_empty_i
     ] {
         store.import(&image_layout(layout), Some(name)).unwrap();
         let image = store.get(name).unwrap().unwrap();
-        let mut spec = SandboxSpec::new(image);
-        spec.id = Some(unique_id(layout));
-        let sb = tb.create(spec).await;
+        let sb = tb.create(spec_of(image, layout)).await;
         let client = sb.client();
 
         let environ = client.read_file("/proc/1/environ").await.unwrap();

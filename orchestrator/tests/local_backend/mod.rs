@@ -10,9 +10,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use orchard::backend::local::{
-    process, FailPoint, Limits, LocalBackend, LocalError, NetworkMode, SandboxSpec,
+    process, FailPoint, Limits, LocalBackend, LocalError, NetworkMode, SandboxInfo, SandboxSpec,
 };
 use orchard::image::ImageConfig;
+use orchard_protocol::ExecResult;
 use serde_json::Value;
 
 use crate::util::sandbox::*;
@@ -105,9 +106,12 @@ async fn an_empty_image_runs_the_agent_alone() {
     orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     for layers in [vec![layers().empty.clone()], vec![]] {
-        let mut spec = SandboxSpec::new(image("empty", layers, ImageConfig::default()));
-        spec.id = Some(unique_id("empty"));
-        let sb = tb.create(spec).await;
+        let sb = tb
+            .create(spec_of(
+                image("empty", layers, ImageConfig::default()),
+                "empty",
+            ))
+            .await;
         let r = exec(&sb, argv(&["/.orchard/bin/orchard-agent", "--version"])).await;
         assert_eq!(r.exit_code, Some(0), "{r:?}");
         assert!(r.stdout.text_lossy().starts_with("orchard-agent "), "{r:?}");
@@ -129,8 +133,10 @@ async fn image_env_working_dir_user_and_layers_apply() {
         user: Some("app".into()),
         ..ImageConfig::default()
     };
-    let mut spec = SandboxSpec::new(image("app", vec![l.busybox.clone(), l.top.clone()], config));
-    spec.id = Some(unique_id("env"));
+    let mut spec = spec_of(
+        image("app", vec![l.busybox.clone(), l.top.clone()], config),
+        "env",
+    );
     spec.env = vec!["EXTRA=1".into()];
     let sb = tb.create(spec).await;
     assert_eq!(sh_ok(&sb, "pwd").await, "/srv/app\n");
@@ -170,27 +176,32 @@ async fn image_env_working_dir_user_and_layers_apply() {
     assert_eq!(a["org.orchard.image.user.resolved"], "1000:1000,50");
 
     // Without a WorkingDir: /workspace when the image has it, else /.
-    let mut spec = SandboxSpec::new(image(
-        "ws",
-        vec![l.busybox.clone(), l.top.clone()],
-        ImageConfig::default(),
-    ));
-    spec.id = Some(unique_id("ws"));
-    let ws = tb.create(spec).await;
+    let ws = tb
+        .create(spec_of(
+            image(
+                "ws",
+                vec![l.busybox.clone(), l.top.clone()],
+                ImageConfig::default(),
+            ),
+            "ws",
+        ))
+        .await;
     assert_eq!(sh_ok(&ws, "pwd").await, "/workspace\n");
     let bb = tb.busybox().await;
     assert_eq!(sh_ok(&bb, "pwd").await, "/\n");
 
     // An unknown user is refused before anything runs.
-    let mut spec = SandboxSpec::new(image(
+    let spec = spec_of(
+        image(
+            "nobody",
+            vec![l.busybox.clone()],
+            ImageConfig {
+                user: Some("nobody".into()),
+                ..ImageConfig::default()
+            },
+        ),
         "nobody",
-        vec![l.busybox.clone()],
-        ImageConfig {
-            user: Some("nobody".into()),
-            ..ImageConfig::default()
-        },
-    ));
-    spec.id = Some(unique_id("nobody"));
+    );
     let e = tb.backend.create(spec).await.unwrap_err();
     assert!(
         e.to_string()
@@ -240,8 +251,7 @@ async fn root_and_tmp_are_writable_and_the_injected_volume_is_read_only() {
 async fn a_memory_hog_is_oom_killed_and_the_agent_survives() {
     orchard_test_support::require_runc!();
     let tb = TestBackend::new();
-    let mut spec = SandboxSpec::new(busybox_image());
-    spec.id = Some(unique_id("oom"));
+    let mut spec = busybox_spec("oom");
     spec.limits.memory_bytes = Some(64 << 20);
     let sb = tb.create(spec).await;
     // dd allocates its 256 MiB block and fills it.
@@ -259,8 +269,7 @@ async fn a_memory_hog_is_oom_killed_and_the_agent_survives() {
 async fn a_fork_bomb_is_stopped_by_the_pids_limit() {
     orchard_test_support::require_runc!();
     let tb = TestBackend::new();
-    let mut spec = SandboxSpec::new(busybox_image());
-    spec.id = Some(unique_id("pids"));
+    let mut spec = busybox_spec("pids");
     spec.limits.pids = Some(64);
     let sb = tb.create(spec).await;
     // busybox sh stops at its first failed fork, so the loop runs in a subshell that
@@ -302,8 +311,7 @@ async fn a_fork_bomb_is_stopped_by_the_pids_limit() {
 async fn the_cpu_quota_holds_busy_loops_to_half_a_core() {
     orchard_test_support::require_runc!();
     let tb = TestBackend::new();
-    let mut spec = SandboxSpec::new(busybox_image());
-    spec.id = Some(unique_id("cpu"));
+    let mut spec = busybox_spec("cpu");
     spec.limits.cpus = Some(0.5);
     let sb = tb.create(spec).await;
     let usage = sb
@@ -359,17 +367,43 @@ fn accept_one(listener: &TcpListener, limit: Duration) -> Option<String> {
     }
 }
 
+/// Asserts that "hello", sent with nc from `sb` to the host's loopback (10.0.2.2
+/// through slirp4netns), reaches a listener there.
+async fn assert_host_reachable(sb: &SandboxInfo) {
+    let (listener, port) = listen();
+    let accepted = std::thread::spawn(move || accept_one(&listener, Duration::from_secs(20)));
+    let mut req = shell(&format!("echo hello | nc -w 5 10.0.2.2 {port}"));
+    req.timeout_ms = Some(20_000);
+    let r = exec(sb, req).await;
+    assert_eq!(
+        accepted.join().unwrap().as_deref(),
+        Some("hello\n"),
+        "the listener saw nothing; nc: {r:?}"
+    );
+}
+
+/// Asserts that nc from `sb` connects to no listener on the host's loopback; answers
+/// nc's result.
+async fn assert_host_unreachable(sb: &SandboxInfo) -> ExecResult {
+    let (listener, port) = listen();
+    let mut req = shell(&format!("echo hello | nc -w 3 10.0.2.2 {port}"));
+    req.timeout_ms = Some(10_000);
+    let r = exec(sb, req).await;
+    assert_eq!(
+        accept_one(&listener, Duration::from_millis(500)),
+        None,
+        "{r:?}"
+    );
+    r
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egress_is_denied_by_default() {
     orchard_test_support::require_runc!();
     let tb = TestBackend::new();
     let sb = tb.busybox().await;
-    let (listener, port) = listen();
-    let mut req = shell(&format!("echo hello | nc -w 3 10.0.2.2 {port}"));
-    req.timeout_ms = Some(10_000);
-    let r = exec(&sb, req).await;
+    let r = assert_host_unreachable(&sb).await;
     assert_ne!(r.exit_code, Some(0), "the connect succeeded: {r:?}");
-    assert_eq!(accept_one(&listener, Duration::from_millis(500)), None);
     // Nothing but lo in the sandbox's network namespace.
     let links = sh_ok(&sb, "ls /sys/class/net").await;
     assert_eq!(
@@ -384,43 +418,24 @@ async fn egress_is_denied_by_default() {
 async fn egress_is_allowed_through_slirp4netns_when_asked() {
     orchard_test_support::require_runc!();
     let tb = TestBackend::new();
-    let mut spec = SandboxSpec::new(busybox_image());
-    spec.id = Some(unique_id("egress"));
+    let mut spec = busybox_spec("egress");
     spec.network = NetworkMode::Egress {
         allow_host_loopback: true,
     };
     let sb = tb.create(spec).await;
-    let (listener, port) = listen();
-    let accepted = std::thread::spawn(move || accept_one(&listener, Duration::from_secs(20)));
-    let mut req = shell(&format!("echo hello | nc -w 5 10.0.2.2 {port}"));
-    req.timeout_ms = Some(20_000);
-    let r = exec(&sb, req).await;
-    assert_eq!(
-        accepted.join().unwrap().as_deref(),
-        Some("hello\n"),
-        "the listener saw nothing; nc: {r:?}"
-    );
+    assert_host_reachable(&sb).await;
     assert!(sh_ok(&sb, "ls /sys/class/net").await.contains("tap0"));
     assert_eq!(
         sh_ok(&sb, "cat /etc/resolv.conf").await,
         "nameserver 10.0.2.3\n"
     );
     // Without allow_host_loopback, the host's loopback stays out of reach.
-    let mut spec = SandboxSpec::new(busybox_image());
-    spec.id = Some(unique_id("egress-nl"));
+    let mut spec = busybox_spec("egress-nl");
     spec.network = NetworkMode::Egress {
         allow_host_loopback: false,
     };
     let sb2 = tb.create(spec).await;
-    let (listener, port) = listen();
-    let mut req = shell(&format!("echo hello | nc -w 3 10.0.2.2 {port}"));
-    req.timeout_ms = Some(10_000);
-    let r = exec(&sb2, req).await;
-    assert_eq!(
-        accept_one(&listener, Duration::from_millis(500)),
-        None,
-        "{r:?}"
-    );
+    assert_host_unreachable(&sb2).await;
     let slirps: Vec<i32> = slirp_pids();
     assert!(!slirps.is_empty());
     tb.finish().await;
@@ -492,12 +507,14 @@ async fn bad_requests_fail_clearly_and_leave_nothing() {
         tb.backend.create(spec).await,
         Err(LocalError::InvalidId(_))
     ));
-    let mut spec = SandboxSpec::new(image(
+    let spec = spec_of(
+        image(
+            "missing",
+            vec![PathBuf::from("/no/such/layer")],
+            ImageConfig::default(),
+        ),
         "missing",
-        vec![PathBuf::from("/no/such/layer")],
-        ImageConfig::default(),
-    ));
-    spec.id = Some(unique_id("missing"));
+    );
     let e = tb.backend.create(spec).await.unwrap_err();
     assert!(e.to_string().contains("/no/such/layer"), "{e}");
     let mut spec = SandboxSpec::new(busybox_image());
@@ -528,8 +545,7 @@ async fn an_agent_that_fails_to_start_is_reported_with_its_log_and_cleaned_up() 
     let mut config = test_config(&fresh_root());
     config.agent_args = vec!["--no-such-flag".into()];
     let tb = TestBackend::with_config(config);
-    let mut spec = SandboxSpec::new(busybox_image());
-    spec.id = Some(unique_id("broken"));
+    let spec = busybox_spec("broken");
     let e = tb.backend.create(spec).await.unwrap_err();
     match &e {
         LocalError::NotReady { log, .. } => assert!(log.contains("--no-such-flag"), "{e}"),
@@ -653,16 +669,7 @@ async fn recovery_after_the_backend_was_killed() {
     // The adopted sandbox works, network included, with its recorded token.
     let sb = tb.backend.get("adopt-me").expect("adopt-me is listed");
     assert_eq!(sh_ok(&sb, "echo adopted").await, "adopted\n");
-    let (listener, port) = listen();
-    let accepted = std::thread::spawn(move || accept_one(&listener, Duration::from_secs(20)));
-    let mut req = shell(&format!("echo hello | nc -w 5 10.0.2.2 {port}"));
-    req.timeout_ms = Some(20_000);
-    let r = exec(&sb, req).await;
-    assert_eq!(
-        accepted.join().unwrap().as_deref(),
-        Some("hello\n"),
-        "{r:?}"
-    );
+    assert_host_reachable(&sb).await;
     assert_clean(&tb.backend).await;
     // Recovering again changes nothing.
     let again = tb.backend.recover().await.unwrap();
@@ -794,19 +801,7 @@ async fn bench_local_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_harness_bundle_is_injected_read_only_and_on_path() {
     orchard_test_support::require_runc!();
-    use std::os::unix::fs::PermissionsExt;
-    let root = fresh_root();
-    let harness = root.with_extension("harness");
-    fs::create_dir_all(harness.join("bin")).unwrap();
-    fs::write(
-        harness.join("bin/hello"),
-        "#!/bin/sh\necho hello from the harness\n",
-    )
-    .unwrap();
-    fs::set_permissions(harness.join("bin/hello"), fs::Permissions::from_mode(0o755)).unwrap();
-    let mut config = test_config(&root);
-    config.harness = Some(harness.clone());
-    let tb = TestBackend::with_config(config);
+    let (tb, harness) = backend_with_hello_harness();
     let manifest: Value = serde_json::from_slice(
         &fs::read(tb.backend.injection_dir().join("manifest.json")).unwrap(),
     )

@@ -4,38 +4,14 @@
 //! the harness tools.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
-
-use orchard::backend::local::SandboxSpec;
-use orchard::image::{ImageStore, StoreConfig};
 
 use crate::util::sandbox::*;
-use crate::util::server::image_layout;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_harness_is_found_through_the_images_path_in_pid_1s_environ() {
     orchard_test_support::require_runc!();
-    let root = fresh_root();
-    let harness = root.with_extension("harness");
-    fs::create_dir_all(harness.join("bin")).unwrap();
-    fs::write(
-        harness.join("bin/hello"),
-        "#!/bin/sh\necho hello from the harness\n",
-    )
-    .unwrap();
-    fs::set_permissions(harness.join("bin/hello"), fs::Permissions::from_mode(0o755)).unwrap();
-    let mut config = test_config(&root);
-    config.harness = Some(harness.clone());
-    let tb = TestBackend::with_config(config);
-    let dir = tempfile::tempdir().unwrap();
-    let store = ImageStore::open(dir.path().join("store"), StoreConfig::default()).unwrap();
-    store
-        .import(&image_layout("python"), Some("python:3.11-slim"))
-        .unwrap();
-    let image = store.get("python:3.11-slim").unwrap().unwrap();
-    let mut spec = SandboxSpec::new(image);
-    spec.id = Some(unique_id("pid1env"));
-    let sb = tb.create(spec).await;
+    let (tb, harness) = backend_with_hello_harness();
+    let (_dir, sb) = python_sandbox(&tb, "pid1env").await;
 
     // Read in an empty environment by the sandbox's root, as `kubectl exec` would.
     let r = exec(&sb, argv(&["env", "-i", "/bin/cat", "/proc/1/environ"])).await;

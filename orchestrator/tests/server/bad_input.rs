@@ -139,12 +139,7 @@ async fn json_bodies_that_are_malformed_empty_or_misshapen_are_400_or_422() {
             assert!(d.starts_with("invalid request"), "{d}");
         }
     }
-    let (_, list) = srv.get("/v1/sandboxes").await;
-    assert_eq!(
-        list["sandboxes"].as_array().unwrap().len(),
-        1,
-        "nothing was created"
-    );
+    assert_eq!(srv.sandbox_count().await, 1, "nothing was created");
     srv.finish().await;
 }
 
@@ -367,12 +362,7 @@ async fn bad_values_are_400_with_a_detail_that_names_them() {
     );
     let (_, images) = srv.get("/v1/images").await;
     assert_eq!(images["images"].as_array().unwrap().len(), 1, "{images}");
-    let (_, list) = srv.get("/v1/sandboxes").await;
-    assert_eq!(
-        list["sandboxes"].as_array().unwrap().len(),
-        1,
-        "nothing was created"
-    );
+    assert_eq!(srv.sandbox_count().await, 1, "nothing was created");
     srv.finish().await;
 }
 
@@ -546,8 +536,7 @@ async fn a_taken_sandbox_id_is_409_across_both_apis_and_keys() {
             .await;
         assert_eq!(s, 200, "{v}");
     }
-    let (_, list) = srv.get("/v1/sandboxes").await;
-    assert_eq!(list["sandboxes"].as_array().unwrap().len(), 2);
+    assert_eq!(srv.sandbox_count().await, 2);
     srv.finish().await;
 }
 

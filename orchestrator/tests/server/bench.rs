@@ -25,8 +25,8 @@ use orchard_client::{AgentClient, Endpoint};
 use orchard_protocol::{Command, ExecRequest};
 use serde_json::{json, Value};
 
-use crate::util::bench::{change, out_path, pcts, Pcts};
-use crate::util::server::{Options, TestServer, KEY};
+use crate::util::bench::{change, out_path, pcts, post_json, Pcts};
+use crate::util::server::{Options, TestServer};
 
 /// Rounds of the latency series: one call of each route per round, in an order that
 /// rotates, so a burst of outside load hits every series alike.
@@ -117,21 +117,7 @@ impl Target {
     }
 
     async fn post(&self, url: &str, body: &'static [u8]) -> Result<Value, String> {
-        let resp = self
-            .http
-            .post(url)
-            .header("X-API-Key", KEY)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
-        if !status.is_success() {
-            return Err(format!("{status}: {}", String::from_utf8_lossy(&bytes)));
-        }
-        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+        post_json(&self.http, url, body).await
     }
 
     /// One call by `route`; an error says what went wrong.

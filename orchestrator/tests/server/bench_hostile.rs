@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::util::bench::{change, out_path, pcts, previous, Pcts};
-use crate::util::server::{send, ServerProcess, KEY, OTHER_KEY};
+use crate::util::server::{busybox_server, sandbox, send, KEY, OTHER_KEY};
 
 /// B's calls per measurement.
 const CALLS: usize = 300;
@@ -56,20 +56,15 @@ where
 #[ignore = "a benchmark: `make bench` runs it"]
 async fn bench_hostile_load() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-hostile-")
-        .tempdir()
-        .unwrap();
-    let srv = ServerProcess::start(data.path(), &[]);
-    super::hostile_load::import_busybox(&srv.url).await;
+    let (_data, srv) = busybox_server("orchard-hostile-", &[]).await;
     let a = reqwest::Client::new();
     // B comes from another address than A's flood.
     let b = reqwest::Client::builder()
         .local_address(Some("127.0.0.2".parse().unwrap()))
         .build()
         .unwrap();
-    super::hostile_load::sandbox(&a, &srv.url, KEY, "host-a").await;
-    super::hostile_load::sandbox(&a, &srv.url, OTHER_KEY, "host-b").await;
+    sandbox(&a, &srv.url, KEY, "host-a").await;
+    sandbox(&a, &srv.url, OTHER_KEY, "host-b").await;
     let url = srv.url.clone();
     let addr: SocketAddr = url.trim_start_matches("http://").parse().unwrap();
     // A's big job: 2 x 8 MiB of control bytes (96 MiB as JSON).

@@ -8,42 +8,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::server::{send, ServerProcess, KEY, OTHER_KEY};
-
-/// Imports the busybox test image through the API (KEY is the operator).
-pub(super) async fn import_busybox(url: &str) {
-    let layout = crate::util::server::image_layout("busybox");
-    let mut tar = tar::Builder::new(Vec::new());
-    tar.append_dir_all(".", &layout).unwrap();
-    let (s, v) = send(
-        reqwest::Client::new()
-            .post(format!("{url}/v1/images/import?name=busybox:latest"))
-            .header("X-API-Key", KEY)
-            .body(tar.into_inner().unwrap()),
-    )
-    .await;
-    assert_eq!(s, 200, "{v}");
-}
-
-/// A ready busybox sandbox of `key`.
-pub(super) async fn sandbox(http: &reqwest::Client, url: &str, key: &str, id: &str) {
-    let (s, v) = send(
-        http.post(format!("{url}/v1/sandboxes"))
-            .header("X-API-Key", key)
-            .json(&json!({"image": "busybox:latest", "id": id})),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
-}
+use crate::util::server::{
+    busybox_server, exec_waited, import_busybox, sandbox, send, temp_dir, ServerProcess, KEY,
+    OTHER_KEY,
+};
 
 /// Runs `echo ok` in `id` through the compatible API; answers the job.
 async fn echo(http: &reqwest::Client, url: &str, key: &str, id: &str) -> (u16, Value) {
-    send(
-        http.post(format!("{url}/sandboxes/{id}/exec"))
-            .header("X-API-Key", key)
-            .json(&json!({"command": "echo ok", "wait": true})),
-    )
-    .await
+    exec_waited(http, url, key, id, "echo ok").await
 }
 
 /// Occurrences of `needle` in the server's log.
@@ -101,10 +73,7 @@ fn addr_of(url: &str) -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_descriptor_flood_without_a_key_deletes_no_sandbox() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-flood-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-flood-");
     let srv = ServerProcess::start_with_open_files(
         data.path(),
         400,
@@ -189,10 +158,7 @@ fn read_until_closed(c: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
 /// served throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_flood_is_capped_and_slow_clients_are_closed_while_others_are_served() {
-    let data = tempfile::Builder::new()
-        .prefix("orchard-caps-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-caps-");
     let srv = ServerProcess::start(
         data.path(),
         &[
@@ -438,12 +404,7 @@ fn peak_rss(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_reading_a_big_job_is_streamed_not_built_in_memory() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-bigjob-")
-        .tempdir()
-        .unwrap();
-    let srv = ServerProcess::start(data.path(), &[]);
-    import_busybox(&srv.url).await;
+    let (_data, srv) = busybox_server("orchard-bigjob-", &[]).await;
     let http = reqwest::Client::new();
     sandbox(&http, &srv.url, KEY, "big-a").await;
     sandbox(&http, &srv.url, OTHER_KEY, "big-b").await;
@@ -594,10 +555,7 @@ fn timed_start(data: &std::path::Path) -> (ServerProcess, Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_restart_after_kill9_reads_no_job_output() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-restart-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-restart-");
     let (mut srv, _) = timed_start(data.path());
     import_busybox(&srv.url).await;
     let http = reqwest::Client::new();
@@ -653,12 +611,7 @@ async fn regression_a_restart_after_kill9_reads_no_job_output() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_started_in_the_background_runs_at_normal_priority_once_ready() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-nice-")
-        .tempdir()
-        .unwrap();
-    let srv = ServerProcess::start(data.path(), &[]);
-    import_busybox(&srv.url).await;
+    let (_data, srv) = busybox_server("orchard-nice-", &[]).await;
     let http = reqwest::Client::new();
     sandbox(&http, &srv.url, KEY, "nice-1").await;
     // Field 19 of every thread's stat is its nice value (the command's name, field 2,

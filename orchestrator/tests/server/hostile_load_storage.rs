@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::hostile_load::{import_busybox, sandbox};
-use crate::util::server::{send, ServerProcess, KEY, OTHER_KEY};
+use crate::util::server::{
+    busybox_server, exec_waited, import_busybox, sandbox, send, temp_dir, ServerProcess, KEY,
+    OTHER_KEY,
+};
 
 const MIB: usize = 1 << 20;
 
@@ -121,12 +123,21 @@ impl RawUpload {
 
     /// The server's answer: status and JSON body; panics when none comes in `limit`.
     fn answer(&mut self, limit: Duration) -> (u16, Value) {
+        self.answer_pacing(limit, Duration::from_millis(200), |_| {})
+    }
+
+    /// [`RawUpload::answer`], calling `idle` each time `pace` passes without a byte
+    /// of the answer.
+    fn answer_pacing(
+        &mut self,
+        limit: Duration,
+        pace: Duration,
+        mut idle: impl FnMut(&mut Self),
+    ) -> (u16, Value) {
         let deadline = Instant::now() + limit;
         let mut got = Vec::new();
         let mut buf = [0u8; 8192];
-        self.stream
-            .set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
+        self.stream.set_read_timeout(Some(pace)).unwrap();
         loop {
             if let Some(a) = parse_answer(&got) {
                 return a;
@@ -143,7 +154,10 @@ impl RawUpload {
                     if matches!(
                         e.kind(),
                         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
+                    ) =>
+                {
+                    idle(self)
+                }
                 Err(_) => break,
             }
         }
@@ -177,13 +191,7 @@ fn parse_answer(got: &[u8]) -> Option<(u16, Value)> {
 
 /// Runs `command` in `id` through the compatible API; answers its stdout.
 async fn run(url: &str, key: &str, id: &str, command: &str) -> String {
-    let (s, job) = send(
-        reqwest::Client::new()
-            .post(format!("{url}/sandboxes/{id}/exec"))
-            .header("X-API-Key", key)
-            .json(&json!({"command": command, "wait": true})),
-    )
-    .await;
+    let (s, job) = exec_waited(&reqwest::Client::new(), url, key, id, command).await;
     assert_eq!(
         (s, job["exit_code"].as_i64()),
         (200, Some(0)),
@@ -204,10 +212,7 @@ async fn run(url: &str, key: &str, id: &str, command: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_upload_spools_are_charged_to_the_sandbox_disk_and_the_host() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-spool-disk-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-spool-disk-");
     let srv = ServerProcess::start(
         data.path(),
         &[
@@ -320,6 +325,20 @@ async fn regression_upload_spools_are_charged_to_the_sandbox_disk_and_the_host()
     assert_eq!((s, v["size"].as_u64()), (200, Some(5)), "{v}");
 }
 
+/// An upload to slow-up's /workspace/f declaring `declared` bytes that has sent a MiB
+/// of its content, once the server under `data` has spooled half of it.
+async fn slow_upload_of_a_mib(addr: SocketAddr, declared: usize, data: &Path) -> RawUpload {
+    let up = tokio::task::spawn_blocking(move || {
+        let mut up = RawUpload::start(addr, KEY, "slow-up", "/workspace/f", Some(declared));
+        assert!(up.send_content(MIB));
+        up
+    })
+    .await
+    .unwrap();
+    await_spooled(data, (MIB / 2) as u64).await;
+    up
+}
+
 /// Regression (issue 30, point 3): a stalled upload kept its spool (up to 384 MiB) on
 /// the host. The listener's body time-out does cut a body that sends nothing (2 s
 /// here): the client gets 408, not the 400 of a broken body, and the spool is gone. A
@@ -329,26 +348,14 @@ async fn regression_upload_spools_are_charged_to_the_sandbox_disk_and_the_host()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_stalled_or_trickling_upload_is_cut_and_its_spool_removed() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-spool-time-")
-        .tempdir()
-        .unwrap();
-    let srv = ServerProcess::start(data.path(), &["--body-timeout-s", "2"]);
-    import_busybox(&srv.url).await;
+    let (data, srv) = busybox_server("orchard-spool-time-", &["--body-timeout-s", "2"]).await;
     let http = reqwest::Client::new();
     sandbox(&http, &srv.url, KEY, "slow-up").await;
     let addr = addr_of(&srv.url);
     let declared = RawUpload::opening("/workspace/f").len() + 16 * MIB + 2;
 
     // Stalled: a MiB of content, then nothing.
-    let mut stalled = tokio::task::spawn_blocking(move || {
-        let mut up = RawUpload::start(addr, KEY, "slow-up", "/workspace/f", Some(declared));
-        assert!(up.send_content(MIB));
-        up
-    })
-    .await
-    .unwrap();
-    await_spooled(data.path(), (MIB / 2) as u64).await;
+    let mut stalled = slow_upload_of_a_mib(addr, declared, data.path()).await;
     let t = Instant::now();
     let (s, v) = tokio::task::spawn_blocking(move || stalled.answer(Duration::from_secs(15)))
         .await
@@ -359,47 +366,12 @@ async fn regression_a_stalled_or_trickling_upload_is_cut_and_its_spool_removed()
 
     // Trickling: a MiB, then 16 bytes every quarter second (each resets the body
     // time-out), until the server answers.
-    let mut trickle = tokio::task::spawn_blocking(move || {
-        let mut up = RawUpload::start(addr, KEY, "slow-up", "/workspace/f", Some(declared));
-        assert!(up.send_content(MIB));
-        up
-    })
-    .await
-    .unwrap();
-    await_spooled(data.path(), (MIB / 2) as u64).await;
+    let mut trickle = slow_upload_of_a_mib(addr, declared, data.path()).await;
     let t = Instant::now();
+    // The attacker's pace: 16 bytes each time a quarter second passes quietly.
     let (s, v) = tokio::task::spawn_blocking(move || {
-        trickle
-            .stream
-            .set_read_timeout(Some(Duration::from_millis(250)))
-            .unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while t.elapsed() < Duration::from_secs(20) {
-            if let Some(a) = parse_answer(&got) {
-                return a;
-            }
-            // The attacker's pace: the read's time-out.
-            match trickle.stream.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    let _ = trickle.send(&[b'A'; 16]);
-                }
-                Err(_) => break,
-            }
-        }
-        parse_answer(&got).unwrap_or_else(|| {
-            panic!(
-                "the trickle was not cut in {:?}: {:?}",
-                t.elapsed(),
-                String::from_utf8_lossy(&got)
-            )
+        trickle.answer_pacing(Duration::from_secs(20), Duration::from_millis(250), |up| {
+            let _ = up.send(&[b'A'; 16]);
         })
     })
     .await
@@ -474,10 +446,7 @@ async fn delete_all(http: &reqwest::Client, url: &str, key: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_all_keys_snapshots_together_are_bounded_on_the_host() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-snap-host-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-snap-host-");
     let limit: u64 = 3 << 20;
     let srv = ServerProcess::start(data.path(), &["--snapshot-bytes-total", "3Mi"]);
     import_busybox(&srv.url).await;
@@ -556,10 +525,7 @@ async fn regression_all_keys_snapshots_together_are_bounded_on_the_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_is_refused_when_the_host_disk_is_below_its_reserve() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-snap-free-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-snap-free-");
     let srv = ServerProcess::start_with_env(
         data.path(),
         &[KEY, OTHER_KEY],

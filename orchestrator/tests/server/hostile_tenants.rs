@@ -9,18 +9,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::hostile_load::{import_busybox, sandbox};
 use crate::util::bench::pcts;
-use crate::util::server::{send, ServerProcess, KEY, OTHER_KEY};
+use crate::util::server::{busybox_server, exec_waited, sandbox, send, KEY, OTHER_KEY};
 
 /// Runs `command` in `id` as `key`, waited; answers the job.
 async fn run(http: &reqwest::Client, url: &str, key: &str, id: &str, command: &str) -> Value {
-    let (s, job) = send(
-        http.post(format!("{url}/sandboxes/{id}/exec"))
-            .header("X-API-Key", key)
-            .json(&json!({"command": command, "wait": true})),
-    )
-    .await;
+    let (s, job) = exec_waited(http, url, key, id, command).await;
     assert_eq!(s, 200, "{job}");
     assert_eq!(job["status"].as_str(), Some("succeeded"), "{job}");
     job
@@ -41,13 +35,9 @@ async fn job(http: &reqwest::Client, url: &str, key: &str, id: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_one_tenants_output_never_evicts_anothers() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-evict-")
-        .tempdir()
-        .unwrap();
     let budget = (4u64 << 20).to_string();
-    let srv = ServerProcess::start(data.path(), &["--job-output-budget-bytes", &budget]);
-    import_busybox(&srv.url).await;
+    let (_data, srv) =
+        busybox_server("orchard-evict-", &["--job-output-budget-bytes", &budget]).await;
     let http = reqwest::Client::new();
     sandbox(&http, &srv.url, KEY, "ev-a").await;
     sandbox(&http, &srv.url, OTHER_KEY, "ev-b").await;
@@ -91,12 +81,7 @@ async fn regression_one_tenants_output_never_evicts_anothers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_burst_of_creates_does_not_queue_another_tenants_create_behind_it() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-fair-")
-        .tempdir()
-        .unwrap();
-    let srv = ServerProcess::start(data.path(), &["--max-concurrent-creates", "1"]);
-    import_busybox(&srv.url).await;
+    let (_data, srv) = busybox_server("orchard-fair-", &["--max-concurrent-creates", "1"]).await;
     let http = reqwest::Client::new();
     let create = |key: &'static str| {
         let req = http
@@ -155,12 +140,7 @@ async fn regression_a_burst_of_creates_does_not_queue_another_tenants_create_beh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_big_job_reads_leave_another_tenants_exec_at_its_quiet_median() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-reads-")
-        .tempdir()
-        .unwrap();
-    let srv = ServerProcess::start(data.path(), &[]);
-    import_busybox(&srv.url).await;
+    let (_data, srv) = busybox_server("orchard-reads-", &[]).await;
     let http = reqwest::Client::new();
     sandbox(&http, &srv.url, KEY, "rd-a").await;
     sandbox(&http, &srv.url, OTHER_KEY, "rd-b").await;

@@ -9,7 +9,9 @@ use orchard::backend::Backend;
 use serde_json::{json, Value};
 
 use crate::util::sandbox::{assert_clean, within};
-use crate::util::server::{send, Options, ServerProcess, TestServer, KEY};
+use crate::util::server::{
+    import_busybox, send, temp_dir, Options, ServerProcess, TestServer, KEY,
+};
 
 /// Polls `f` until it answers true; for behaviour that is itself time-based (a TTL, a
 /// heartbeat period), where there is no event to wait on.
@@ -268,8 +270,7 @@ async fn a_hundred_concurrent_creates_all_become_ready() {
         within(Duration::from_secs(600), t).await.unwrap();
     }
     eprintln!("100 sandboxes ready and used in {:?}", started.elapsed());
-    let (_, list) = srv.get("/v1/sandboxes").await;
-    assert_eq!(list["sandboxes"].as_array().unwrap().len(), 100);
+    assert_eq!(srv.sandbox_count().await, 100);
     let text = srv.metrics().await;
     assert!(
         text.contains("orchard_sandboxes{state=\"running\"} 100"),
@@ -304,29 +305,13 @@ fn blocking_json(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
 #[test]
 fn a_server_killed_with_sigkill_restarts_adopting_sandboxes_and_failing_jobs_in_flight() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-k9-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-k9-");
     let mut first = ServerProcess::start(data.path(), &[]);
-    let layout = crate::util::server::image_layout("busybox");
-    let mut tar = tar::Builder::new(Vec::new());
-    tar.append_dir_all(".", &layout).unwrap();
-    let archive = tar.into_inner().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let (s, v) = rt.block_on(send(
-        reqwest::Client::new()
-            .post(format!(
-                "{}/v1/images/import?name=busybox:latest",
-                first.url
-            ))
-            .header("X-API-Key", KEY)
-            .body(archive),
-    ));
-    assert_eq!(s, 200, "{v}");
+    rt.block_on(import_busybox(&first.url));
     let (s, sb) = blocking_json(
         "POST",
         &format!("{}/v1/sandboxes", first.url),
@@ -445,10 +430,7 @@ fn a_server_killed_with_sigkill_restarts_adopting_sandboxes_and_failing_jobs_in_
 #[test]
 fn a_server_without_keys_generates_one_prints_it_and_keeps_it_across_restarts() {
     orchard_test_support::require_runc!();
-    let data = tempfile::Builder::new()
-        .prefix("orchard-key-")
-        .tempdir()
-        .unwrap();
+    let data = temp_dir("orchard-key-");
     let mut first = ServerProcess::start_with_keys(data.path(), &[], &[]);
     let log = std::fs::read_to_string(data.path().join("server.log")).unwrap();
     let key = log

@@ -64,6 +64,47 @@ pub(super) async fn fork(srv: &TestServer, sid: &str, count: u32) -> Vec<String>
         .collect()
 }
 
+/// A new sandbox in which `command` has run (and exited 0).
+async fn sandbox_after(srv: &TestServer, command: &str) -> String {
+    let id = srv.sandbox().await;
+    run(srv, &id, command).await;
+    id
+}
+
+/// Starts `command` as a background process in `id`; answers the process.
+async fn start_process(srv: &TestServer, id: &str, command: &str) -> Value {
+    let (s, p) = srv
+        .post(
+            &format!("/v1/sandboxes/{id}/processes"),
+            json!({ "command": command }),
+        )
+        .await;
+    assert_eq!(s, 200, "{p}");
+    p
+}
+
+/// Pauses `id`, which must answer 200; answers the sandbox.
+async fn pause(srv: &TestServer, id: &str) -> Value {
+    let (s, paused) = srv
+        .post(&format!("/v1/sandboxes/{id}/pause"), json!({}))
+        .await;
+    assert_eq!(s, 200, "{paused}");
+    paused
+}
+
+/// The id of snapshot `snap`.
+fn snapshot_id(snap: &Value) -> String {
+    snap["snapshot_id"].as_str().unwrap().to_string()
+}
+
+/// Deletes the sandboxes `ids`, then snapshot `sid`.
+async fn delete_all(srv: &TestServer, ids: &[&str], sid: &str) {
+    for id in ids {
+        delete_ok(srv, &format!("/v1/sandboxes/{id}")).await;
+    }
+    delete_ok(srv, &format!("/v1/snapshots/{sid}")).await;
+}
+
 /// The backend's root (where `layers/` and `snapshots/` live).
 fn root(srv: &TestServer) -> PathBuf {
     srv.backend.inner.root().to_path_buf()
@@ -126,22 +167,13 @@ async fn a_paused_sandbox_uses_no_cpu_refuses_calls_and_resumes_its_loop() {
     orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
     let id = srv.sandbox().await;
-    let (s, p) = srv
-        .post(
-            &format!("/v1/sandboxes/{id}/processes"),
-            json!({ "command": COUNTER }),
-        )
-        .await;
-    assert_eq!(s, 200, "{p}");
+    let p = start_process(&srv, &id, COUNTER).await;
     let pid = p["id"].as_str().unwrap().to_string();
     let count = || async { run(&srv, &id, "cat /tmp/n 2>/dev/null || echo 0").await };
     let parse = |t: &str| t.trim().parse::<u64>().unwrap_or(0);
     until("the loop counting", count, |t: &String| parse(t) > 0).await;
 
-    let (s, paused) = srv
-        .post(&format!("/v1/sandboxes/{id}/pause"), json!({}))
-        .await;
-    assert_eq!(s, 200, "{paused}");
+    let paused = pause(&srv, &id).await;
     assert_eq!(
         (paused["status"].as_str(), paused["paused"].as_bool()),
         (Some("paused"), Some(true))
@@ -215,10 +247,7 @@ async fn a_paused_sandbox_uses_no_cpu_refuses_calls_and_resumes_its_loop() {
     assert_eq!(p["state"], "running", "{p}");
     assert!(cpu_ns(&srv, &id) > after);
     // A paused sandbox is deleted as quickly as any (delete thaws what it kills).
-    let (s, _) = srv
-        .post(&format!("/v1/sandboxes/{id}/pause"), json!({}))
-        .await;
-    assert_eq!(s, 200);
+    pause(&srv, &id).await;
     let t = Instant::now();
     delete_ok(&srv, &format!("/v1/sandboxes/{id}")).await;
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
@@ -229,20 +258,8 @@ async fn a_paused_sandbox_uses_no_cpu_refuses_calls_and_resumes_its_loop() {
 async fn a_pause_during_a_snapshot_is_not_undone_by_the_snapshots_thaw() {
     orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
-    let id = srv.sandbox().await;
-    run(
-        &srv,
-        &id,
-        "dd if=/dev/zero of=/big bs=1M count=64 2>/dev/null",
-    )
-    .await;
-    let (s, p) = srv
-        .post(
-            &format!("/v1/sandboxes/{id}/processes"),
-            json!({ "command": COUNTER }),
-        )
-        .await;
-    assert_eq!(s, 200, "{p}");
+    let id = sandbox_after(&srv, "dd if=/dev/zero of=/big bs=1M count=64 2>/dev/null").await;
+    start_process(&srv, &id, COUNTER).await;
     let snap_path = format!("/v1/sandboxes/{id}/snapshots");
     let snap = srv.post(&snap_path, json!({}));
     let pause = async {
@@ -276,9 +293,8 @@ async fn a_pause_during_a_snapshot_is_not_undone_by_the_snapshots_thaw() {
         before,
         "the sandbox runs though it is paused"
     );
-    let sid = snap["snapshot_id"].as_str().unwrap().to_string();
-    delete_ok(&srv, &format!("/v1/sandboxes/{id}")).await;
-    delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
+    let sid = snapshot_id(&snap);
+    delete_all(&srv, &[&id], &sid).await;
     srv.finish().await;
 }
 
@@ -294,10 +310,7 @@ async fn a_paused_sandbox_still_expires_with_its_ttl() {
         .await;
     assert_eq!(s, 201, "{v}");
     let id = v["id"].as_str().unwrap().to_string();
-    let (s, _) = srv
-        .post(&format!("/v1/sandboxes/{id}/pause"), json!({}))
-        .await;
-    assert_eq!(s, 200);
+    pause(&srv, &id).await;
     let path = format!("/v1/sandboxes/{id}");
     until(
         "the TTL deleting the paused sandbox",
@@ -327,13 +340,7 @@ async fn snapshots_under_concurrent_writes_are_consistent_and_the_writer_goes_on
     // b is written after a, each atomically: any real instant has a = b or a = b + 1.
     let writer = "mkdir -p /w; i=0; while :; do i=$((i+1)); \
         echo $i > /w/a.t && mv /w/a.t /w/a; echo $i > /w/b.t && mv /w/b.t /w/b; done";
-    let (s, p) = srv
-        .post(
-            &format!("/v1/sandboxes/{id}/processes"),
-            json!({ "command": writer }),
-        )
-        .await;
-    assert_eq!(s, 200, "{p}");
+    start_process(&srv, &id, writer).await;
     let read = || async { run(&srv, &id, "cat /w/b 2>/dev/null || echo 0").await };
     let parse = |t: &str| t.trim().parse::<u64>().unwrap_or(0);
     until("the writer writing", read, |t: &String| parse(t) > 10).await;
@@ -342,7 +349,7 @@ async fn snapshots_under_concurrent_writes_are_consistent_and_the_writer_goes_on
         let snap = snapshot(&srv, &id).await;
         assert_eq!(snap["processes"], "none");
         assert!(snap["frozen_ms"].as_f64().unwrap() > 0.0);
-        let sid = snap["snapshot_id"].as_str().unwrap().to_string();
+        let sid = snapshot_id(&snap);
         let f = fork(&srv, &sid, 1).await.remove(0);
         let ab = run(&srv, &f, "cat /w/a /w/b").await;
         let v: Vec<u64> = ab.split_whitespace().map(|x| x.parse().unwrap()).collect();
@@ -354,8 +361,7 @@ async fn snapshots_under_concurrent_writes_are_consistent_and_the_writer_goes_on
         let again = run(&srv, &f, "cat /w/a /w/b").await;
         assert_eq!(again, ab, "the fork's files change: a writer runs in it");
         seen.push(v[1]);
-        delete_ok(&srv, &format!("/v1/sandboxes/{f}")).await;
-        delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
+        delete_all(&srv, &[&f], &sid).await;
     }
     // The parent's writer went on through every capture.
     let last = *seen.last().unwrap();
@@ -367,16 +373,14 @@ async fn snapshots_under_concurrent_writes_are_consistent_and_the_writer_goes_on
 async fn sixteen_forks_diverge_and_outlive_their_parent() {
     orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
-    let parent = srv.sandbox().await;
-    run(
+    let parent = sandbox_after(
         &srv,
-        &parent,
         "mkdir -p /data && echo parent > /data/f && echo keep > /data/k && rm /bin/vi \
          && mkdir -p /tmp/work && echo scratch > /tmp/work/s && chmod 640 /tmp/work/s",
     )
     .await;
     let snap = snapshot(&srv, &parent).await;
-    let sid = snap["snapshot_id"].as_str().unwrap().to_string();
+    let sid = snapshot_id(&snap);
     assert!(snap["size_bytes"].as_u64().unwrap() >= 20, "{snap}");
     // 8 bytes of content, and 512 for each of the three entries (the tmp layer's root,
     // `work` and `work/s`): every entry is charged its inode.
@@ -434,10 +438,9 @@ async fn sixteen_forks_diverge_and_outlive_their_parent() {
 async fn a_snapshot_in_use_cannot_be_deleted_and_its_layers_go_once_it_is() {
     orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
-    let id = srv.sandbox().await;
-    run(&srv, &id, "head -c 100000 /dev/urandom > /big").await;
+    let id = sandbox_after(&srv, "head -c 100000 /dev/urandom > /big").await;
     let first = snapshot(&srv, &id).await;
-    let s1 = first["snapshot_id"].as_str().unwrap().to_string();
+    let s1 = snapshot_id(&first);
     // The same content again is the same snapshot (content-addressed).
     let again = snapshot(&srv, &id).await;
     assert_eq!(again["snapshot_id"], first["snapshot_id"]);
@@ -447,7 +450,7 @@ async fn a_snapshot_in_use_cannot_be_deleted_and_its_layers_go_once_it_is() {
     let f = fork(&srv, &s1, 1).await.remove(0);
     run(&srv, &f, "echo second > /second").await;
     let second = snapshot(&srv, &f).await;
-    let s2 = second["snapshot_id"].as_str().unwrap().to_string();
+    let s2 = snapshot_id(&second);
     assert_eq!(second["parent_snapshot_id"], s1.as_str());
     assert_eq!(second["layers"].as_array().unwrap().len(), 2);
     assert_eq!(second["layers"][0], first["layers"][0]);
@@ -497,13 +500,7 @@ async fn a_snapshot_in_use_cannot_be_deleted_and_its_layers_go_once_it_is() {
 async fn a_tree_nested_too_deep_fails_the_snapshot_cleanly_without_a_stack_overflow() {
     orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
-    let id = srv.sandbox().await;
-    run(
-        &srv,
-        &id,
-        "mkdir -p /deep && cd /deep && i=0; while [ $i -lt 2500 ]; do mkdir d && cd d; i=$((i+1)); done",
-    )
-    .await;
+    let id = sandbox_after(&srv, "mkdir -p /deep && cd /deep && i=0; while [ $i -lt 2500 ]; do mkdir d && cd d; i=$((i+1)); done").await;
     let (s, e) = srv
         .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}))
         .await;
@@ -520,16 +517,10 @@ async fn a_tree_nested_too_deep_fails_the_snapshot_cleanly_without_a_stack_overf
 async fn a_sparse_terabyte_is_snapshotted_as_its_data() {
     orchard_test_support::require_runc!();
     let srv = TestServer::start().await;
-    let id = srv.sandbox().await;
-    run(
-        &srv,
-        &id,
-        "truncate -s 1099511627776 /sparse && echo end | dd of=/sparse bs=1 seek=1099511627772 conv=notrunc 2>/dev/null",
-    )
-    .await;
+    let id = sandbox_after(&srv, "truncate -s 1099511627776 /sparse && echo end | dd of=/sparse bs=1 seek=1099511627772 conv=notrunc 2>/dev/null").await;
     let snap = snapshot(&srv, &id).await;
     assert!(snap["size_bytes"].as_u64().unwrap() < 1 << 20, "{snap}");
-    let sid = snap["snapshot_id"].as_str().unwrap().to_string();
+    let sid = snapshot_id(&snap);
     let f = fork(&srv, &sid, 1).await.remove(0);
     assert_eq!(
         run(
@@ -540,8 +531,7 @@ async fn a_sparse_terabyte_is_snapshotted_as_its_data() {
         .await,
         "1099511627776\nend\n"
     );
-    delete_ok(&srv, &format!("/v1/sandboxes/{f}")).await;
-    delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
+    delete_all(&srv, &[&f], &sid).await;
     srv.finish().await;
 }
 
@@ -648,7 +638,7 @@ async fn a_forks_sessions_come_back_with_their_directory_variables_and_functions
     let sessions = snap["sessions"].as_array().unwrap();
     assert_eq!(sessions.len(), 1, "{snap}");
     assert_eq!(sessions[0]["cwd"], "/tmp/deep");
-    let sid = snap["snapshot_id"].as_str().unwrap().to_string();
+    let sid = snapshot_id(&snap);
     let f = fork(&srv, &sid, 1).await.remove(0);
     let (s, r) = srv
         .post(
@@ -662,9 +652,6 @@ async fn a_forks_sessions_come_back_with_their_directory_variables_and_functions
         format!("/tmp/deep\nt 7 c unset\nhi fork\n{f}\n"),
         "{r}"
     );
-    for sb in [&f, &id] {
-        delete_ok(&srv, &format!("/v1/sandboxes/{sb}")).await;
-    }
-    delete_ok(&srv, &format!("/v1/snapshots/{sid}")).await;
+    delete_all(&srv, &[&f, &id], &sid).await;
     srv.finish().await;
 }

@@ -79,3 +79,26 @@ fn a_previous_table_is_read_by_column() {
     assert_eq!(change(110.0, Some(100.0)), "+10.0%");
     assert_eq!(pcts(&[3.0, 1.0, 2.0]).p50, 2.0);
 }
+
+/// POSTs the JSON `body` to `url` with the test key; answers the JSON answer, or what
+/// went wrong (a status that is not a success included).
+pub async fn post_json(
+    http: &reqwest::Client,
+    url: &str,
+    body: &'static [u8],
+) -> Result<serde_json::Value, String> {
+    let resp = http
+        .post(url)
+        .header("X-API-Key", super::server::KEY)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&bytes)));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+}

@@ -391,6 +391,15 @@ impl Layout {
         }
     }
 
+    /// The JSON of `written` (a manifest, an index or a config), read back.
+    pub fn json(&self, written: &Written) -> Value {
+        let blob = self
+            .path()
+            .join("blobs/sha256")
+            .join(&written.digest["sha256:".len()..]);
+        serde_json::from_slice(&fs::read(blob).unwrap()).unwrap()
+    }
+
     /// Writes an image (layers, config with `run_config` and `architecture`, manifest).
     pub fn image(
         &self,

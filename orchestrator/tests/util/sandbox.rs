@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use orchard::backend::local::disk::DiskLimit;
 use orchard::backend::local::{LocalBackend, LocalConfig, SandboxInfo, SandboxSpec};
-use orchard::image::{Image, ImageConfig};
+use orchard::image::{Image, ImageConfig, ImageStore, StoreConfig};
 use orchard_protocol::{ExecRequest, ExecResult};
 use orchard_test_support::rootfs::install_busybox;
-use orchard_test_support::{block_on_own_runtime, scratch_dir};
+use orchard_test_support::{block_on_own_runtime, image_layout, scratch_dir};
 
 pub use orchard_test_support::{agent_binary, argv, shell, unique_id, within, CALL_LIMIT};
 
@@ -100,6 +101,18 @@ pub fn busybox_image() -> Image {
     )
 }
 
+/// A spec of `image` whose id is a fresh one from `name`.
+pub fn spec_of(image: Image, name: &str) -> SandboxSpec {
+    let mut spec = SandboxSpec::new(image);
+    spec.id = Some(unique_id(name));
+    spec
+}
+
+/// A spec of the busybox image whose id is a fresh one from `name`.
+pub fn busybox_spec(name: &str) -> SandboxSpec {
+    spec_of(busybox_image(), name)
+}
+
 /// A backend on its own temporary root, destroyed on drop.
 pub struct TestBackend {
     /// The backend.
@@ -152,9 +165,7 @@ impl TestBackend {
 
     /// A busybox sandbox with default options.
     pub async fn busybox(&self) -> SandboxInfo {
-        let mut spec = SandboxSpec::new(busybox_image());
-        spec.id = Some(unique_id("bb"));
-        self.create(spec).await
+        self.create(busybox_spec("bb")).await
     }
 
     /// Deletes every sandbox, asserts the audit is empty, destroys the backend and
@@ -188,6 +199,48 @@ impl Drop for TestBackend {
             eprintln!("teardown of {}: {e}", root.display());
         }
     }
+}
+
+/// A backend on a fresh root whose sandboxes each get a disk of `bytes` and `inodes`,
+/// `pool` of them made ahead.
+pub fn backend_with_disk(bytes: u64, inodes: u64, pool: usize) -> TestBackend {
+    let mut config = test_config(&fresh_root());
+    config.disk = Some(DiskLimit { bytes, inodes });
+    config.disk_pool = pool;
+    TestBackend::with_config(config)
+}
+
+/// A backend on a fresh root whose harness bundle holds one tool, `bin/hello` (it prints
+/// "hello from the harness"); answers it and the bundle's directory, for the caller to
+/// remove after [`TestBackend::finish`].
+pub fn backend_with_hello_harness() -> (TestBackend, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let root = fresh_root();
+    let harness = root.with_extension("harness");
+    fs::create_dir_all(harness.join("bin")).unwrap();
+    fs::write(
+        harness.join("bin/hello"),
+        "#!/bin/sh\necho hello from the harness\n",
+    )
+    .unwrap();
+    fs::set_permissions(harness.join("bin/hello"), fs::Permissions::from_mode(0o755)).unwrap();
+    let mut config = test_config(&root);
+    config.harness = Some(harness.clone());
+    (TestBackend::with_config(config), harness)
+}
+
+/// A sandbox of the python:3.11-slim test image (Debian: python3, pip, git,
+/// util-linux) with a fresh id from `name`; the image's store lives in the answered
+/// directory, which must outlive the sandbox.
+pub async fn python_sandbox(tb: &TestBackend, name: &str) -> (tempfile::TempDir, SandboxInfo) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(dir.path().join("store"), StoreConfig::default()).unwrap();
+    store
+        .import(&image_layout("python"), Some("python:3.11-slim"))
+        .unwrap();
+    let image = store.get("python:3.11-slim").unwrap().unwrap();
+    let sb = tb.create(spec_of(image, name)).await;
+    (dir, sb)
 }
 
 /// Asserts that the backend's audit finds nothing.

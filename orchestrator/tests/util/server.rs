@@ -159,10 +159,7 @@ impl TestServer {
         // Request lines of in-process servers would drown the test output; the log
         // format is checked on the server process's log.
         orchard::log::set_level("warn");
-        let data = tempfile::Builder::new()
-            .prefix("orchard-srv-")
-            .tempdir()
-            .unwrap();
+        let data = temp_dir("orchard-srv-");
         let store = ImageStore::open(data.path().join("images"), StoreConfig::default()).unwrap();
         import(&store, "busybox", "busybox:latest");
         let mut local = test_config(&fresh_root());
@@ -270,6 +267,13 @@ impl TestServer {
         v["id"].as_str().unwrap().to_string()
     }
 
+    /// How many sandboxes `GET /v1/sandboxes` lists.
+    pub async fn sandbox_count(&self) -> usize {
+        let (s, list) = self.get("/v1/sandboxes").await;
+        assert_eq!(s, 200, "{list}");
+        list["sandboxes"].as_array().expect("a list").len()
+    }
+
     /// Queues the compatible job `command` in sandbox `id`; answers the job's id.
     pub async fn submit(&self, id: &str, command: &str) -> String {
         let (s, q) = self
@@ -321,6 +325,68 @@ pub async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     )
+}
+
+/// A temporary directory named from `prefix`, removed on drop (a server's data
+/// directory, mostly).
+pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("creating a temporary directory")
+}
+
+/// Imports the busybox test image through the API of the server at `url` (KEY is the
+/// operator).
+pub async fn import_busybox(url: &str) {
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.append_dir_all(".", image_layout("busybox")).unwrap();
+    let (s, v) = send(
+        reqwest::Client::new()
+            .post(format!("{url}/v1/images/import?name=busybox:latest"))
+            .header("X-API-Key", KEY)
+            .body(tar.into_inner().unwrap()),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+}
+
+/// `orchard serve` started with `extra` on a fresh data directory named from `prefix`,
+/// with the busybox test image imported; answers the directory (it must outlive the
+/// server) and the server.
+pub async fn busybox_server(prefix: &str, extra: &[&str]) -> (tempfile::TempDir, ServerProcess) {
+    let data = temp_dir(prefix);
+    let srv = ServerProcess::start(data.path(), extra);
+    import_busybox(&srv.url).await;
+    (data, srv)
+}
+
+/// A ready busybox sandbox `id` of `key` on the server at `url`.
+pub async fn sandbox(http: &reqwest::Client, url: &str, key: &str, id: &str) {
+    let (s, v) = send(
+        http.post(format!("{url}/v1/sandboxes"))
+            .header("X-API-Key", key)
+            .json(&serde_json::json!({"image": "busybox:latest", "id": id})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+}
+
+/// Runs `command` in `id` as `key` through the compatible API and waits for it;
+/// answers the status and the job.
+pub async fn exec_waited(
+    http: &reqwest::Client,
+    url: &str,
+    key: &str,
+    id: &str,
+    command: &str,
+) -> (u16, Value) {
+    send(
+        http.post(format!("{url}/sandboxes/{id}/exec"))
+            .header("X-API-Key", key)
+            .json(&serde_json::json!({"command": command, "wait": true})),
+    )
+    .await
 }
 
 /// The real `orchard serve` binary on a data directory, for tests that kill it.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use orchard_protocol::compat::Uploaded;
 use orchard_protocol::output::{b64_decode, b64_encode};
 
 use super::download::base64_json_stream;
@@ -40,6 +41,17 @@ fn noise(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7919 % 251) as u8).collect()
 }
 
+/// Uploads the body `pieces` (no length declared) to sandbox `id` through `s`.
+async fn upload(
+    h: &Harness,
+    id: &str,
+    s: &Arc<Spools>,
+    pieces: Vec<Result<Bytes, BodyFault>>,
+) -> Result<Uploaded, Error> {
+    let mut pieces = futures_util::stream::iter(pieces);
+    h.service.upload(&tenant(), id, s, None, &mut pieces).await
+}
+
 /// Files left in the spool directory.
 fn spooled(h: &Harness) -> usize {
     std::fs::read_dir(h.dir.path().join("spools/spool")).map_or(0, |d| d.count())
@@ -51,10 +63,7 @@ async fn an_upload_is_written_where_it_says_and_its_spool_goes_with_its_charge()
     let id = h.ready_sandbox().await;
     let s = spools(&h, Budget::Off);
     let content = noise(100_000);
-    let mut pieces = futures_util::stream::iter(body("sub/a.bin", &content, 4097));
-    let up = h
-        .service
-        .upload(&tenant(), &id, &s, None, &mut pieces)
+    let up = upload(&h, &id, &s, body("sub/a.bin", &content, 4097))
         .await
         .unwrap();
     let workdir = h.dir.path().join("workspace");
@@ -66,20 +75,16 @@ async fn an_upload_is_written_where_it_says_and_its_spool_goes_with_its_charge()
     assert_eq!((s.total(), spooled(&h)), (0, 0), "nothing left spooled");
 
     // An absolute path is kept; an empty one is refused once the body is read.
-    let mut pieces =
-        futures_util::stream::iter(body(&workdir.join("b").display().to_string(), b"hi", 5));
-    let up = h
-        .service
-        .upload(&tenant(), &id, &s, None, &mut pieces)
-        .await
-        .unwrap();
+    let up = upload(
+        &h,
+        &id,
+        &s,
+        body(&workdir.join("b").display().to_string(), b"hi", 5),
+    )
+    .await
+    .unwrap();
     assert_eq!(std::fs::read(&up.path).unwrap(), b"hi");
-    let mut pieces = futures_util::stream::iter(body("", b"hi", 5));
-    let e = h
-        .service
-        .upload(&tenant(), &id, &s, None, &mut pieces)
-        .await
-        .unwrap_err();
+    let e = upload(&h, &id, &s, body("", b"hi", 5)).await.unwrap_err();
     assert!(
         matches!(&e, Error::BadRequest(m) if m == "path must not be empty"),
         "{e:?}"
@@ -106,10 +111,7 @@ async fn an_upload_past_the_bounds_is_refused_up_front_or_as_it_grows() {
     );
     assert!(unread.next().await.is_some(), "the body was not read");
     // Without a declared length, refused as the spool grows past the bound.
-    let mut pieces = futures_util::stream::iter(body("a", &noise(2000), 100));
-    let e = h
-        .service
-        .upload(&tenant(), &id, &s, None, &mut pieces)
+    let e = upload(&h, &id, &s, body("a", &noise(2000), 100))
         .await
         .unwrap_err();
     assert!(
@@ -121,10 +123,7 @@ async fn an_upload_past_the_bounds_is_refused_up_front_or_as_it_grows() {
     // Other uploads in flight hold the host's spools: 503, retry later.
     let mut held = s.open("elsewhere", None, None).unwrap();
     held.charge_to(900).unwrap();
-    let mut pieces = futures_util::stream::iter(body("a", &noise(200), 100));
-    let e = h
-        .service
-        .upload(&tenant(), &id, &s, None, &mut pieces)
+    let e = upload(&h, &id, &s, body("a", &noise(200), 100))
         .await
         .unwrap_err();
     assert!(
@@ -138,10 +137,7 @@ async fn an_upload_past_the_bounds_is_refused_up_front_or_as_it_grows() {
     let s = spools(&h, Budget::Off);
     let mut held = s.open(&id, None, None).unwrap();
     held.charge_to(UNBOUNDED_ROOM - 10).unwrap();
-    let mut pieces = futures_util::stream::iter(body("a", &noise(20), 7));
-    let e = h
-        .service
-        .upload(&tenant(), &id, &s, None, &mut pieces)
+    let e = upload(&h, &id, &s, body("a", &noise(20), 7))
         .await
         .unwrap_err();
     let disk = format!("sandbox {id}'s disk");
@@ -165,12 +161,7 @@ async fn a_body_that_stalls_or_breaks_ends_the_upload_with_408_or_400() {
         let mut pieces = body("a", &noise(30), 10);
         pieces.truncate(2);
         pieces.push(Err(fault));
-        let mut pieces = futures_util::stream::iter(pieces);
-        let e = h
-            .service
-            .upload(&tenant(), &id, &s, None, &mut pieces)
-            .await
-            .unwrap_err();
+        let e = upload(&h, &id, &s, pieces).await.unwrap_err();
         assert!(
             matches!(&e, Error::Timeout(m) | Error::BadRequest(m) if m == want),
             "{e:?}"
@@ -183,12 +174,7 @@ async fn a_body_that_stalls_or_breaks_ends_the_upload_with_408_or_400() {
     // A body cut short is malformed JSON, and nothing is written.
     let mut pieces = body("cut", &noise(30), 10);
     pieces.truncate(2);
-    let mut pieces = futures_util::stream::iter(pieces);
-    let e = h
-        .service
-        .upload(&tenant(), &id, &s, None, &mut pieces)
-        .await
-        .unwrap_err();
+    let e = upload(&h, &id, &s, pieces).await.unwrap_err();
     assert!(
         matches!(&e, Error::BadRequest(m) if m.starts_with("malformed JSON")),
         "{e:?}"
