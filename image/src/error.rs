@@ -1,12 +1,19 @@
 //! What can go wrong in the image store, worded for the person who asked for the image.
 //!
 //! [`ImageError`] is `Clone` because one pull can have many waiters (concurrent pulls of
-//! the same image share one download, and each waiter gets the outcome), so the I/O
-//! errors it carries are held in an `Arc`.
+//! the same image share one download, and each waiter gets the outcome), so the errors
+//! it carries as its source (I/O, HTTP, JSON, a thread's) are held in an `Arc`.
+//!
+//! The message of each variant says what the person needs, quoting the cause where it
+//! helps; the cause itself, where there is one, is the variant's `#[source]`, for the
+//! log and for callers that decide on its type ([`ImageError::cause`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The error under an [`ImageError`], of whatever type it has, shared as the error is.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why an image could not be pulled, imported, found or removed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -34,6 +41,10 @@ pub enum ImageError {
         registry: String,
         /// What happened.
         reason: String,
+        /// The error that made it fail, when one did (a token realm that is no URL, a
+        /// token answer that is no JSON); none for a refusal.
+        #[source]
+        source: Option<Cause>,
     },
     /// Content did not hash to the digest that names it.
     #[error("digest mismatch for {what}: expected {expected}, got {actual}")]
@@ -68,6 +79,14 @@ pub enum ImageError {
         reference: String,
         /// Each endpoint tried and its error.
         tried: Vec<String>,
+        /// The last transport error among the endpoints tried, when one failed at the
+        /// transport (a 5xx or 429 has none). One error only, while `tried` names
+        /// every endpoint: the last is the freshest word on why none answered. It may
+        /// say more than `tried` does (a refused port, where the message says only
+        /// "could not connect": see [`crate::targets::connect_failure`]): it is for the
+        /// log, never for the one who asked.
+        #[source]
+        source: Option<Cause>,
     },
     /// A registry answered with an unexpected status.
     #[error("registry {endpoint} answered {status} for {url}: {message}")]
@@ -88,6 +107,9 @@ pub enum ImageError {
         what: String,
         /// Why.
         reason: String,
+        /// The error of the parser, reader or task that found it, when one did.
+        #[source]
+        source: Option<Cause>,
     },
     /// A file system operation failed.
     #[error("{what} {}: {source}", path.display())]
@@ -125,6 +147,38 @@ impl ImageError {
         ImageError::Invalid {
             what: what.into(),
             reason: reason.into(),
+            source: None,
+        }
+    }
+
+    /// An [`ImageError::Invalid`] found by `source`'s error (which `reason` may quote).
+    pub(crate) fn invalid_by(
+        what: impl Into<String>,
+        reason: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> ImageError {
+        ImageError::Invalid {
+            what: what.into(),
+            reason: reason.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// The error under this one, as its own type: `source()` answers the shared handle
+    /// ([`Cause`], an `Arc`), which does not downcast to what it holds.
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            ImageError::AuthFailed { source, .. }
+            | ImageError::Unreachable { source, .. }
+            | ImageError::Invalid { source, .. } => source.as_deref(),
+            ImageError::Io { source, .. } => Some(&**source),
+            // Facts found by the store itself, with no error under them.
+            ImageError::InvalidReference { .. }
+            | ImageError::UnknownImage { .. }
+            | ImageError::DigestMismatch { .. }
+            | ImageError::UnsupportedMediaType { .. }
+            | ImageError::NoMatchingPlatform { .. }
+            | ImageError::Registry { .. } => None,
         }
     }
 }

@@ -84,7 +84,7 @@ fn import_docker_save(
     let what = source.describe();
     let entries: Vec<SaveEntry> =
         serde_json::from_slice(&source.read_small("manifest.json", MAX_DOCUMENT)?)
-            .map_err(|err| ImageError::invalid(&what, format!("manifest.json: {err}")))?;
+            .map_err(|err| ImageError::invalid_by(&what, format!("manifest.json: {err}"), err))?;
     if entries.is_empty() {
         return Err(ImageError::invalid(&what, "manifest.json lists no image"));
     }
@@ -141,7 +141,7 @@ fn import_docker_save(
             "layers": layers,
         });
         let manifest_bytes = serde_json::to_vec(&manifest)
-            .map_err(|err| ImageError::invalid(&what, err.to_string()))?;
+            .map_err(|err| ImageError::invalid_by(&what, err.to_string(), err))?;
         let manifest_digest = of_bytes(&manifest_bytes);
         let _manifest_pin = store.pin_image(&[&manifest_digest], &[])?;
         store.write_blob(&config_digest, &config_bytes)?;
@@ -431,11 +431,11 @@ fn hash_blob(reader: impl Read, what: &str) -> Result<(String, u64, Compression)
             Ok(0) => break,
             Ok(n) => sniffed += n,
             Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-            Err(err) => return Err(ImageError::invalid(what, err.to_string())),
+            Err(err) => return Err(ImageError::invalid_by(what, err.to_string(), err)),
         }
     }
     io::copy(&mut hashed, &mut io::sink())
-        .map_err(|err| ImageError::invalid(what, err.to_string()))?;
+        .map_err(|err| ImageError::invalid_by(what, err.to_string(), err))?;
     let compression = match magic[..sniffed] {
         [0x1f, 0x8b, ..] => Compression::Gzip,
         [0x28, 0xb5, 0x2f, 0xfd] => Compression::Zstd,
@@ -491,7 +491,7 @@ impl Source {
             Some(Box::new(MultiGzDecoder::new(file)))
         } else if magic[..sniffed] == [0x28, 0xb5, 0x2f, 0xfd] {
             Some(Box::new(zstd::stream::read::Decoder::new(file).map_err(
-                |err| ImageError::invalid(&what, err.to_string()),
+                |err| ImageError::invalid_by(&what, err.to_string(), err),
             )?))
         } else {
             None
@@ -502,7 +502,7 @@ impl Source {
                 let mut out =
                     File::create(&tmp.0).map_err(ImageError::io("cannot create", &tmp.0))?;
                 io::copy(&mut decoder, &mut out).map_err(|err| {
-                    ImageError::invalid(&what, format!("cannot decompress: {err}"))
+                    ImageError::invalid_by(&what, format!("cannot decompress: {err}"), err)
                 })?;
                 (tmp.0.clone(), Some(tmp))
             }
@@ -591,7 +591,7 @@ impl Source {
             .take(limit as u64)
             .read_to_end(&mut bytes)
             .map_err(|err| {
-                ImageError::invalid(self.describe(), format!("cannot read {name}: {err}"))
+                ImageError::invalid_by(self.describe(), format!("cannot read {name}: {err}"), err)
             })?;
         Ok(bytes)
     }
@@ -599,7 +599,7 @@ impl Source {
 
 /// Offsets of the files in a plain tar, and where its links point.
 fn index_tar(path: &Path, what: &str) -> Result<HashMap<String, TarEntry>, ImageError> {
-    let bad = |err: io::Error| ImageError::invalid(what, format!("not a valid tar: {err}"));
+    let bad = |err: io::Error| ImageError::invalid_by(what, format!("not a valid tar: {err}"), err);
     let file = File::open(path).map_err(ImageError::io("cannot open", path))?;
     let mut archive = tar::Archive::new(file);
     let mut entries = HashMap::new();

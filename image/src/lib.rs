@@ -53,7 +53,7 @@ pub mod unpack;
 
 pub use config::StoreConfig;
 pub use credentials::Credentials;
-pub use error::ImageError;
+pub use error::{Cause, ImageError};
 pub use reference::Reference;
 pub use store::{GcReport, ImageStore, Progress};
 

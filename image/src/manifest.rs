@@ -173,8 +173,9 @@ pub struct RootFs {
 impl ConfigFile {
     /// Parses a config blob and checks it describes `layers` layers.
     pub fn parse(bytes: &[u8], what: &str, layers: usize) -> Result<ConfigFile, ImageError> {
-        let config: ConfigFile = serde_json::from_slice(bytes)
-            .map_err(|err| ImageError::invalid(what, format!("config is not valid JSON: {err}")))?;
+        let config: ConfigFile = serde_json::from_slice(bytes).map_err(|err| {
+            ImageError::invalid_by(what, format!("config is not valid JSON: {err}"), err)
+        })?;
         let diff_ids = config.diff_ids().len();
         if diff_ids != layers {
             return Err(ImageError::invalid(
@@ -220,8 +221,9 @@ pub fn parse_manifest(
     content_type: Option<&str>,
     what: &str,
 ) -> Result<ManifestDoc, ImageError> {
-    let value: serde_json::Value = serde_json::from_slice(bytes)
-        .map_err(|err| ImageError::invalid(what, format!("manifest is not valid JSON: {err}")))?;
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|err| {
+        ImageError::invalid_by(what, format!("manifest is not valid JSON: {err}"), err)
+    })?;
     let declared = value.get("mediaType").and_then(|v| v.as_str());
     let header = content_type
         .map(|ct| ct.split(';').next().unwrap_or(ct).trim())
@@ -243,7 +245,7 @@ pub fn parse_manifest(
         }
     };
     let bad = |err: serde_json::Error| {
-        ImageError::invalid(what, format!("malformed {media_type}: {err}"))
+        ImageError::invalid_by(what, format!("malformed {media_type}: {err}"), err)
     };
     match media_type.as_str() {
         OCI_MANIFEST | DOCKER_MANIFEST => {
@@ -342,6 +344,23 @@ pub fn check_layer_type(descriptor: &Descriptor, what: &str) -> Result<(), Image
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A manifest that is no JSON says so in the words it always did, with serde_json's
+    /// error kept under it.
+    #[test]
+    fn a_manifest_that_is_no_json_keeps_the_parser_error_as_the_source() {
+        let json = serde_json::from_slice::<serde_json::Value>(b"{").unwrap_err();
+        let e = parse_manifest(b"{", None, "manifest of x").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("invalid manifest of x: manifest is not valid JSON: {json}")
+        );
+        let cause = e
+            .cause()
+            .and_then(|c| c.downcast_ref::<serde_json::Error>());
+        assert_eq!(cause.map(ToString::to_string), Some(json.to_string()));
+        assert!(std::error::Error::source(&e).is_some());
+    }
 
     fn descriptor(os: &str, arch: &str) -> Descriptor {
         Descriptor {

@@ -15,13 +15,13 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reqwest::header::{HeaderMap, ACCEPT, CONTENT_TYPE, WWW_AUTHENTICATE};
 use reqwest::{Response, StatusCode};
 
-use super::error::chain;
+use super::error::{chain, Cause};
 use super::reference::{Reference, DOCKER_HUB, DOCKER_HUB_API};
 use super::{Credentials, ImageError, StoreConfig};
 
@@ -147,7 +147,12 @@ fn is_loopback(host: &str) -> bool {
 #[derive(Debug)]
 pub enum Attempt {
     /// Could not connect, timed out, or the server failed (5xx, 429): try elsewhere.
-    Unreachable(String),
+    Unreachable {
+        /// What the endpoint's line of the error says.
+        reason: String,
+        /// The transport's error, when the request failed there (a 5xx has none).
+        source: Option<Cause>,
+    },
     /// The endpoint does not have it.
     NotFound(String),
     /// A definite failure (authentication, a malformed answer).
@@ -157,7 +162,7 @@ pub enum Attempt {
 impl Attempt {
     fn describe(&self) -> String {
         match self {
-            Attempt::Unreachable(reason) => reason.clone(),
+            Attempt::Unreachable { reason, .. } => reason.clone(),
             Attempt::NotFound(reason) => format!("not found ({reason})"),
             Attempt::Failed(err) => err.to_string(),
         }
@@ -171,14 +176,25 @@ fn combine(reference: &str, what: &str, attempts: Vec<(String, Attempt)>) -> Ima
         .iter()
         .map(|(endpoint, attempt)| format!("{endpoint}: {}", attempt.describe()))
         .collect();
+    // `tried` names every endpoint, but a source is one error: the last transport
+    // failure, the freshest word on why no endpoint answered (a 5xx or 429 carries
+    // none, its words are all there is).
+    let last_cause = attempts
+        .iter()
+        .rev()
+        .find_map(|(_, attempt)| match attempt {
+            Attempt::Unreachable { source, .. } => source.clone(),
+            Attempt::NotFound(_) | Attempt::Failed(_) => None,
+        });
     match attempts
         .into_iter()
         .rev()
-        .find(|(_, attempt)| !matches!(attempt, Attempt::Unreachable(_)))
+        .find(|(_, attempt)| !matches!(attempt, Attempt::Unreachable { .. }))
     {
-        None => ImageError::Unreachable {
+        None | Some((_, Attempt::Unreachable { .. })) => ImageError::Unreachable {
             reference: reference.to_string(),
             tried,
+            source: last_cause,
         },
         Some((_, Attempt::NotFound(_))) if what == "manifest" => ImageError::UnknownImage {
             reference: reference.to_string(),
@@ -189,10 +205,6 @@ fn combine(reference: &str, what: &str, attempts: Vec<(String, Attempt)>) -> Ima
             format!("no endpoint has it (tried {})", tried.join("; ")),
         ),
         Some((_, Attempt::Failed(err))) => err,
-        Some((_, Attempt::Unreachable(_))) => ImageError::Unreachable {
-            reference: reference.to_string(),
-            tried,
-        },
     }
 }
 
@@ -312,7 +324,7 @@ impl RegistryClient {
         }
         let http = builder
             .build()
-            .map_err(|err| ImageError::invalid("HTTP client", chain(&err)))?;
+            .map_err(|err| ImageError::invalid_by("HTTP client", chain(&err), err))?;
         Ok(RegistryClient {
             http,
             targets,
@@ -322,8 +334,9 @@ impl RegistryClient {
 
     /// Refuses a URL the target policy does not allow.
     fn check(&self, url: &str) -> Result<(), Attempt> {
-        let parsed = reqwest::Url::parse(url)
-            .map_err(|e| Attempt::Failed(ImageError::invalid("registry URL", e.to_string())))?;
+        let parsed = reqwest::Url::parse(url).map_err(|e| {
+            Attempt::Failed(ImageError::invalid_by("registry URL", e.to_string(), e))
+        })?;
         self.targets
             .check_url(&parsed)
             .map_err(|reason| Attempt::Failed(ImageError::invalid("registry address", reason)))
@@ -363,7 +376,7 @@ impl RegistryClient {
                                 endpoint: index,
                             })
                         }
-                        Err(reason) => Attempt::Unreachable(reason),
+                        Err(Unread { reason, source }) => Attempt::Unreachable { reason, source },
                     }
                 }
                 Err(attempt) => attempt,
@@ -409,7 +422,11 @@ impl RegistryClient {
         let response = self.blob(endpoints, reference, digest, first).await?;
         read_limited(response, limit)
             .await
-            .map_err(|reason| ImageError::invalid(format!("blob {digest} of {reference}"), reason))
+            .map_err(|Unread { reason, source }| ImageError::Invalid {
+                what: format!("blob {digest} of {reference}"),
+                reason,
+                source,
+            })
     }
 
     /// One GET, answering a 401 challenge once.
@@ -437,10 +454,12 @@ impl RegistryClient {
                 }
                 None => request,
             };
-            let response = request
-                .send()
-                .await
-                .map_err(|err| Attempt::Unreachable(super::targets::connect_failure(&err)))?;
+            let response = request.send().await.map_err(|err| Attempt::Unreachable {
+                // The message reads the same for every transport failure; the error
+                // itself goes on as the source, for the log.
+                reason: super::targets::connect_failure(&err),
+                source: Some(Arc::new(err)),
+            })?;
             let status = response.status();
             if status.is_success() {
                 return Ok(response);
@@ -465,14 +484,14 @@ impl RegistryClient {
                     if let Ok(mut cache) = self.auth.lock() {
                         cache.remove(&key);
                     }
-                    Attempt::Failed(ImageError::AuthFailed {
-                        registry: endpoint.url.clone(),
-                        reason: format!("{status} for {url}: {message}"),
-                    })
+                    auth_failed(endpoint, format!("{status} for {url}: {message}"))
                 }
                 StatusCode::NOT_FOUND => Attempt::NotFound(message),
                 status if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS => {
-                    Attempt::Unreachable(format!("answered {status}: {message}"))
+                    Attempt::Unreachable {
+                        reason: format!("answered {status}: {message}"),
+                        source: None,
+                    }
                 }
                 status => Attempt::Failed(ImageError::Registry {
                     endpoint: endpoint.url.clone(),
@@ -482,10 +501,10 @@ impl RegistryClient {
                 }),
             });
         }
-        Err(Attempt::Failed(ImageError::AuthFailed {
-            registry: endpoint.url.clone(),
-            reason: "the registry kept asking for authentication".to_string(),
-        }))
+        Err(auth_failed(
+            endpoint,
+            "the registry kept asking for authentication".to_string(),
+        ))
     }
 
     fn cached(&self, key: &str) -> Option<Auth> {
@@ -515,17 +534,19 @@ impl RegistryClient {
                 ))
             }
         };
-        let url = reqwest::Url::parse(&realm)
-            .map_err(|err| failed(format!("bad token realm {realm:?}: {err}")))?;
+        let url = reqwest::Url::parse(&realm).map_err(|err| {
+            auth_failed_by(endpoint, format!("bad token realm {realm:?}: {err}"), err)
+        })?;
         // A registry names its token server: it must not be a way in either.
         self.targets.check_url(&url).map_err(failed)?;
         let scope = challenge_scope.as_deref().unwrap_or(scope);
         let request = self.token_request(endpoint, url, service.as_deref(), scope)?;
-        let response = request.send().await.map_err(|err| {
-            Attempt::Unreachable(format!(
+        let response = request.send().await.map_err(|err| Attempt::Unreachable {
+            reason: format!(
                 "token server {realm}: {}",
                 super::targets::connect_failure(&err)
-            ))
+            ),
+            source: Some(Arc::new(err)),
         })?;
         read_token(endpoint, &realm, response).await
     }
@@ -539,7 +560,6 @@ impl RegistryClient {
         service: Option<&str>,
         scope: &str,
     ) -> Result<reqwest::RequestBuilder, Attempt> {
-        let failed = |reason: String| auth_failed(endpoint, reason);
         let refresh_token = endpoint
             .credentials
             .as_ref()
@@ -548,8 +568,13 @@ impl RegistryClient {
             // Docker's identity token is an OAuth2 refresh token: POST it (the token
             // server's OAuth form), never in a URL where logs would keep it.
             Some(refresh_token) => {
-                let mut form = reqwest::Url::parse("form:")
-                    .map_err(|err| failed(format!("cannot build the token request: {err}")))?;
+                let mut form = reqwest::Url::parse("form:").map_err(|err| {
+                    auth_failed_by(
+                        endpoint,
+                        format!("cannot build the token request: {err}"),
+                        err,
+                    )
+                })?;
                 form.query_pairs_mut()
                     .append_pair("grant_type", "refresh_token")
                     .append_pair("service", service.unwrap_or_default())
@@ -580,11 +605,26 @@ impl RegistryClient {
     }
 }
 
-/// The error of a failed authentication at `endpoint`.
+/// The error of a failed authentication at `endpoint`: a refusal, with no error under it.
 fn auth_failed(endpoint: &Endpoint, reason: String) -> Attempt {
     Attempt::Failed(ImageError::AuthFailed {
         registry: endpoint.url.clone(),
         reason,
+        source: None,
+    })
+}
+
+/// The error of an authentication at `endpoint` that `source`'s error made fail
+/// (`reason` quotes it, as the message always did).
+fn auth_failed_by(
+    endpoint: &Endpoint,
+    reason: String,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> Attempt {
+    Attempt::Failed(ImageError::AuthFailed {
+        registry: endpoint.url.clone(),
+        reason,
+        source: Some(Arc::new(source)),
     })
 }
 
@@ -625,9 +665,13 @@ async fn read_token(
             "token server {realm} refused {who}: {status}: {message}"
         )));
     }
-    let body = read_limited(response, MAX_DOCUMENT)
-        .await
-        .map_err(|reason| Attempt::Unreachable(format!("token server {realm}: {reason}")))?;
+    let body =
+        read_limited(response, MAX_DOCUMENT)
+            .await
+            .map_err(|Unread { reason, source }| Attempt::Unreachable {
+                reason: format!("token server {realm}: {reason}"),
+                source,
+            })?;
     #[derive(serde::Deserialize)]
     struct TokenAnswer {
         token: Option<String>,
@@ -635,9 +679,11 @@ async fn read_token(
         expires_in: Option<u64>,
     }
     let answer: TokenAnswer = serde_json::from_slice(&body).map_err(|err| {
-        failed(format!(
-            "token server {realm} answered malformed JSON: {err}"
-        ))
+        auth_failed_by(
+            endpoint,
+            format!("token server {realm} answered malformed JSON: {err}"),
+            err,
+        )
     })?;
     let token = answer
         .token
@@ -668,18 +714,37 @@ fn header(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Why a body could not be read whole: what to say, and the transport's error when
+/// the connection failed (none for a body over the limit).
+struct Unread {
+    reason: String,
+    source: Option<Cause>,
+}
+
+impl Unread {
+    fn too_large(limit: usize) -> Unread {
+        Unread {
+            reason: format!("the answer is larger than {limit} bytes"),
+            source: None,
+        }
+    }
+}
+
 /// Reads a whole body of at most `limit` bytes.
-async fn read_limited(mut response: Response, limit: usize) -> Result<Vec<u8>, String> {
+async fn read_limited(mut response: Response, limit: usize) -> Result<Vec<u8>, Unread> {
     if response
         .content_length()
         .is_some_and(|length| length > limit as u64)
     {
-        return Err(format!("the answer is larger than {limit} bytes"));
+        return Err(Unread::too_large(limit));
     }
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|err| chain(&err))? {
+    while let Some(chunk) = response.chunk().await.map_err(|err| Unread {
+        reason: chain(&err),
+        source: Some(Arc::new(err)),
+    })? {
         if body.len() + chunk.len() > limit {
-            return Err(format!("the answer is larger than {limit} bytes"));
+            return Err(Unread::too_large(limit));
         }
         body.extend_from_slice(&chunk);
     }
@@ -722,6 +787,14 @@ async fn error_message(response: Response) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An endpoint that did not answer, saying `reason`, with no error under it.
+    fn no_answer(reason: &str) -> Attempt {
+        Attempt::Unreachable {
+            reason: reason.into(),
+            source: None,
+        }
+    }
 
     #[test]
     fn parses_challenges() {
@@ -798,8 +871,8 @@ mod tests {
             "r",
             "manifest",
             vec![
-                ("a".into(), Attempt::Unreachable("refused".into())),
-                ("b".into(), Attempt::Unreachable("dns".into())),
+                ("a".into(), no_answer("refused")),
+                ("b".into(), no_answer("dns")),
             ],
         );
         match unreachable {
@@ -811,12 +884,113 @@ mod tests {
             "manifest",
             vec![
                 ("a".into(), Attempt::NotFound("manifest unknown".into())),
-                ("b".into(), Attempt::Unreachable("x".into())),
+                ("b".into(), no_answer("x")),
             ],
         );
         assert!(matches!(unknown, ImageError::UnknownImage { tried, .. } if tried.len() == 2));
         let order: Vec<usize> = order(3, 1).collect();
         assert_eq!(order, [1, 0, 2]);
         assert_eq!(super::order(2, 7).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    /// Of several endpoints that failed at the transport, the source is the error of
+    /// the one given up on last; the message names them all, as it always did.
+    #[test]
+    fn combining_keeps_the_last_transport_error_as_the_source() {
+        let failed = |reason: &str, cause: &str| Attempt::Unreachable {
+            reason: reason.into(),
+            source: Some(Arc::new(std::io::Error::other(cause.to_string()))),
+        };
+        let e = combine(
+            "r",
+            "manifest",
+            vec![
+                ("a".into(), failed("refused", "first")),
+                ("b".into(), failed("timed out", "second")),
+                ("c".into(), no_answer("answered 503 Service Unavailable: x")),
+            ],
+        );
+        assert_eq!(
+            e.to_string(),
+            "registry unreachable for r: tried a: refused; b: timed out; \
+             c: answered 503 Service Unavailable: x"
+        );
+        let cause = e.cause().and_then(|c| c.downcast_ref::<std::io::Error>());
+        assert_eq!(cause.map(ToString::to_string).as_deref(), Some("second"));
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    /// A registry nobody answers at: the message reads as it always did (the same
+    /// for every transport failure), and reqwest's error is kept under it.
+    #[tokio::test]
+    async fn a_refused_connection_keeps_reqwest_error_as_the_source() {
+        let client = RegistryClient::new(super::super::targets::TargetPolicy::default()).unwrap();
+        let endpoint = Endpoint {
+            url: "http://127.0.0.1:1".into(),
+            mirror: false,
+            credentials: None,
+        };
+        let reference = Reference::parse("127.0.0.1:1/x").unwrap();
+        let e = client
+            .manifest(&[endpoint], &reference, "latest", 0)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ImageError::Unreachable { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "registry unreachable for 127.0.0.1:1/x:latest: tried http://127.0.0.1:1: \
+             could not connect, or no answer in time"
+        );
+        let cause = e.cause().and_then(|c| c.downcast_ref::<reqwest::Error>());
+        assert!(cause.is_some_and(reqwest::Error::is_connect), "{e:?}");
+    }
+
+    /// A token realm that is no URL fails authentication in the words it always did,
+    /// with the URL parser's error as the source.
+    #[tokio::test]
+    async fn a_bad_token_realm_keeps_the_parse_error_as_the_source() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut byte = [0u8; 1];
+            while !request.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
+                request.push(byte[0]);
+            }
+            conn.write_all(
+                b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"no url\"\r\n\
+                  Content-Length: 0\r\nConnection: close\r\n\r\n",
+            )
+            .unwrap();
+        });
+        let client = RegistryClient::new(super::super::targets::TargetPolicy::default()).unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        let endpoint = Endpoint {
+            url: url.clone(),
+            mirror: false,
+            credentials: None,
+        };
+        let reference = Reference::parse(&format!("127.0.0.1:{port}/x")).unwrap();
+        let e = client
+            .manifest(&[endpoint], &reference, "latest", 0)
+            .await
+            .unwrap_err();
+        server.join().unwrap();
+        let parse_error = reqwest::Url::parse("no url").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("authentication to {url} failed: bad token realm \"no url\": {parse_error}")
+        );
+        // `url::ParseError`, which reqwest does not name: downcast to the type of one.
+        fn as_type_of<'a, T: std::error::Error + 'static>(
+            cause: &'a (dyn std::error::Error + Send + Sync + 'static),
+            _like: &T,
+        ) -> Option<&'a T> {
+            cause.downcast_ref::<T>()
+        }
+        let cause = e.cause().and_then(|c| as_type_of(c, &parse_error));
+        assert_eq!(cause, Some(&parse_error), "{e:?}");
     }
 }

@@ -122,9 +122,10 @@ pub fn unpack_verified(
     let drained = io::copy(&mut hashed, &mut io::sink());
     let (blob_digest, blob_size) = hashed.finish();
     if let Err(err) = drained {
-        return Err(ImageError::invalid(
+        return Err(ImageError::invalid_by(
             what,
             format!("reading the layer failed: {err}"),
+            err,
         ));
     }
     if let Some(expected) = expected_blob {
@@ -154,7 +155,7 @@ pub fn unpack_verified(
 /// Unpacks a layer blob (any compression) into the empty directory `dest`.
 pub fn unpack(reader: &mut dyn Read, dest: &Path, what: &str) -> Result<Unpacked, ImageError> {
     let bad_stream =
-        |err: io::Error| ImageError::invalid(what, format!("cannot read the layer: {err}"));
+        |err: io::Error| ImageError::invalid_by(what, format!("cannot read the layer: {err}"), err);
     let mut magic = [0u8; 4];
     let mut sniffed = 0;
     while sniffed < magic.len() {
@@ -238,16 +239,34 @@ impl<'a> Unpacker<'a> {
     }
 
     fn tar_error(&self, err: io::Error) -> ImageError {
-        ImageError::invalid(self.what, format!("not a valid tar stream: {err}"))
+        ImageError::invalid_by(self.what, format!("not a valid tar stream: {err}"), err)
     }
 
     fn refuse(&self, entry: &Path, reason: impl std::fmt::Display) -> ImageError {
         ImageError::invalid(self.what, format!("entry {}: {reason}", entry.display()))
     }
 
+    /// [`Self::refuse`] for a refusal an error found, kept as the source.
+    fn refuse_by(
+        &self,
+        entry: &Path,
+        reason: impl std::fmt::Display,
+        err: io::Error,
+    ) -> ImageError {
+        ImageError::invalid_by(
+            self.what,
+            format!("entry {}: {reason}", entry.display()),
+            err,
+        )
+    }
+
     fn io_error(&self, doing: &str, path: &Path, err: io::Error) -> ImageError {
         let shown = path.strip_prefix(self.root).unwrap_or(path);
-        ImageError::invalid(self.what, format!("{doing} /{}: {err}", shown.display()))
+        ImageError::invalid_by(
+            self.what,
+            format!("{doing} /{}: {err}", shown.display()),
+            err,
+        )
     }
 
     fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), ImageError> {
@@ -455,7 +474,7 @@ impl<'a> Unpacker<'a> {
         let field = |value: io::Result<u64>, bytes: &[u8], name: &str| match value {
             Ok(value) => Ok(value),
             Err(_) if bytes.iter().all(|b| *b == 0 || *b == b' ') => Ok(0),
-            Err(err) => Err(self.refuse(raw_path, format!("bad {name} field: {err}"))),
+            Err(err) => Err(self.refuse_by(raw_path, format!("bad {name} field: {err}"), err)),
         };
         let mode = field(header.mode().map(u64::from), &raw.mode, "mode")? as u32;
         let mut uid = field(header.uid(), &raw.uid, "uid")?;

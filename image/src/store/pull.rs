@@ -257,9 +257,10 @@ impl Inner {
                 // Returning drops the JoinSet, which aborts the other layers.
                 Ok(Err(err)) => return Err(err),
                 Err(err) => {
-                    return Err(ImageError::invalid(
+                    return Err(ImageError::invalid_by(
                         format!("layers of {name}"),
                         format!("download task failed: {err}"),
+                        err,
                     ))
                 }
             }
@@ -349,9 +350,9 @@ impl Inner {
         };
         let (received, failure) = relay(task, &mut response, &sender, &what, &source, total).await;
         drop(sender);
-        let (work, outcome) = unpacking
-            .await
-            .map_err(|err| ImageError::invalid(&what, format!("unpacking thread failed: {err}")))?;
+        let (work, outcome) = unpacking.await.map_err(|err| {
+            ImageError::invalid_by(&what, format!("unpacking thread failed: {err}"), err)
+        })?;
         // A broken download explains whatever the unpacker then saw.
         if let Some(failure) = failure {
             return Err(failure);
@@ -362,7 +363,9 @@ impl Inner {
         let dest = dest.to_path_buf();
         tokio::task::spawn_blocking(move || work.install(&dest))
             .await
-            .map_err(|err| ImageError::invalid(&what, format!("install thread failed: {err}")))?
+            .map_err(|err| {
+                ImageError::invalid_by(&what, format!("install thread failed: {err}"), err)
+            })?
     }
 }
 
@@ -411,6 +414,7 @@ async fn relay(
                         "{source}: download interrupted: {}",
                         crate::error::chain(&err)
                     )],
+                    source: Some(std::sync::Arc::new(err)),
                 });
                 break;
             }

@@ -72,7 +72,7 @@ impl Inner {
                 .map_or(0, |d| d.as_secs()),
         };
         let json = serde_json::to_vec_pretty(&record)
-            .map_err(|err| ImageError::invalid("image record", err.to_string()))?;
+            .map_err(|err| ImageError::invalid_by("image record", err.to_string(), err))?;
         let path = self.record_path(reference);
         {
             let _records = lock(&self.records);
@@ -90,7 +90,11 @@ impl Inner {
             Err(err) => return Err(ImageError::io("cannot read", &path)(err)),
         };
         let record: Record = serde_json::from_slice(&bytes).map_err(|err| {
-            ImageError::invalid(format!("image record {}", path.display()), err.to_string())
+            ImageError::invalid_by(
+                format!("image record {}", path.display()),
+                err.to_string(),
+                err,
+            )
         })?;
         // A hashed file name could in theory collide: the record says whose it is.
         Ok((record.reference == reference).then_some(record))
@@ -109,9 +113,10 @@ impl Inner {
                     .map_err(ImageError::io("cannot read", &path))
                     .and_then(|bytes| {
                         serde_json::from_slice::<Record>(&bytes).map_err(|err| {
-                            ImageError::invalid(
+                            ImageError::invalid_by(
                                 format!("image record {}", path.display()),
                                 err.to_string(),
+                                err,
                             )
                         })
                     });

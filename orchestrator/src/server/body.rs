@@ -122,7 +122,10 @@ impl UploadBody {
     /// [`read_limited`] does.
     pub async fn finish(self, e: &Error) {
         let drain_it = if self.read_from {
-            matches!(e, Error::TooLarge(_) | Error::Unavailable(_))
+            matches!(
+                e,
+                Error::TooLarge(_) | Error::Unavailable(_) | Error::StoreUnavailable(_)
+            )
         } else {
             matches!(e, Error::TooLarge(_)) && self.declared.is_some_and(|d| d <= DRAIN_MAX as u64)
         };

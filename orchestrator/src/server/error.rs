@@ -49,10 +49,12 @@ impl From<&Error> for ServiceErrorCode {
                 C::QuotaExceeded
             }
             Error::Internal { .. } => C::Internal,
-            Error::Sandbox(_) | Error::StartFailed { .. } | Error::SandboxFailed { .. } => {
-                C::SandboxFailed
-            }
-            Error::Unavailable(_) => C::Unavailable,
+            Error::Sandbox(_)
+            | Error::AgentUnreachable { .. }
+            | Error::AgentFailed { .. }
+            | Error::StartFailed { .. }
+            | Error::SandboxFailed { .. } => C::SandboxFailed,
+            Error::Unavailable(_) | Error::StoreUnavailable(_) => C::Unavailable,
             // By kind only: the message (often a cause's own words) never decides.
             Error::Backend(b) => match b {
                 BackendError::NotFound(_) => C::NotFound,
@@ -114,6 +116,31 @@ mod tests {
             (Error::Sandbox(s()), 502, "sandbox_failed"),
             (Error::Unavailable(s()), 503, "unavailable"),
             (Error::internal("x", "y"), 500, "internal"),
+            // The seams' errors with their cause, answered as the variant each was.
+            (
+                Error::AgentUnreachable {
+                    reason: s(),
+                    source: orchard_client::ClientError::decode(s()),
+                },
+                502,
+                "sandbox_failed",
+            ),
+            (
+                Error::AgentFailed {
+                    message: s(),
+                    source: orchard_client::ClientError::decode(s()),
+                },
+                502,
+                "sandbox_failed",
+            ),
+            (
+                Error::StoreUnavailable(crate::state::StoreError::unavailable(
+                    s(),
+                    std::io::Error::other(s()),
+                )),
+                503,
+                "unavailable",
+            ),
         ];
         for (e, want_status, want_code) in cases {
             assert_eq!(ServiceErrorCode::from(&e).as_str(), want_code, "{e:?}");
@@ -175,6 +202,68 @@ mod tests {
             let e = Error::from(refused);
             assert_eq!(status(&e), 500, "{e:?}");
             assert_eq!(e.public_message(), "the state store refused a write");
+        }
+    }
+
+    /// The agent's and the store's errors that keep their cause answer byte for byte what
+    /// the message-only variants they were built as did: status, `Retry-After` and body.
+    #[tokio::test]
+    async fn errors_that_keep_their_cause_answer_what_they_always_did() {
+        use orchard_client::ClientError;
+        use orchard_protocol::{ErrorBody, ErrorCode};
+        let transport = || {
+            ClientError::transport(
+                "connection refused",
+                std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            )
+        };
+        let failed = || ClientError::Api {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body: ErrorBody::new(ErrorCode::Internal, "disk on fire"),
+        };
+        let away = || {
+            crate::state::StoreError::unavailable(
+                "redis: no answer within the call timeout",
+                std::io::Error::from(std::io::ErrorKind::TimedOut),
+            )
+        };
+        let cases = [
+            (
+                Error::from(transport()),
+                Error::Sandbox(format!(
+                    "the sandbox's agent could not be reached: {}",
+                    transport()
+                )),
+            ),
+            (
+                crate::service::files::agent_unreachable(transport()),
+                Error::Sandbox(
+                    "the sandbox's agent could not be reached: connection refused".into(),
+                ),
+            ),
+            (
+                Error::from(ClientError::decode("a broken answer")),
+                Error::Sandbox(
+                    "the sandbox's agent could not be reached: decoding the answer: a broken answer"
+                        .into(),
+                ),
+            ),
+            (
+                Error::from(failed()),
+                Error::Sandbox("the sandbox's agent failed: disk on fire".into()),
+            ),
+            (
+                Error::from(away()),
+                Error::Unavailable(away().to_string()),
+            ),
+        ];
+        for (new, old) in cases {
+            let debug = format!("{new:?}");
+            assert!(
+                !matches!(new, Error::Sandbox(_) | Error::Unavailable(_)),
+                "{debug}"
+            );
+            assert_eq!(answer(new).await, answer(old).await, "{debug}");
         }
     }
 

@@ -88,6 +88,8 @@ async fn create(
             Err(e) => {
                 // A sandbox that could not start is not left behind for the caller.
                 if let Error::Sandbox(_)
+                | Error::AgentUnreachable { .. }
+                | Error::AgentFailed { .. }
                 | Error::Timeout(_)
                 | Error::StartFailed { .. }
                 | Error::ReadyTimeout { .. } = e

@@ -7,7 +7,10 @@
 //! sent: a 5xx body says what failed in user terms only.
 //!
 //! The errors of the seams below (backend, store, agent client) become the service's
-//! here, each by its kind (its variant, or the agent's status), never by its words.
+//! here, each by its kind (its variant, or the agent's status), never by its words;
+//! those that fail the call ([`Error::Backend`], [`Error::StoreUnavailable`],
+//! [`Error::AgentUnreachable`], [`Error::AgentFailed`]) keep the seam's error whole as
+//! their `#[source]`, for the log, with the message the API always sent.
 
 use std::time::Duration;
 
@@ -47,12 +50,38 @@ pub enum Error {
     /// A per-key quota, as a message; [`Error::QuotaExceeded`] says which.
     #[error("{0}")]
     Quota(String),
-    /// The sandbox could not start or its agent could not be reached.
+    /// The sandbox could not start, or its agent's answer was unusable; an agent error
+    /// with a cause is [`Error::AgentUnreachable`] or [`Error::AgentFailed`].
     #[error("{0}")]
     Sandbox(String),
+    /// The sandbox's agent could not be reached, or its answer could not be read:
+    /// answered as [`Error::Sandbox`], which it was.
+    #[error("the sandbox's agent could not be reached: {reason}")]
+    AgentUnreachable {
+        /// What the message says of the failure (the client's error in full, or only
+        /// the transport's words, as each caller always said it).
+        reason: String,
+        /// The client's error, down to hyper's or the OS's.
+        #[source]
+        source: orchard_client::ClientError,
+    },
+    /// The agent answered an error status that has no kind of its own here (a 500 of
+    /// the agent's): answered as [`Error::Sandbox`], which it was.
+    #[error("the sandbox's agent failed: {message}")]
+    AgentFailed {
+        /// The agent's message.
+        message: String,
+        /// The agent's answer ([`orchard_client::ClientError::Api`]): its status and code.
+        #[source]
+        source: orchard_client::ClientError,
+    },
     /// Overloaded: safe to retry.
     #[error("{0}")]
     Unavailable(String),
+    /// The state store could not be reached or failed ([`StoreError::Unavailable`]):
+    /// answered as [`Error::Unavailable`], which it was, in the store's own words.
+    #[error("{0}")]
+    StoreUnavailable(#[source] StoreError),
     /// A bug or a host failure: `public` is sent, `detail` only logged.
     #[error("{public}: {detail}")]
     Internal {
@@ -337,19 +366,21 @@ impl From<crate::units::QuantityError> for Error {
 
 /// The store failing is the service's failure (a 500/503), never the client's. By
 /// kind: away is a 503 in the store's own words ("the state store failed: ...", which
-/// quote the cause), anything else a 500. Callers that can act on `Conflict` or
-/// `NotFound` (retry, "no such sandbox") match them before converting.
+/// quote the cause), kept whole as the source; anything else a 500. Callers that can
+/// act on `Conflict` or `NotFound` (retry, "no such sandbox") match them before
+/// converting.
 impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
         match e {
-            e @ StoreError::Unavailable { .. } => Error::Unavailable(e.to_string()),
+            e @ StoreError::Unavailable { .. } => Error::StoreUnavailable(e),
             e => Error::internal("the state store refused a write", e),
         }
     }
 }
 
 /// The agent answered an error or could not be reached: by kind, the status the agent
-/// answered, or no usable answer at all.
+/// answered, or no usable answer at all. A status with a kind of its own here takes the
+/// agent's message; the rest keep the client's error as their source.
 impl From<orchard_client::ClientError> for Error {
     fn from(e: orchard_client::ClientError) -> Self {
         match e {
@@ -362,9 +393,15 @@ impl From<orchard_client::ClientError> for Error {
                 409 => Error::Conflict(body.message),
                 413 => Error::TooLarge(body.message),
                 429 | 503 => Error::Unavailable(body.message),
-                _ => Error::Sandbox(format!("the sandbox's agent failed: {}", body.message)),
+                _ => Error::AgentFailed {
+                    message: body.message.clone(),
+                    source: orchard_client::ClientError::Api { status, body },
+                },
             },
-            e => Error::Sandbox(format!("the sandbox's agent could not be reached: {e}")),
+            e => Error::AgentUnreachable {
+                reason: e.to_string(),
+                source: e,
+            },
         }
     }
 }
@@ -490,6 +527,115 @@ mod tests {
         for (e, message) in Error::domain_examples() {
             assert_eq!(e.public_message(), message, "{e:?}");
         }
+    }
+
+    /// An agent nobody could reach: the message is what it always was, and the client's
+    /// error stays under it, down to the OS's.
+    #[test]
+    fn an_unreachable_agent_keeps_the_client_error_as_the_source() {
+        use std::error::Error as _;
+        let refused = || {
+            orchard_client::ClientError::transport(
+                "connection refused",
+                std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            )
+        };
+        let e = Error::from(refused());
+        assert!(matches!(e, Error::AgentUnreachable { .. }), "{e:?}");
+        assert_eq!(
+            e.public_message(),
+            format!("the sandbox's agent could not be reached: {}", refused())
+        );
+        let client = e
+            .source()
+            .and_then(|s| s.downcast_ref::<orchard_client::ClientError>());
+        assert!(
+            matches!(client, Some(orchard_client::ClientError::Transport { .. })),
+            "{e:?}"
+        );
+        let io = client
+            .and_then(|c| c.source())
+            .and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::ConnectionRefused)
+        );
+        // The files' calls say the transport's words alone, as they always did.
+        let e = super::super::files::agent_unreachable(refused());
+        assert_eq!(
+            e.public_message(),
+            "the sandbox's agent could not be reached: connection refused"
+        );
+        assert!(e
+            .source()
+            .is_some_and(|s| s.is::<orchard_client::ClientError>()));
+        // An answer that could not be read is no answer either.
+        let e = Error::from(orchard_client::ClientError::decode("a broken answer"));
+        assert_eq!(
+            e.public_message(),
+            "the sandbox's agent could not be reached: decoding the answer: a broken answer"
+        );
+        assert!(e
+            .source()
+            .is_some_and(|s| s.is::<orchard_client::ClientError>()));
+    }
+
+    /// An agent's status with no kind of its own here: its message, as always, and its
+    /// whole answer (status and code) as the source.
+    #[test]
+    fn an_agent_failure_keeps_the_agent_answer_as_the_source() {
+        use orchard_protocol::{ErrorBody, ErrorCode};
+        use std::error::Error as _;
+        let e = Error::from(orchard_client::ClientError::Api {
+            status: hyper::StatusCode::INTERNAL_SERVER_ERROR,
+            body: ErrorBody::new(ErrorCode::Internal, "disk on fire"),
+        });
+        assert!(matches!(e, Error::AgentFailed { .. }), "{e:?}");
+        assert_eq!(
+            e.public_message(),
+            "the sandbox's agent failed: disk on fire"
+        );
+        let answer = e
+            .source()
+            .and_then(|s| s.downcast_ref::<orchard_client::ClientError>());
+        assert!(
+            matches!(
+                answer,
+                Some(orchard_client::ClientError::Api { status, .. }) if status.as_u16() == 500
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            answer.and_then(orchard_client::ClientError::code),
+            Some(ErrorCode::Internal)
+        );
+    }
+
+    /// A store that is away: its own words, as always, and itself as the source.
+    #[test]
+    fn an_unavailable_store_keeps_the_store_error_as_the_source() {
+        use std::error::Error as _;
+        let away = || {
+            StoreError::unavailable(
+                "redis: no answer within the call timeout",
+                std::io::Error::from(std::io::ErrorKind::TimedOut),
+            )
+        };
+        let e = Error::from(away());
+        assert!(matches!(e, Error::StoreUnavailable(_)), "{e:?}");
+        assert_eq!(e.public_message(), away().to_string());
+        let store = e.source().and_then(|s| s.downcast_ref::<StoreError>());
+        assert!(
+            matches!(store, Some(StoreError::Unavailable { .. })),
+            "{e:?}"
+        );
+        let io = store
+            .and_then(|s| s.source())
+            .and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::TimedOut)
+        );
     }
 
     #[test]

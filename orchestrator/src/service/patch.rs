@@ -239,7 +239,7 @@ mod tests {
         // No answer at all is the call's error, not a fallback.
         let cut = orchard_client::ClientError::decode("a broken answer");
         let e = judge(Some(Err(cut)), LIMIT).unwrap_err();
-        assert!(matches!(e, Error::Sandbox(_)), "{e:?}");
+        assert!(matches!(e, Error::AgentUnreachable { .. }), "{e:?}");
     }
 
     /// A harness with a ready sandbox whose working directory holds `f.txt` (`one two

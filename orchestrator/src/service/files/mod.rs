@@ -17,15 +17,15 @@ use super::{iso, Error, Service, Tenant};
 /// Largest body of the compatible file upload (base64 inflates by a third).
 pub const MAX_UPLOAD_JSON: usize = 512 << 20;
 
-/// The error of a call that got no answer from the agent (a 502 naming why).
+/// The error of a call that got no answer from the agent (a 502 naming why): a
+/// transport failure in its own words, without the "transport: " the client's message
+/// puts before them.
 pub fn agent_unreachable(e: orchard_client::ClientError) -> Error {
-    let reason = match e {
-        orchard_client::ClientError::Transport { message, .. } => message,
+    let reason = match &e {
+        orchard_client::ClientError::Transport { message, .. } => message.clone(),
         e => e.to_string(),
     };
-    Error::Sandbox(format!(
-        "the sandbox's agent could not be reached: {reason}"
-    ))
+    Error::AgentUnreachable { reason, source: e }
 }
 
 impl Service {

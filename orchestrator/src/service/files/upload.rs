@@ -123,8 +123,10 @@ async fn send_spool(live: &Live, spool: &Spool, path: &str) -> Result<(), Error>
     let body = http_body_util::StreamBody::new(frames)
         .map_err(Into::into)
         .boxed_unsync();
-    let reason = match put_file(live, path, body).await {
-        Err(Error::Sandbox(reason)) => reason,
+    let failure = match put_file(live, path, body).await {
+        Err(
+            e @ (Error::Sandbox(_) | Error::AgentUnreachable { .. } | Error::AgentFailed { .. }),
+        ) => e,
         other => return other,
     };
     // The agent refuses a write it cannot do (a read-only path, a missing parent)
@@ -143,7 +145,7 @@ async fn send_spool(live: &Live, spool: &Spool, path: &str) -> Result<(), Error>
         Err(e) => Err(e.into()),
         Ok(_) => {
             let _ = live.agent.remove(&probe, false).await;
-            Err(Error::Sandbox(reason))
+            Err(failure)
         }
     }
 }
