@@ -1,6 +1,7 @@
 """What the parts of a client share: :class:`AsyncClientCore` (a client's configuration,
-connections and owned sandboxes) and :class:`AsyncSandboxCore` (a sandbox's description
-and where its calls go).
+connections and owned sandboxes), :class:`AsyncSandboxCore` (a sandbox's description
+and where its calls go) and :class:`AsyncClosing` (``async with`` for what ends by
+``close``).
 
 Each capability (jobs, exec, sessions, files, git, snapshots, images) has a module that
 adds its methods to one of these; the client and sandbox modules put them together. The
@@ -10,7 +11,8 @@ them by ``scripts/unasync.py``.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from types import TracebackType
+from typing import Protocol, Self, TypeVar
 
 import httpx
 
@@ -25,6 +27,28 @@ _T = TypeVar("_T")
 
 #: A command: a shell string, or an argv list.
 Command = _ops.Command
+
+
+class AsyncClosable(Protocol):
+    """What :class:`AsyncClosing` is mixed into."""
+
+    async def close(self) -> None: ...
+
+
+class AsyncClosing:
+    """``async with`` gives the object itself, and closes it on the way out (its
+    :meth:`close`): the client, a session, a terminal."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self: AsyncClosable,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
 
 
 class AsyncClientCore:

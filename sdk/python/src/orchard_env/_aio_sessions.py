@@ -5,10 +5,9 @@ the handles it makes, :class:`AsyncSession` and :class:`AsyncTerminal`."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import TracebackType
 
 from . import _ops
-from ._aio_core import AsyncSandboxCore, Command
+from ._aio_core import AsyncClosing, AsyncSandboxCore, Command
 from .models import PtyInfo, SessionInfo, SessionResult
 from .pty import AsyncContainerProcess
 
@@ -68,7 +67,7 @@ class AsyncSandboxSessions(AsyncSandboxCore):
         return AsyncTerminal(self, await self._run(_ops.get_pty(pty_id)))
 
 
-class AsyncSession:
+class AsyncSession(AsyncClosing):
     """Async :class:`~orchard_env.Session`; ``async with`` ends the shell on exit."""
 
     def __init__(self, sandbox: AsyncSandboxCore, info: SessionInfo) -> None:
@@ -97,19 +96,8 @@ class AsyncSession:
         """Ends the shell and everything it started."""
         await self._sandbox._run(_ops.delete_session(self.id, missing_ok=True))
 
-    async def __aenter__(self) -> AsyncSession:
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-
-class AsyncTerminal:
+class AsyncTerminal(AsyncClosing):
     """Async :class:`~orchard_env.Terminal`; ``async with`` closes the terminal on exit."""
 
     def __init__(self, sandbox: AsyncSandboxCore, info: PtyInfo) -> None:
@@ -144,14 +132,3 @@ class AsyncTerminal:
     async def close(self) -> None:
         """Ends the program (SIGHUP, then SIGKILL) and the terminal."""
         await self._sandbox._run(_ops.delete_pty(self.id, missing_ok=True))
-
-    async def __aenter__(self) -> AsyncTerminal:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -1,7 +1,8 @@
 # generated from _aio_core.py by scripts/unasync.py; do not edit
 """What the parts of a client share: :class:`ClientCore` (a client's configuration,
-connections and owned sandboxes) and :class:`SandboxCore` (a sandbox's description
-and where its calls go).
+connections and owned sandboxes), :class:`SandboxCore` (a sandbox's description
+and where its calls go) and :class:`Closing` (``with`` for what ends by
+``close``).
 
 Each capability (jobs, exec, sessions, files, git, snapshots, images) has a module that
 adds its methods to one of these; the client and sandbox modules put them together. The
@@ -11,7 +12,8 @@ them by ``scripts/unasync.py``.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from types import TracebackType
+from typing import Protocol, Self, TypeVar
 
 import httpx
 
@@ -26,6 +28,28 @@ _T = TypeVar("_T")
 
 #: A command: a shell string, or an argv list.
 Command = _ops.Command
+
+
+class Closable(Protocol):
+    """What :class:`Closing` is mixed into."""
+
+    def close(self) -> None: ...
+
+
+class Closing:
+    """``with`` gives the object itself, and closes it on the way out (its
+    :meth:`close`): the client, a session, a terminal."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self: Closable,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 class ClientCore:

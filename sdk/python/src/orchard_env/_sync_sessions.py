@@ -6,10 +6,9 @@ the handles it makes, :class:`Session` and :class:`Terminal`."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import TracebackType
 
 from . import _ops
-from ._sync_core import Command, SandboxCore
+from ._sync_core import Closing, Command, SandboxCore
 from .models import PtyInfo, SessionInfo, SessionResult
 from .pty import ContainerProcess
 
@@ -86,7 +85,7 @@ class SandboxSessions(SandboxCore):
         return Terminal(self, self._run(_ops.get_pty(pty_id)))
 
 
-class Session:
+class Session(Closing):
     """A persistent shell in a sandbox (:meth:`SandboxInstance.create_session`).
 
     A context manager: leaving the block ends the shell.
@@ -118,19 +117,8 @@ class Session:
         """Ends the shell and everything it started."""
         self._sandbox._run(_ops.delete_session(self.id, missing_ok=True))
 
-    def __enter__(self) -> Session:
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class Terminal:
+class Terminal(Closing):
     """A ``/v1`` terminal that outlives its connections (:meth:`SandboxInstance.create_pty`).
 
     A context manager: leaving the block closes the terminal.
@@ -169,14 +157,3 @@ class Terminal:
     def close(self) -> None:
         """Ends the program (SIGHUP, then SIGKILL) and the terminal."""
         self._sandbox._run(_ops.delete_pty(self.id, missing_ok=True))
-
-    def __enter__(self) -> Terminal:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
