@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from . import _ops
-from ._aio_core import AsyncClosing, AsyncSandboxCore, Command
+from ._aio_core import AsyncClosing, AsyncSandboxCore, AsyncSandboxHandle, Command
 from .models import PtyInfo, SessionInfo, SessionResult
 from .pty import AsyncContainerProcess
 
@@ -67,18 +67,8 @@ class AsyncSandboxSessions(AsyncSandboxCore):
         return AsyncTerminal(self, await self._run(_ops.get_pty(pty_id)))
 
 
-class AsyncSession(AsyncClosing):
+class AsyncSession(AsyncSandboxHandle[SessionInfo], AsyncClosing):
     """Async :class:`~orchard_env.Session`; ``async with`` ends the shell on exit."""
-
-    def __init__(self, sandbox: AsyncSandboxCore, info: SessionInfo) -> None:
-        self._sandbox = sandbox
-        #: The session as last seen.
-        self.info = info
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the session."""
-        return self.info.id
 
     def __repr__(self) -> str:
         return f"<AsyncSession {self.id} shell={self.info.shell!r}>"
@@ -89,26 +79,15 @@ class AsyncSession(AsyncClosing):
 
     async def refresh(self) -> SessionInfo:
         """Reloads :attr:`info`."""
-        self.info = await self._sandbox._run(_ops.get_session(self.id))
-        return self.info
+        return await self._update(_ops.get_session(self.id))
 
     async def close(self) -> None:
         """Ends the shell and everything it started."""
         await self._sandbox._run(_ops.delete_session(self.id, missing_ok=True))
 
 
-class AsyncTerminal(AsyncClosing):
+class AsyncTerminal(AsyncSandboxHandle[PtyInfo], AsyncClosing):
     """Async :class:`~orchard_env.Terminal`; ``async with`` closes the terminal on exit."""
-
-    def __init__(self, sandbox: AsyncSandboxCore, info: PtyInfo) -> None:
-        self._sandbox = sandbox
-        #: The terminal as last seen.
-        self.info = info
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the terminal."""
-        return self.info.id
 
     def __repr__(self) -> str:
         return f"<AsyncTerminal {self.id} argv={self.info.argv!r}>"
@@ -121,13 +100,11 @@ class AsyncTerminal(AsyncClosing):
 
     async def resize(self, rows: int, cols: int) -> PtyInfo:
         """Sets the window size."""
-        self.info = await self._sandbox._run(_ops.resize_pty(self.id, rows, cols))
-        return self.info
+        return await self._update(_ops.resize_pty(self.id, rows, cols))
 
     async def refresh(self) -> PtyInfo:
         """Reloads :attr:`info`."""
-        self.info = await self._sandbox._run(_ops.get_pty(self.id))
-        return self.info
+        return await self._update(_ops.get_pty(self.id))
 
     async def close(self) -> None:
         """Ends the program (SIGHUP, then SIGKILL) and the terminal."""
