@@ -19,15 +19,15 @@ import asyncio, os, signal, sys
 import orchard_env
 """
 
-SYNC_CHILD = (
-    PRELUDE
-    + """
+#: Creates a sandbox with the sync client, prints its id and blocks on stdin.
+SYNC_MAIN = """
 client = orchard_env.SandboxClient()
 sb = client.create_sandbox("busybox:latest")
 print(sb.sandbox_id, flush=True)
 sys.stdin.read()
 """
-)
+
+SYNC_CHILD = PRELUDE + SYNC_MAIN
 
 ASYNC_CHILD = (
     PRELUDE
@@ -48,22 +48,8 @@ def mine(signum, frame):
     print("previous handler ran", flush=True)
     os._exit(7)
 signal.signal(signal.SIGTERM, mine)
-client = orchard_env.SandboxClient()
-sb = client.create_sandbox("busybox:latest")
-print(sb.sandbox_id, flush=True)
-sys.stdin.read()
 """
-)
-
-EXIT_CHILD = (
-    PRELUDE
-    + """
-client = orchard_env.SandboxClient()
-sb = client.create_sandbox("busybox:latest")
-print(sb.sandbox_id, flush=True)
-sys.stdin.read()
-# falls off the end without closing the client: the atexit hook deletes the sandbox
-"""
+    + SYNC_MAIN
 )
 
 
@@ -106,7 +92,9 @@ def test_previous_sigterm_handler_still_runs(server: Any) -> None:
 
 
 def test_interpreter_exit_leaves_no_sandbox(server: Any) -> None:
-    proc, sandbox_id = run_child(EXIT_CHILD, server)
+    # Once stdin ends, the child falls off the end of its code without closing the
+    # client: the atexit hook deletes the sandbox.
+    proc, sandbox_id = run_child(SYNC_CHILD, server)
     assert proc.stdin is not None
     proc.stdin.close()
     assert proc.wait(timeout=60) == 0

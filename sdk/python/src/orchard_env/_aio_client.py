@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from . import _ops
-from ._aio_core import AsyncClientCore
+from ._aio_core import AsyncClientCore, AsyncClosing
 from ._aio_images import AsyncClientImages
 from ._aio_only import for_each
 from ._aio_sandbox import AsyncSandboxInstance
@@ -52,7 +52,7 @@ class SandboxCreation(Awaitable["AsyncSandboxInstance"]):
             await self._sandbox.delete()
 
 
-class AsyncSandboxClient(AsyncClientSnapshots, AsyncClientImages, AsyncClientCore):
+class AsyncSandboxClient(AsyncClientSnapshots, AsyncClientImages, AsyncClientCore, AsyncClosing):
     """Async :class:`~orchard_env.SandboxClient`: same arguments, same environment
     variables, same cleanup; every method is awaitable.
 
@@ -257,17 +257,6 @@ class AsyncSandboxClient(AsyncClientSnapshots, AsyncClientImages, AsyncClientCor
             for agent in self._agents.values():
                 await agent.aclose()
             await self._http.aclose()
-
-    async def __aenter__(self) -> AsyncSandboxClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def __repr__(self) -> str:
         return f"AsyncSandboxClient(base_url={self.base_url!r})"

@@ -1,6 +1,7 @@
 """What the parts of a client share: :class:`AsyncClientCore` (a client's configuration,
-connections and owned sandboxes) and :class:`AsyncSandboxCore` (a sandbox's description
-and where its calls go).
+connections and owned sandboxes), :class:`AsyncSandboxCore` (a sandbox's description
+and where its calls go), :class:`AsyncSandboxHandle` (a session, terminal or process of
+a sandbox) and :class:`AsyncClosing` (``async with`` for what ends by ``close``).
 
 Each capability (jobs, exec, sessions, files, git, snapshots, images) has a module that
 adds its methods to one of these; the client and sandbox modules put them together. The
@@ -10,7 +11,8 @@ them by ``scripts/unasync.py``.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from types import TracebackType
+from typing import Generic, Protocol, Self, TypeVar
 
 import httpx
 
@@ -18,13 +20,37 @@ from . import _ops
 from ._base import ClientState, agent_key, agent_target
 from ._http import AsyncDriver, Op, Route, make_agent_http
 from .errors import OrchardError, SandboxDeletedError
-from .models import AgentEndpoint, SandboxInfo
+from .models import AgentEndpoint, ProcessInfo, PtyInfo, SandboxInfo, SessionInfo
 from .pty import WsTarget
 
 _T = TypeVar("_T")
+#: What the agent says of a handle's session, terminal or process.
+_Info = TypeVar("_Info", bound=SessionInfo | PtyInfo | ProcessInfo)
 
 #: A command: a shell string, or an argv list.
 Command = _ops.Command
+
+
+class AsyncClosable(Protocol):
+    """What :class:`AsyncClosing` is mixed into."""
+
+    async def close(self) -> None: ...
+
+
+class AsyncClosing:
+    """``async with`` gives the object itself, and closes it on the way out (its
+    :meth:`close`): the client, a session, a terminal."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self: AsyncClosable,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
 
 
 class AsyncClientCore:
@@ -137,3 +163,23 @@ class AsyncSandboxCore:
         if self.direct:
             return agent_target(await self._endpoint(), agent_path)
         return self._client._state.ws_target(server_path)
+
+
+class AsyncSandboxHandle(Generic[_Info]):
+    """A session, terminal or process of a sandbox: its agent's description in
+    :attr:`info`, kept as the calls that answer one last saw it."""
+
+    def __init__(self, sandbox: AsyncSandboxCore, info: _Info) -> None:
+        self._sandbox = sandbox
+        #: It as last seen.
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        """The agent's id of it (the session's, terminal's or process's)."""
+        return self.info.id
+
+    async def _update(self, op: Op[_Info]) -> _Info:
+        """Runs ``op`` on the sandbox and keeps its answer as :attr:`info`."""
+        self.info = await self._sandbox._run(op)
+        return self.info

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from . import _ops
-from ._aio_core import AsyncSandboxCore, Command
+from ._aio_core import AsyncSandboxCore, AsyncSandboxHandle, Command
 from ._aio_only import AsyncExecIteration
 from ._http import Request, transport_error
 from ._streams import ExecDecoder
@@ -152,20 +152,13 @@ class AsyncExecStream(AsyncExecIteration):
         await self.aclose()
 
 
-class AsyncProcess:
+class AsyncProcess(AsyncSandboxHandle[ProcessInfo]):
     """Async :class:`~orchard_env.Process`."""
 
     def __init__(self, sandbox: AsyncSandboxCore, info: ProcessInfo) -> None:
-        self._sandbox = sandbox
-        #: The process as last seen.
-        self.info = info
+        super().__init__(sandbox, info)
         self._stdout_offset = 0
         self._stderr_offset = 0
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the process."""
-        return self.info.id
 
     @property
     def pid(self) -> int:
@@ -177,8 +170,7 @@ class AsyncProcess:
 
     async def refresh(self) -> ProcessInfo:
         """Reloads :attr:`info`."""
-        self.info = await self._sandbox._run(_ops.get_process(self.id))
-        return self.info
+        return await self._update(_ops.get_process(self.id))
 
     async def read_output(self, max_bytes: int | None = None) -> ProcessOutput:
         """Output written since the previous call (offsets are tracked here)."""
@@ -192,23 +184,19 @@ class AsyncProcess:
 
     async def write_stdin(self, data: str | bytes, *, eof: bool = False) -> ProcessInfo:
         """Writes to its stdin, and closes it with ``eof``."""
-        self.info = await self._sandbox._run(_ops.process_stdin(self.id, data, eof))
-        return self.info
+        return await self._update(_ops.process_stdin(self.id, data, eof))
 
     async def close_stdin(self) -> ProcessInfo:
         """Closes its stdin."""
-        self.info = await self._sandbox._run(_ops.process_stdin(self.id, None, True))
-        return self.info
+        return await self._update(_ops.process_stdin(self.id, None, True))
 
     async def send_signal(self, sig: str | int = "TERM", *, group: bool = True) -> ProcessInfo:
         """Sends a signal to its process group (or only to it)."""
-        self.info = await self._sandbox._run(_ops.process_signal(self.id, sig, group))
-        return self.info
+        return await self._update(_ops.process_signal(self.id, sig, group))
 
     async def wait(self, timeout: float | None = None) -> ProcessInfo:
         """Waits for it to end (at most ``timeout`` seconds); returns it as it is then."""
-        self.info = await self._sandbox._run(_ops.process_wait(self.id, timeout))
-        return self.info
+        return await self._update(_ops.process_wait(self.id, timeout))
 
     async def kill(self) -> None:
         """Kills its process group if running, and forgets it."""

@@ -5,10 +5,9 @@ the handles it makes, :class:`AsyncSession` and :class:`AsyncTerminal`."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import TracebackType
 
 from . import _ops
-from ._aio_core import AsyncSandboxCore, Command
+from ._aio_core import AsyncClosing, AsyncSandboxCore, AsyncSandboxHandle, Command
 from .models import PtyInfo, SessionInfo, SessionResult
 from .pty import AsyncContainerProcess
 
@@ -68,18 +67,8 @@ class AsyncSandboxSessions(AsyncSandboxCore):
         return AsyncTerminal(self, await self._run(_ops.get_pty(pty_id)))
 
 
-class AsyncSession:
+class AsyncSession(AsyncSandboxHandle[SessionInfo], AsyncClosing):
     """Async :class:`~orchard_env.Session`; ``async with`` ends the shell on exit."""
-
-    def __init__(self, sandbox: AsyncSandboxCore, info: SessionInfo) -> None:
-        self._sandbox = sandbox
-        #: The session as last seen.
-        self.info = info
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the session."""
-        return self.info.id
 
     def __repr__(self) -> str:
         return f"<AsyncSession {self.id} shell={self.info.shell!r}>"
@@ -90,37 +79,15 @@ class AsyncSession:
 
     async def refresh(self) -> SessionInfo:
         """Reloads :attr:`info`."""
-        self.info = await self._sandbox._run(_ops.get_session(self.id))
-        return self.info
+        return await self._update(_ops.get_session(self.id))
 
     async def close(self) -> None:
         """Ends the shell and everything it started."""
         await self._sandbox._run(_ops.delete_session(self.id, missing_ok=True))
 
-    async def __aenter__(self) -> AsyncSession:
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-
-class AsyncTerminal:
+class AsyncTerminal(AsyncSandboxHandle[PtyInfo], AsyncClosing):
     """Async :class:`~orchard_env.Terminal`; ``async with`` closes the terminal on exit."""
-
-    def __init__(self, sandbox: AsyncSandboxCore, info: PtyInfo) -> None:
-        self._sandbox = sandbox
-        #: The terminal as last seen.
-        self.info = info
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the terminal."""
-        return self.info.id
 
     def __repr__(self) -> str:
         return f"<AsyncTerminal {self.id} argv={self.info.argv!r}>"
@@ -133,25 +100,12 @@ class AsyncTerminal:
 
     async def resize(self, rows: int, cols: int) -> PtyInfo:
         """Sets the window size."""
-        self.info = await self._sandbox._run(_ops.resize_pty(self.id, rows, cols))
-        return self.info
+        return await self._update(_ops.resize_pty(self.id, rows, cols))
 
     async def refresh(self) -> PtyInfo:
         """Reloads :attr:`info`."""
-        self.info = await self._sandbox._run(_ops.get_pty(self.id))
-        return self.info
+        return await self._update(_ops.get_pty(self.id))
 
     async def close(self) -> None:
         """Ends the program (SIGHUP, then SIGKILL) and the terminal."""
         await self._sandbox._run(_ops.delete_pty(self.id, missing_ok=True))
-
-    async def __aenter__(self) -> AsyncTerminal:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 
 import httpx
@@ -17,7 +16,7 @@ from ._base import ClientState, check_started
 from ._config import new_sandbox_id, resolve_config
 from ._http import SyncDriver, make_http
 from ._retry import RetryPolicy
-from ._sync_core import ClientCore
+from ._sync_core import ClientCore, Closing
 from ._sync_images import ClientImages
 from ._sync_only import for_each
 from ._sync_sandbox import SandboxInstance
@@ -26,7 +25,7 @@ from .errors import OrchardError
 from .models import SandboxInfo
 
 
-class SandboxClient(ClientSnapshots, ClientImages, ClientCore):
+class SandboxClient(ClientSnapshots, ClientImages, ClientCore, Closing):
     """A connection to an Orchard server; makes and finds sandboxes.
 
     Arguments default to the environment: ``SANDBOX_BASE_URL`` (then
@@ -243,17 +242,6 @@ class SandboxClient(ClientSnapshots, ClientImages, ClientCore):
             for agent in self._agents.values():
                 agent.close()
             self._http.close()
-
-    def __enter__(self) -> SandboxClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"SandboxClient(base_url={self.base_url!r})"

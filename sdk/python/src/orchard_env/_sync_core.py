@@ -1,7 +1,8 @@
 # generated from _aio_core.py by scripts/unasync.py; do not edit
 """What the parts of a client share: :class:`ClientCore` (a client's configuration,
-connections and owned sandboxes) and :class:`SandboxCore` (a sandbox's description
-and where its calls go).
+connections and owned sandboxes), :class:`SandboxCore` (a sandbox's description
+and where its calls go), :class:`SandboxHandle` (a session, terminal or process of
+a sandbox) and :class:`Closing` (``with`` for what ends by ``close``).
 
 Each capability (jobs, exec, sessions, files, git, snapshots, images) has a module that
 adds its methods to one of these; the client and sandbox modules put them together. The
@@ -11,7 +12,8 @@ them by ``scripts/unasync.py``.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from types import TracebackType
+from typing import Generic, Protocol, Self, TypeVar
 
 import httpx
 
@@ -19,13 +21,37 @@ from . import _ops
 from ._base import ClientState, agent_key, agent_target
 from ._http import Op, Route, SyncDriver, make_agent_http
 from .errors import OrchardError, SandboxDeletedError
-from .models import AgentEndpoint, SandboxInfo
+from .models import AgentEndpoint, ProcessInfo, PtyInfo, SandboxInfo, SessionInfo
 from .pty import WsTarget
 
 _T = TypeVar("_T")
+#: What the agent says of a handle's session, terminal or process.
+_Info = TypeVar("_Info", bound=SessionInfo | PtyInfo | ProcessInfo)
 
 #: A command: a shell string, or an argv list.
 Command = _ops.Command
+
+
+class Closable(Protocol):
+    """What :class:`Closing` is mixed into."""
+
+    def close(self) -> None: ...
+
+
+class Closing:
+    """``with`` gives the object itself, and closes it on the way out (its
+    :meth:`close`): the client, a session, a terminal."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self: Closable,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 class ClientCore:
@@ -138,3 +164,23 @@ class SandboxCore:
         if self.direct:
             return agent_target(self._endpoint(), agent_path)
         return self._client._state.ws_target(server_path)
+
+
+class SandboxHandle(Generic[_Info]):
+    """A session, terminal or process of a sandbox: its agent's description in
+    :attr:`info`, kept as the calls that answer one last saw it."""
+
+    def __init__(self, sandbox: SandboxCore, info: _Info) -> None:
+        self._sandbox = sandbox
+        #: It as last seen.
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        """The agent's id of it (the session's, terminal's or process's)."""
+        return self.info.id
+
+    def _update(self, op: Op[_Info]) -> _Info:
+        """Runs ``op`` on the sandbox and keeps its answer as :attr:`info`."""
+        self.info = self._sandbox._run(op)
+        return self.info

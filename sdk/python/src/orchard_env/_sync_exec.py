@@ -14,7 +14,7 @@ import httpx
 from . import _ops
 from ._http import Request, transport_error
 from ._streams import ExecDecoder
-from ._sync_core import Command, SandboxCore
+from ._sync_core import Command, SandboxCore, SandboxHandle
 from ._sync_only import ExecIteration
 from .models import ExecEvent, ExecExit, ExecResult, ProcessInfo, ProcessOutput
 
@@ -181,20 +181,13 @@ class ExecStream(ExecIteration):
         self.close()
 
 
-class Process:
+class Process(SandboxHandle[ProcessInfo]):
     """A background process in a sandbox (:meth:`SandboxInstance.start_process`)."""
 
     def __init__(self, sandbox: SandboxCore, info: ProcessInfo) -> None:
-        self._sandbox = sandbox
-        #: The process as last seen.
-        self.info = info
+        super().__init__(sandbox, info)
         self._stdout_offset = 0
         self._stderr_offset = 0
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the process."""
-        return self.info.id
 
     @property
     def pid(self) -> int:
@@ -206,8 +199,7 @@ class Process:
 
     def refresh(self) -> ProcessInfo:
         """Reloads :attr:`info`."""
-        self.info = self._sandbox._run(_ops.get_process(self.id))
-        return self.info
+        return self._update(_ops.get_process(self.id))
 
     def read_output(self, max_bytes: int | None = None) -> ProcessOutput:
         """Output written since the previous call (offsets are tracked here)."""
@@ -221,23 +213,19 @@ class Process:
 
     def write_stdin(self, data: str | bytes, *, eof: bool = False) -> ProcessInfo:
         """Writes to its stdin, and closes it with ``eof``."""
-        self.info = self._sandbox._run(_ops.process_stdin(self.id, data, eof))
-        return self.info
+        return self._update(_ops.process_stdin(self.id, data, eof))
 
     def close_stdin(self) -> ProcessInfo:
         """Closes its stdin."""
-        self.info = self._sandbox._run(_ops.process_stdin(self.id, None, True))
-        return self.info
+        return self._update(_ops.process_stdin(self.id, None, True))
 
     def send_signal(self, sig: str | int = "TERM", *, group: bool = True) -> ProcessInfo:
         """Sends a signal to its process group (or only to it)."""
-        self.info = self._sandbox._run(_ops.process_signal(self.id, sig, group))
-        return self.info
+        return self._update(_ops.process_signal(self.id, sig, group))
 
     def wait(self, timeout: float | None = None) -> ProcessInfo:
         """Waits for it to end (at most ``timeout`` seconds); returns it as it is then."""
-        self.info = self._sandbox._run(_ops.process_wait(self.id, timeout))
-        return self.info
+        return self._update(_ops.process_wait(self.id, timeout))
 
     def kill(self) -> None:
         """Kills its process group if running, and forgets it."""

@@ -6,10 +6,9 @@ the handles it makes, :class:`Session` and :class:`Terminal`."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import TracebackType
 
 from . import _ops
-from ._sync_core import Command, SandboxCore
+from ._sync_core import Closing, Command, SandboxCore, SandboxHandle
 from .models import PtyInfo, SessionInfo, SessionResult
 from .pty import ContainerProcess
 
@@ -86,21 +85,11 @@ class SandboxSessions(SandboxCore):
         return Terminal(self, self._run(_ops.get_pty(pty_id)))
 
 
-class Session:
+class Session(SandboxHandle[SessionInfo], Closing):
     """A persistent shell in a sandbox (:meth:`SandboxInstance.create_session`).
 
     A context manager: leaving the block ends the shell.
     """
-
-    def __init__(self, sandbox: SandboxCore, info: SessionInfo) -> None:
-        self._sandbox = sandbox
-        #: The session as last seen.
-        self.info = info
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the session."""
-        return self.info.id
 
     def __repr__(self) -> str:
         return f"<Session {self.id} shell={self.info.shell!r}>"
@@ -111,40 +100,18 @@ class Session:
 
     def refresh(self) -> SessionInfo:
         """Reloads :attr:`info`."""
-        self.info = self._sandbox._run(_ops.get_session(self.id))
-        return self.info
+        return self._update(_ops.get_session(self.id))
 
     def close(self) -> None:
         """Ends the shell and everything it started."""
         self._sandbox._run(_ops.delete_session(self.id, missing_ok=True))
 
-    def __enter__(self) -> Session:
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class Terminal:
+class Terminal(SandboxHandle[PtyInfo], Closing):
     """A ``/v1`` terminal that outlives its connections (:meth:`SandboxInstance.create_pty`).
 
     A context manager: leaving the block closes the terminal.
     """
-
-    def __init__(self, sandbox: SandboxCore, info: PtyInfo) -> None:
-        self._sandbox = sandbox
-        #: The terminal as last seen.
-        self.info = info
-
-    @property
-    def id(self) -> str:
-        """The agent's id of the terminal."""
-        return self.info.id
 
     def __repr__(self) -> str:
         return f"<Terminal {self.id} argv={self.info.argv!r}>"
@@ -158,25 +125,12 @@ class Terminal:
 
     def resize(self, rows: int, cols: int) -> PtyInfo:
         """Sets the window size."""
-        self.info = self._sandbox._run(_ops.resize_pty(self.id, rows, cols))
-        return self.info
+        return self._update(_ops.resize_pty(self.id, rows, cols))
 
     def refresh(self) -> PtyInfo:
         """Reloads :attr:`info`."""
-        self.info = self._sandbox._run(_ops.get_pty(self.id))
-        return self.info
+        return self._update(_ops.get_pty(self.id))
 
     def close(self) -> None:
         """Ends the program (SIGHUP, then SIGKILL) and the terminal."""
         self._sandbox._run(_ops.delete_pty(self.id, missing_ok=True))
-
-    def __enter__(self) -> Terminal:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -10,7 +10,7 @@ import base64
 import dataclasses
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, TypeVar
+from typing import Any, Literal, Self, TypedDict, TypeVar
 
 __all__ = [
     "AgentEndpoint",
@@ -57,6 +57,33 @@ def _pick(cls: type[_T], data: dict[str, Any], **overrides: Any) -> _T:
         elif f.name in data:
             kwargs[f.name] = data[f.name]
     return cls(**kwargs)
+
+
+class _AgentJson:
+    """A value the agent answers as a JSON object of the same name, field for field."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        """Builds it from the agent's JSON object of the same name (``PtyInfo`` for
+        :class:`PtyInfo`...), keeping the keys that are its fields."""
+        return _pick(cls, data)
+
+
+class _TextStreams:
+    """A command's two streams as text, from the bytes a result holds."""
+
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+
+    @property
+    def stdout(self) -> str:
+        """Standard output as text."""
+        return self.stdout_bytes.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        """Standard error as text."""
+        return self.stderr_bytes.decode("utf-8", "replace")
 
 
 def decode_output(output: dict[str, Any] | str | None) -> bytes:
@@ -246,7 +273,7 @@ class JobResult:
 
 
 @dataclass
-class ExecResult:
+class ExecResult(_TextStreams):
     """A command run through ``/v1`` (:meth:`SandboxInstance.run`), with both streams.
 
     ``stdout``/``stderr`` are text (invalid UTF-8 replaced); the exact bytes are in
@@ -290,16 +317,6 @@ class ExecResult:
             stderr_total=int(err.get("total_bytes", 0)) if isinstance(err, dict) else 0,
             raw=data,
         )
-
-    @property
-    def stdout(self) -> str:
-        """Standard output as text."""
-        return self.stdout_bytes.decode("utf-8", "replace")
-
-    @property
-    def stderr(self) -> str:
-        """Standard error as text."""
-        return self.stderr_bytes.decode("utf-8", "replace")
 
     @property
     def ok(self) -> bool:
@@ -418,7 +435,7 @@ class ProcessOutput:
 
 
 @dataclass
-class SessionInfo:
+class SessionInfo(_AgentJson):
     """A persistent shell session."""
 
     id: str
@@ -428,14 +445,9 @@ class SessionInfo:
     commands: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SessionInfo:
-        """Builds it from the agent's ``SessionInfo``."""
-        return _pick(cls, data)
-
 
 @dataclass
-class SessionResult:
+class SessionResult(_TextStreams):
     """A command run in a session: its ``$?``, both streams, and whether the shell lives."""
 
     exit_code: int | None
@@ -459,19 +471,9 @@ class SessionResult:
             raw=data,
         )
 
-    @property
-    def stdout(self) -> str:
-        """Standard output as text."""
-        return self.stdout_bytes.decode("utf-8", "replace")
-
-    @property
-    def stderr(self) -> str:
-        """Standard error as text."""
-        return self.stderr_bytes.decode("utf-8", "replace")
-
 
 @dataclass
-class PtyInfo:
+class PtyInfo(_AgentJson):
     """A terminal of the ``/v1`` PTY API."""
 
     id: str
@@ -485,14 +487,9 @@ class PtyInfo:
     signal: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> PtyInfo:
-        """Builds it from the agent's ``PtyInfo``."""
-        return _pick(cls, data)
-
 
 @dataclass
-class FileStat:
+class FileStat(_AgentJson):
     """Metadata of a path in a sandbox (``kind``: file, directory, symlink or other)."""
 
     path: str
@@ -503,11 +500,6 @@ class FileStat:
     modified_ms: int
     link_target: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FileStat:
-        """Builds it from the agent's ``FileStat``."""
-        return _pick(cls, data)
 
     @property
     def is_dir(self) -> bool:
@@ -540,17 +532,12 @@ class PatchResult(TypedDict):
 
 
 @dataclass
-class ExtractResult:
+class ExtractResult(_AgentJson):
     """Answer of a tar upload: the target directory, entries and bytes extracted."""
 
     path: str
     entries: int
     bytes: int
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ExtractResult:
-        """Builds it from the agent's ``ExtractResult``."""
-        return _pick(cls, data)
 
 
 @dataclass
@@ -581,7 +568,7 @@ class GitStatus:
 
 
 @dataclass
-class GitDiff:
+class GitDiff(_AgentJson):
     """The work tree against a base, as a patch ``git apply`` accepts."""
 
     patch: str
@@ -589,11 +576,6 @@ class GitDiff:
     insertions: int = 0
     deletions: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GitDiff:
-        """Builds it from the agent's ``GitDiff``."""
-        return _pick(cls, data)
 
 
 @dataclass
@@ -624,31 +606,21 @@ class GitApplyResult:
 
 
 @dataclass
-class GitCommitResult:
+class GitCommitResult(_AgentJson):
     """The new commit (now HEAD) and how many files it changed."""
 
     commit: str
     files_changed: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GitCommitResult:
-        """Builds it from the agent's ``GitCommitResult``."""
-        return _pick(cls, data)
-
 
 @dataclass
-class GitResetResult:
+class GitResetResult(_AgentJson):
     """HEAD after a hard reset, and the untracked paths removed."""
 
     removed: list[str]
     head: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GitResetResult:
-        """Builds it from the agent's ``GitResetResult``."""
-        return _pick(cls, data)
 
 
 @dataclass

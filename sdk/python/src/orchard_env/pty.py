@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import contextlib
 import json
 import select
 import socket
@@ -162,6 +163,18 @@ class PtyProtocol:
 def _handshake_error(err: InvalidStatus) -> OrchardError:
     response = err.response
     return error_from_body(response.status_code, bytes(response.body or b""))
+
+
+@contextlib.contextmanager
+def _connecting() -> Iterator[None]:
+    """Turns a WebSocket connection that could not be opened into the SDK's error: the
+    server's refusal (a handshake status), or no connection at all."""
+    try:
+        yield
+    except InvalidStatus as err:
+        raise _handshake_error(err) from err
+    except (OSError, builtins.TimeoutError) as err:
+        raise OrchardConnectionError(f"terminal connection failed: {err}") from err
 
 
 def _closed_error(err: ConnectionClosed) -> OrchardError:
@@ -412,12 +425,8 @@ class ContainerProcess(_Buffered):
         timeout: float = _OPEN_TIMEOUT,
     ) -> ContainerProcess:
         """Connects; with ``init`` speaks the compatible protocol, else attaches (``/v1``)."""
-        try:
+        with _connecting():
             ws = SyncWebSocket(target, timeout)
-        except InvalidStatus as err:
-            raise _handshake_error(err) from err
-        except (OSError, builtins.TimeoutError) as err:
-            raise OrchardConnectionError(f"terminal connection failed: {err}") from err
         proc = cls(ws, PtyProtocol(compat=init is not None), detach_on_exit=init is None)
         try:
             if init is not None:
@@ -559,19 +568,18 @@ class ContainerProcess(_Buffered):
 
     def detach(self) -> None:
         """Leaves a ``/v1`` terminal running and disconnects (``Terminal.attach`` again)."""
-        if not self._eof:
-            try:
-                self._ws.send(PtyProtocol.detach())
-            except ConnectionClosed:
-                pass
-        self._eof = True
-        self._ws.close()
+        self._hang_up(PtyProtocol.detach())
 
     def close(self) -> None:
         """Ends the program (SIGHUP, then SIGKILL) and disconnects."""
+        self._hang_up(PtyProtocol.close())
+
+    def _hang_up(self, frame: str) -> None:
+        """Sends ``frame`` (detach or close) unless the program already ended, then
+        disconnects."""
         if not self._eof:
             try:
-                self._ws.send(PtyProtocol.close())
+                self._ws.send(frame)
             except ConnectionClosed:
                 pass
         self._eof = True
@@ -659,15 +667,11 @@ class AsyncContainerProcess(_Buffered):
             "proxy": None,
             "compression": None,
         }
-        try:
+        with _connecting():
             if target.uds:
                 ws = await async_unix_connect(target.uds, target.url, **kwargs)
             else:
                 ws = await async_connect(target.url, **kwargs)
-        except InvalidStatus as err:
-            raise _handshake_error(err) from err
-        except (OSError, builtins.TimeoutError) as err:
-            raise OrchardConnectionError(f"terminal connection failed: {err}") from err
         proc = cls(ws, PtyProtocol(compat=init is not None), detach_on_exit=init is None)
         try:
             if init is not None:
@@ -807,20 +811,18 @@ class AsyncContainerProcess(_Buffered):
 
     async def detach(self) -> None:
         """Leaves a ``/v1`` terminal running and disconnects."""
-        if not self._eof:
-            try:
-                await self._ws.send(PtyProtocol.detach())
-            except ConnectionClosed:
-                pass
-        self._eof = True
-        await self._ws.close()
-        await self._stop_reader()
+        await self._hang_up(PtyProtocol.detach())
 
     async def close(self) -> None:
         """Ends the program and disconnects."""
+        await self._hang_up(PtyProtocol.close())
+
+    async def _hang_up(self, frame: str) -> None:
+        """Sends ``frame`` (detach or close) unless the program already ended, then
+        disconnects and stops the reader task."""
         if not self._eof:
             try:
-                await self._ws.send(PtyProtocol.close())
+                await self._ws.send(frame)
             except ConnectionClosed:
                 pass
         self._eof = True

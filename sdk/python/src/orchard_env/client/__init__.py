@@ -8,15 +8,21 @@ and the submodules :mod:`orchard_env.client.sandbox_client` and
 modules, is generated from them by ``scripts/unasync.py``).
 """
 
-from .._sync import ExecStream, Process, SandboxClient, SandboxInstance, Session, Terminal
-from ..aio import AsyncSandboxClient, AsyncSandboxInstance
-from ..models import JobResult
-from ..pty import AsyncContainerProcess, ContainerProcess
-
-#: Orchard's alias of :class:`SandboxClient`.
-Sandbox = SandboxClient
-#: Orchard's alias of :class:`AsyncSandboxClient`.
-AsyncSandbox = AsyncSandboxClient
+from .. import (
+    AsyncContainerProcess,
+    AsyncSandbox,
+    AsyncSandboxClient,
+    AsyncSandboxInstance,
+    ContainerProcess,
+    ExecStream,
+    JobResult,
+    Process,
+    Sandbox,
+    SandboxClient,
+    SandboxInstance,
+    Session,
+    Terminal,
+)
 
 __all__ = [
     "SandboxClient",

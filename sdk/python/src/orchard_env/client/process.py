@@ -1,5 +1,5 @@
 """``orchard_env.client.process``: Orchard's module path of the terminal processes."""
 
-from ..pty import AsyncContainerProcess, ContainerProcess
+from .. import AsyncContainerProcess, ContainerProcess
 
 __all__ = ["ContainerProcess", "AsyncContainerProcess"]
