@@ -345,6 +345,9 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     crate::server::listen::serve(listener, router, config.connections.clone(), shutdown).await;
     if config.keep_sandboxes_on_exit {
         tracing::info!("stopping; sandboxes are kept for the next start");
+        if let Err(e) = service.backend().release().await {
+            tracing::warn!(error = %e, "releasing the backend");
+        }
     } else {
         tracing::info!("stopping; deleting every sandbox");
         service.shutdown().await;

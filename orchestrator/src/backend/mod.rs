@@ -416,6 +416,11 @@ pub trait Backend: Send + Sync + 'static {
     fn recover(&self) -> BackendFuture<'_, Vec<String>>;
     /// Deletes every sandbox (shutdown).
     fn shutdown(&self) -> BackendFuture<'_, ()>;
+    /// Stops without deleting the sandboxes (kept for the next start): lets creates in
+    /// flight end and releases what is this process's alone. Nothing by default.
+    fn release(&self) -> BackendFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
     /// The most one sandbox can be given, when the backend knows; creates asking for
     /// more are lowered to it or refused up front, as [`Backend::clamps_to_capacity`]
     /// says.

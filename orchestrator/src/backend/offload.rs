@@ -135,6 +135,10 @@ impl Backend for Offload {
         self.run(|b| async move { b.shutdown().await })
     }
 
+    fn release(&self) -> BackendFuture<'_, ()> {
+        self.run(|b| async move { b.release().await })
+    }
+
     fn capacity(&self) -> Option<Capacity> {
         self.inner.capacity()
     }

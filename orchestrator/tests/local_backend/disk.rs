@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use orchard::backend::local::disk::DiskLimit;
 
+use crate::util::mounts_under;
 use crate::util::sandbox::*;
 use crate::util::server::{busybox_server, exec_waited, sandbox, send, KEY};
 
@@ -59,17 +60,6 @@ async fn a_small_disk_bound_is_enospc_for_bytes_and_inodes_and_leaves_no_loop_de
         Vec::<String>::new(),
         "loop devices left"
     );
-}
-
-/// Mount points at or under `dir`, from /proc/mounts.
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let dir = dir.to_string_lossy().into_owned();
-    fs::read_to_string("/proc/mounts")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(1).map(str::to_string))
-        .filter(|m| m.starts_with(&dir))
-        .collect()
 }
 
 /// Lines of `losetup -a` naming a file under `dir` (empty where losetup is missing).

@@ -474,3 +474,75 @@ fn a_server_without_keys_generates_one_prints_it_and_keeps_it_across_restarts() 
         "--no-auth accepts requests without a key"
     );
 }
+
+/// Regression: a server stopped (SIGTERM) while creates were in flight exited with
+/// their sandboxes still running, mounts and all (a runc container and two mounts were
+/// left by the burst-of-creates fairness test). Its shutdown now refuses new creates,
+/// waits for those in flight and deletes what they made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_server_stopped_during_creates_leaves_no_sandbox_behind() {
+    orchard_test_support::require_runc!();
+    let data = temp_dir("orchard-stop-creating-");
+    let mut srv = ServerProcess::start(data.path(), &["--max-concurrent-creates", "2"]);
+    import_busybox(&srv.url).await;
+    let http = reqwest::Client::new();
+    for _ in 0..6 {
+        let (s, v) = send(
+            http.post(format!("{}/sandboxes", srv.url))
+                .header("X-API-Key", KEY)
+                .json(&json!({"image": "busybox:latest"})),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    // Stopped once a create is in the backend: its sandbox's directory exists.
+    let sandboxes = data.path().join("backend/sandboxes");
+    let in_backend = || {
+        std::fs::read_dir(&sandboxes)
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while in_backend() == 0 {
+        assert!(Instant::now() < deadline, "no create reached the backend");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let status = srv.stop();
+    assert!(status.success(), "orchard serve exited with {status}");
+    assert_eq!(in_backend(), 0, "sandboxes left in {}", sandboxes.display());
+    assert_eq!(
+        crate::util::mounts_under(data.path()),
+        Vec::<String>::new(),
+        "mounts left"
+    );
+    let runc = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(data.path().join("backend/runc"))
+        .args(["list", "-q"])
+        .output()
+        .expect("runc list");
+    assert_eq!(String::from_utf8_lossy(&runc.stdout), "", "containers left");
+}
+
+/// Regression: a server that keeps its sandboxes on exit (the default with Redis) left
+/// its disk pool mounted: two mounts per run of the SDK's replica test, kept until the
+/// machine rebooted. Its sandboxes stay; the pool goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_server_keeping_its_sandboxes_leaves_no_disk_pool_mounted() {
+    orchard_test_support::require_runc!();
+    let data = temp_dir("orchard-keep-pool-");
+    let mut srv = ServerProcess::start(data.path(), &["--keep-sandboxes-on-exit", "true"]);
+    let pools = data.path().join("backend/diskpool");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while crate::util::mounts_under(&pools).is_empty() {
+        assert!(Instant::now() < deadline, "the disk pool mounted nothing");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = srv.stop();
+    assert!(status.success(), "orchard serve exited with {status}");
+    assert_eq!(
+        crate::util::mounts_under(data.path()),
+        Vec::<String>::new(),
+        "mounts left"
+    );
+}

@@ -120,6 +120,9 @@ pub enum LocalError {
     /// The task running the operation panicked or was cancelled.
     #[error("internal error: {0}")]
     Task(String),
+    /// The backend is shutting down: it starts no more sandboxes.
+    #[error("the backend is shutting down")]
+    ShuttingDown,
 }
 
 pub(crate) fn io_err<'a>(
@@ -207,6 +210,10 @@ mod tests {
         assert!(matches!(
             kind(LocalError::SandboxBusy("sb-1".into())),
             (BackendError::Failed { .. }, true)
+        ));
+        assert!(matches!(
+            kind(LocalError::ShuttingDown),
+            (BackendError::Unavailable { .. }, true)
         ));
     }
 }

@@ -64,6 +64,11 @@ pub(super) struct Inner {
     pub(super) nofile: u64,
     pub(super) swap_accounting: bool,
     pub(super) table: Mutex<HashMap<String, Entry>>,
+    /// Set by a shutdown: creates are refused from then on.
+    pub(super) closing: std::sync::atomic::AtomicBool,
+    /// Woken whenever a create ends (made or undone), for a shutdown waiting for the
+    /// creates in flight.
+    pub(super) create_ended: tokio::sync::Notify,
     /// Disk images made ahead, when sandboxes have a disk limit and the pool a size.
     pub(super) disk_pool: Option<DiskPool>,
     /// Snapshot files as parsed, by id, with the file's identity when parsed: a listing
@@ -96,6 +101,29 @@ impl FileKey {
 }
 
 impl Inner {
+    /// Refuses creates from now on and waits, up to `limit`, until no create is in
+    /// flight. Returns whether none is.
+    pub(super) async fn close(&self, limit: std::time::Duration) -> bool {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // Registered before the table is read, so an end in between still wakes it.
+            let ended = self.create_ended.notified();
+            if !self
+                .lock_table()
+                .values()
+                .any(|e| matches!(e, Entry::Creating))
+            {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                tracing::warn!("creates still in flight at shutdown; deleting what is there");
+                return false;
+            }
+        }
+    }
+
     pub(super) fn lock_table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -73,11 +73,17 @@ impl Inner {
         }
         {
             let mut table = self.lock_table();
+            // Checked under the table's lock, which the shutdown takes to look for
+            // creates in flight: a create either shows there or is refused.
+            if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(LocalError::ShuttingDown);
+            }
             if table.contains_key(&id) || paths.dir.exists() {
                 return Err(LocalError::AlreadyExists(id));
             }
             table.insert(id.clone(), Entry::Creating);
         }
+        let _ended = CreateEnded(self);
         // Held until the create is done or undone (dropped on return): no other process
         // of a shared root recovers, deletes or creates this id meanwhile. Taken after
         // the table's reservation; the directory is checked again under it, since
@@ -913,6 +919,16 @@ enum Adoption {
     Remove,
     /// A check failed (the reason): adopted, since a failed read is no evidence.
     Doubt(&'static str),
+}
+
+/// Wakes a shutdown waiting for the creates in flight when a create ends, however it
+/// ends (made, undone, or its future dropped).
+struct CreateEnded<'a>(&'a Inner);
+
+impl Drop for CreateEnded<'_> {
+    fn drop(&mut self) {
+        self.0.create_ended.notify_waiters();
+    }
 }
 
 /// Saves the sandbox's state file, once there is a state.

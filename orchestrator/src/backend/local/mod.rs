@@ -203,11 +203,25 @@ impl LocalBackend {
                 nofile,
                 swap_accounting,
                 table: Mutex::new(HashMap::new()),
+                closing: std::sync::atomic::AtomicBool::new(false),
+                create_ended: tokio::sync::Notify::new(),
                 disk_pool,
                 snapshot_cache: Mutex::new(HashMap::new()),
                 _lock: lock,
             }),
         })
+    }
+
+    /// Stops the disk pool, if any: unmounts and removes the images made ahead.
+    async fn stop_pool(&self) -> Result<(), LocalError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Some(pool) = &inner.disk_pool {
+                pool.stop();
+            }
+        })
+        .await
+        .map_err(|e| LocalError::Task(e.to_string()))
     }
 
     /// The backend's root directory.
@@ -344,6 +358,10 @@ impl LocalBackend {
     }
 }
 
+/// How long a shutdown waits for the creates in flight to end before it deletes what
+/// is there; a create's own limit is longer, but a stopping server cannot wait for it.
+const SHUTDOWN_CREATE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl From<LocalError> for crate::backend::BackendError {
     fn from(e: LocalError) -> Self {
         use crate::backend::BackendError as B;
@@ -355,6 +373,7 @@ impl From<LocalError> for crate::backend::BackendError {
             e @ (LocalError::InvalidId(_) | LocalError::Invalid(_)) => {
                 B::invalid_by(e.to_string(), e)
             }
+            e @ LocalError::ShuttingDown => B::unavailable_by(e.to_string(), e),
             e => B::failed_by(e.to_string(), e),
         }
     }
@@ -486,6 +505,11 @@ impl crate::backend::Backend for LocalBackend {
 
     fn shutdown(&self) -> crate::backend::BackendFuture<'_, ()> {
         Box::pin(async move {
+            // Creates in flight finish first (bounded), so that what they make is
+            // deleted below: they went on while the process exited, and left running
+            // sandboxes and mounts behind (found by a test that stops its server during
+            // a burst of creates).
+            self.inner.close(SHUTDOWN_CREATE_WAIT).await;
             // On a shared root every listed sandbox is also the other replicas': one
             // replica's exit must not delete them (their records live on in Redis).
             let mut deleted = Ok(());
@@ -497,17 +521,20 @@ impl crate::backend::Backend for LocalBackend {
                     }
                 }
             }
-            // Whatever the deletes did: the pool is this process's alone, and its mounts
-            // and loop devices would outlive it.
-            let inner = self.inner.clone();
-            tokio::task::spawn_blocking(move || {
-                if let Some(pool) = &inner.disk_pool {
-                    pool.stop();
-                }
-            })
-            .await
-            .map_err(|e| LocalError::Task(e.to_string()))?;
+            // Whatever the deletes did: the pool is this process's alone.
+            self.stop_pool().await?;
             Ok(deleted?)
+        })
+    }
+
+    /// The sandboxes stay (with Redis, the other replicas' too); the creates in flight
+    /// end first, so that theirs are whole, and the disk pool goes: its mounts and loop
+    /// devices outlived every kept server before (two per run of the SDK's replica
+    /// test, which keeps its sandboxes).
+    fn release(&self) -> crate::backend::BackendFuture<'_, ()> {
+        Box::pin(async move {
+            self.inner.close(SHUTDOWN_CREATE_WAIT).await;
+            Ok(self.stop_pool().await?)
         })
     }
 }
