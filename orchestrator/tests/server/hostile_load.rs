@@ -605,29 +605,30 @@ async fn regression_a_restart_after_kill9_reads_no_job_output() {
     assert_eq!(s, 200);
 }
 
-/// runc and a sandbox's start run at nice 10 (a tenant's burst of creates yields the
-/// cores to other tenants' calls); once ready, every thread of the sandbox, and so
-/// everything its agent starts, runs at nice 0 again.
+/// runc and a sandbox's start run as background work (idle policy, nice values, an
+/// idle cgroup: a tenant's burst of creates yields the cores to other tenants' calls);
+/// once ready, every thread of the sandbox, and so everything its agent starts, runs
+/// under the normal policy at nice 0 again, in a cgroup of the default weight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_started_in_the_background_runs_at_normal_priority_once_ready() {
     orchard_test_support::require_runc!();
     let (_data, srv) = busybox_server("orchard-nice-", &[]).await;
     let http = reqwest::Client::new();
     sandbox(&http, &srv.url, KEY, "nice-1").await;
-    // Field 19 of every thread's stat is its nice value (the command's name, field 2,
-    // has no spaces here).
+    // Fields 19 and 41 of every thread's stat are its nice value and its policy (0 is
+    // SCHED_OTHER, 5 SCHED_IDLE; the command's name, field 2, has no spaces here).
     let (s, job) = send(
         http.post(format!("{}/sandboxes/nice-1/exec", srv.url))
             .header("X-API-Key", KEY)
             .json(&json!({
-                "command": "cat /proc/[0-9]*/task/*/stat | awk '{print $19}' | sort -u",
+                "command": "cat /proc/[0-9]*/task/*/stat | awk '{print $19, $41}' | sort -u",
                 "wait": true
             })),
     )
     .await;
     assert_eq!(s, 200, "{job}");
-    assert_eq!(job["stdout"].as_str(), Some("0\n"), "{job}");
-    // It started at a small CPU weight; ready, it has the default one.
+    assert_eq!(job["stdout"].as_str(), Some("0 0\n"), "{job}");
+    // It started idle (a weight of 3); ready, it has the default one.
     assert_eq!(cpu_weight("nice-1"), Some(1024), "cpu.shares of nice-1");
 }
 

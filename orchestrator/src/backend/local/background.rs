@@ -9,6 +9,13 @@
 //! tenant B's sandbox (B's exec p99 19 to 29 ms against 2 ms quiet). In autogroups of
 //! their own at nice 19 they weigh 15 each against a sandbox's 1024.
 //!
+//! It also runs under the `SCHED_IDLE` policy (util-linux's `chrt --idle 0`, when the
+//! host has it), which its threads and children inherit: a task of a normal policy
+//! that wakes preempts an idle one at once, where against runc at nice 19 tenant B's
+//! agent still waited for the end of runc's slice (issue 30). runc's children, the
+//! sandbox's init and agent, get the normal policy back when the sandbox is ready
+//! (`cgroup::run_at_normal_priority`).
+//!
 //! The command is started through util-linux's `setsid` (when the host has it), with
 //! nothing run between fork and exec, so the standard library uses `posix_spawn` (see
 //! `runc.rs`). Where the server is not in the root CPU cgroup (a systemd service with
@@ -21,6 +28,8 @@ use std::time::Duration;
 
 /// Where `setsid` is looked for.
 const SETSID: [&str; 2] = ["/usr/bin/setsid", "/bin/setsid"];
+/// Where `chrt` is looked for.
+const CHRT: [&str; 2] = ["/usr/bin/chrt", "/bin/chrt"];
 /// The nice value of a background command's autogroup.
 const GROUP_NICE: &str = "19";
 /// How long a started command is given to lead its session before its autogroup is
@@ -35,34 +44,43 @@ pub fn setsid() -> Option<&'static Path> {
         .as_deref()
 }
 
-/// `program` to be started as background work: through `setsid` when the host has it.
-pub fn command(program: &Path) -> tokio::process::Command {
-    match setsid() {
-        Some(setsid) => {
-            let mut cmd = tokio::process::Command::new(setsid);
-            cmd.arg(program);
-            cmd
-        }
-        None => tokio::process::Command::new(program),
+/// The host's `chrt`, found once.
+fn chrt() -> Option<&'static Path> {
+    static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| CHRT.iter().map(PathBuf::from).find(|p| p.exists()))
+        .as_deref()
+}
+
+/// What runs `program` as background work: `setsid` and `chrt --idle 0` where the
+/// host has them, then the program; the first is what is spawned.
+fn wrapped(program: &Path) -> Vec<&Path> {
+    let mut argv: Vec<&Path> = setsid().into_iter().collect();
+    if let Some(chrt) = chrt() {
+        argv.extend([chrt, Path::new("--idle"), Path::new("0")]);
     }
+    argv.push(program);
+    argv
+}
+
+/// `program` to be started as background work: through `setsid` and `chrt` when the
+/// host has them.
+pub fn command(program: &Path) -> tokio::process::Command {
+    std_command(program).into()
 }
 
 /// [`command`] for a thread of its own (no runtime).
 pub fn std_command(program: &Path) -> std::process::Command {
-    match setsid() {
-        Some(setsid) => {
-            let mut cmd = std::process::Command::new(setsid);
-            cmd.arg(program);
-            cmd
-        }
-        None => std::process::Command::new(program),
-    }
+    let argv = wrapped(program);
+    let mut cmd = std::process::Command::new(argv[0]);
+    cmd.args(&argv[1..]);
+    cmd
 }
 
-/// Through `setsid` a missing program would be `setsid`'s failure (exit status 1),
+/// Through `setsid` or `chrt` a missing program would be their failure (exit status 1),
 /// not a spawn error: this answers the spawn error the caller would have had.
 pub fn check_runnable(program: &Path) -> std::io::Result<()> {
-    if setsid().is_some() && !on_path(program) {
+    if wrapped(program).len() > 1 && !on_path(program) {
         return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
     }
     Ok(())
@@ -134,7 +152,7 @@ mod tests {
     use super::*;
 
     /// A background command runs in a session of its own, whose autogroup weighs nice
-    /// 19, and the caller's own autogroup is left as it was.
+    /// 19, under the idle policy, and the caller's own autogroup is left as it was.
     #[tokio::test]
     async fn a_background_command_runs_in_a_session_and_autogroup_of_its_own() {
         if setsid().is_none() {
@@ -151,6 +169,11 @@ mod tests {
             assert!(theirs.trim_end().ends_with("nice 19"), "{theirs}");
             let ours = std::fs::read_to_string("/proc/self/autogroup").unwrap();
             assert_eq!(ours, own, "the caller's autogroup changed");
+        }
+        // SAFETY: sched_getscheduler only reads the policy of process `pid`.
+        let policy = unsafe { libc::sched_getscheduler(pid as libc::pid_t) };
+        if chrt().is_some() {
+            assert_eq!(policy, libc::SCHED_IDLE, "the command is not SCHED_IDLE");
         }
         child.kill().await.unwrap();
         assert_eq!(

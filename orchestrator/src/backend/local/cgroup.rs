@@ -143,25 +143,59 @@ pub fn threads(dir: &Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
-/// The CPU weight (v1 `cpu.shares`) a sandbox starts with, until its agent answers:
-/// the weight of nice 10 (110 against nice 0's 1024). Its start (runc's init, the
-/// agent's) is background work like runc itself (see `runc.rs`): each sandbox is a
-/// cgroup beside the running ones, and at the default weight tenant A's 50 starting
-/// sandboxes outweighed tenant B's running one fifty to one (issue 30). runc turns it
-/// into a v2 `cpu.weight` itself.
+/// The CPU weight (v1 `cpu.shares`) a sandbox starts with, until its agent answers,
+/// where its cgroup cannot be made idle (see [`start_idle`]): the weight of nice 10
+/// (110 against nice 0's 1024). runc turns it into a v2 `cpu.weight` itself.
 pub const STARTING_CPU_SHARES: u64 = 110;
 /// The kernel's default CPU weight of a cgroup, v1 and v2.
 const NORMAL_CPU_SHARES: &str = "1024";
 const NORMAL_CPU_WEIGHT: &str = "100";
 
-/// A ready sandbox runs at normal priority: every thread in the cgroups `dirs` at nice
-/// 0 (runc started it niced, see `runc.rs`) and the cgroup at the default CPU weight
-/// (it started at [`STARTING_CPU_SHARES`]). Best effort: a thread that exited
+/// Makes the sandbox's CPU cgroup (among `dirs`) before runc does, marked idle
+/// (`cpu.idle` 1, kernel 5.15 and later): its start (runc's init, the agent's, their
+/// mounts) is background work like runc itself (see `background.rs`). Each sandbox is
+/// a cgroup beside the running ones; at a low weight (110) tenant A's starting
+/// sandboxes still held the CPU for whole 4 ms ticks while tenant B's agent waited to
+/// run its exec (6 to 16 ms, issue 30). An idle group weighs 3 and, above all, any
+/// waking task of a non-idle group preempts it at once. runc reuses a cgroup it finds
+/// (runc 1.1 does not write `cpu.idle` on v1 itself), and it must then not be given
+/// a weight: the kernel refuses one on an idle group. Returns whether one was made
+/// idle; where none can be, the caller starts the sandbox at [`STARTING_CPU_SHARES`].
+/// The directory is removed with the sandbox's other cgroups.
+pub fn start_idle(dirs: &[PathBuf]) -> bool {
+    let mut idle = false;
+    for dir in dirs {
+        let Some(parent) = dir.parent() else { continue };
+        if !parent.join("cpu.idle").exists() {
+            continue;
+        }
+        let made = fs::create_dir(dir)
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => Ok(()),
+                _ => Err(e),
+            })
+            .and_then(|()| fs::write(dir.join("cpu.idle"), "1"));
+        match made {
+            Ok(()) => idle = true,
+            Err(e) => {
+                tracing::debug!(dir = %dir.display(), error = %e, "a starting sandbox's cgroup could not be made idle")
+            }
+        }
+    }
+    idle
+}
+
+/// A ready sandbox runs at normal priority: every thread in the cgroups `dirs` under
+/// the normal policy at nice 0 (runc started it idle and niced, see `background.rs`)
+/// and the cgroup no longer idle, at the
+/// default CPU weight (see [`start_idle`]). Best effort: a thread that exited
 /// meanwhile is gone anyway, and a hierarchy without the CPU controller has no weight.
 pub fn run_at_normal_priority(dirs: &[PathBuf]) {
     let mut seen = std::collections::HashSet::new();
     for dir in dirs {
+        // Idle first: the kernel refuses a weight while the group is idle.
         for (file, value) in [
+            ("cpu.idle", "0"),
             ("cpu.shares", NORMAL_CPU_SHARES),
             ("cpu.weight", NORMAL_CPU_WEIGHT),
         ] {
@@ -174,8 +208,11 @@ pub fn run_at_normal_priority(dirs: &[PathBuf]) {
         }
         for tid in threads(dir) {
             if seen.insert(tid) {
-                // SAFETY: setpriority only changes the nice value of thread `tid`.
+                let normal = libc::sched_param { sched_priority: 0 };
+                // SAFETY: both only change the scheduling of thread `tid`; `normal`
+                // outlives the call.
                 unsafe {
+                    libc::sched_setscheduler(tid, libc::SCHED_OTHER, &normal);
                     libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 0);
                 }
             }

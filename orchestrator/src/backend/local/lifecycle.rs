@@ -150,7 +150,9 @@ impl Inner {
 
         self.mount_rootfs(spec, paths, state_slot).await?;
         if let Some(s) = state_slot.as_mut() {
-            self.write_config(id, hostname, spec, paths, s)?;
+            let idle = super::cgroup::start_idle(&s.cgroup_dirs);
+            let starting_shares = (!idle).then_some(super::cgroup::STARTING_CPU_SHARES);
+            self.write_config(id, hostname, spec, paths, s, starting_shares)?;
         }
         save(paths, state_slot)?;
 
@@ -298,6 +300,7 @@ impl Inner {
         spec: &SandboxSpec,
         paths: &Paths,
         state: &mut SandboxState,
+        starting_shares: Option<u64>,
     ) -> Result<(), LocalError> {
         let limits = state.limits;
         let config = &spec.image.config;
@@ -355,6 +358,7 @@ impl Inner {
             user_namespaces: self.config.allow_user_namespaces,
             tools: self.config.harness.is_some(),
             runtime_files: &files,
+            starting_shares,
         })?;
         spec::write(&oci, &paths.config)?;
         Ok(())

@@ -106,6 +106,9 @@ pub struct SpecInput<'a> {
     pub tools: bool,
     /// The runtime's files, bind-mounted over the image's paths (see `runtime_files`).
     pub runtime_files: &'a [super::runtime_files::RuntimeFile],
+    /// The CPU weight the sandbox starts with; `None` when its cgroup was made idle
+    /// beforehand (`cgroup::start_idle`), where the kernel refuses any weight.
+    pub starting_shares: Option<u64>,
 }
 
 /// Docker's default capability set.
@@ -269,7 +272,10 @@ fn linux(input: &SpecInput) -> Result<Linux, SpecError> {
     ]);
     // A starting sandbox weighs little; the create restores the default weight once
     // it is ready (`cgroup::run_at_normal_priority`).
-    let mut cpu = LinuxCpuBuilder::default().shares(super::cgroup::STARTING_CPU_SHARES);
+    let mut cpu = LinuxCpuBuilder::default();
+    if let Some(shares) = input.starting_shares {
+        cpu = cpu.shares(shares);
+    }
     if let Some(cpus) = input.limits.cpus {
         cpu = cpu.quota(cpu_quota(cpus)?).period(CPU_PERIOD_US);
     }
@@ -348,6 +354,7 @@ mod tests {
             user_namespaces: false,
             tools: false,
             runtime_files: &[],
+            starting_shares: Some(super::super::cgroup::STARTING_CPU_SHARES),
         }
     }
 
@@ -577,6 +584,14 @@ mod tests {
         let cpu = &v["linux"]["resources"]["cpu"];
         assert!(cpu.get("quota").is_none(), "{cpu}");
         assert_eq!(cpu["shares"], super::super::cgroup::STARTING_CPU_SHARES);
+        // An idle cgroup takes no weight: runc writing one would fail the create.
+        let idle = build(&SpecInput {
+            starting_shares: None,
+            ..input(ResourceLimits::default(), &[])
+        })
+        .unwrap();
+        let idle = serde_json::to_value(&idle).unwrap();
+        assert!(idle["linux"]["resources"]["cpu"].get("shares").is_none());
     }
 
     #[test]
