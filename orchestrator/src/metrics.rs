@@ -1,5 +1,6 @@
-//! Prometheus metrics, kept and encoded by `prometheus-client`. Sandboxes by state are
-//! a gauge set at scrape time from what the caller of [`Metrics::render`] counted.
+//! Prometheus metrics, kept and encoded by `prometheus-client`. Sandboxes by state, and
+//! a cluster's nodes' CPU and memory, are gauges set at scrape time from what the caller
+//! of [`Metrics::render`] read (the service's counts, the backend's node watch).
 //!
 //! The exposition is the Prometheus text format (`text/plain; version=0.0.4`, as the
 //! API has always served and its OpenAPI document says): `prometheus-client` writes
@@ -17,6 +18,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use crate::backend::NodeCapacity;
 
 /// Upper bounds (seconds) of the latency buckets: 100 µs to 2 min.
 const BUCKETS: [f64; 16] = [
@@ -46,8 +49,71 @@ struct State {
     state: &'static str,
 }
 
+/// `node` of the node gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeName {
+    node: String,
+}
+
 /// A gauge of whole numbers.
 pub type IntGauge = Gauge<u64, AtomicU64>;
+
+/// A gauge of fractions (CPU cores).
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// A cluster's nodes: capacity, allocatable and requested CPU (cores) and memory
+/// (bytes), one series per node and figure. Six series a node: a cluster of 5,000 nodes
+/// makes 30,000, which is why they are per node only (no per-pod series) and why no
+/// totals are kept (`sum()` of a family is one).
+#[derive(Default)]
+struct NodeGauges {
+    cpu: [Family<NodeName, FloatGauge>; 3],
+    memory: [Family<NodeName, IntGauge>; 3],
+}
+
+impl NodeGauges {
+    /// The three figures, in the order of the families.
+    const FIGURES: [&'static str; 3] = ["capacity", "allocatable", "requested"];
+
+    fn register(&self, r: &mut Registry) {
+        let help = [
+            "the node's whole size",
+            "what pods may have of the node",
+            "what this server's sandbox pods on the node request",
+        ];
+        for (i, figure) in Self::FIGURES.iter().enumerate() {
+            r.register(
+                format!("orchard_node_cpu_{figure}_cores"),
+                format!("CPU cores of a node: {}", help[i]),
+                self.cpu[i].clone(),
+            );
+            r.register(
+                format!("orchard_node_memory_{figure}_bytes"),
+                format!("Memory bytes of a node: {}", help[i]),
+                self.memory[i].clone(),
+            );
+        }
+    }
+
+    /// Sets every node's series; nodes gone since the last scrape are dropped.
+    fn set(&self, nodes: &[NodeCapacity]) {
+        for f in &self.cpu {
+            f.clear();
+        }
+        for f in &self.memory {
+            f.clear();
+        }
+        for n in nodes {
+            let label = NodeName {
+                node: n.name.clone(),
+            };
+            for (i, a) in [n.capacity, n.allocatable, n.requested].iter().enumerate() {
+                self.cpu[i].get_or_create(&label).set(a.cores());
+                self.memory[i].get_or_create(&label).set(a.memory_bytes);
+            }
+        }
+    }
+}
 
 /// The orchestrator's metrics.
 pub struct Metrics {
@@ -60,6 +126,7 @@ pub struct Metrics {
     requests: Family<Code, Counter>,
     errors: Family<Code, Counter>,
     sandboxes: Family<State, IntGauge>,
+    nodes: NodeGauges,
     /// The image store's GC: see [`ImageGcMetrics`].
     pub image_gc: ImageGcMetrics,
     /// Every family, in the order of the exposition. The lock also keeps two scrapes
@@ -90,6 +157,7 @@ impl Default for Metrics {
             requests: Family::default(),
             errors: Family::default(),
             sandboxes: Family::default(),
+            nodes: NodeGauges::default(),
             image_gc: ImageGcMetrics::default(),
             registry: Mutex::default(),
         };
@@ -142,6 +210,7 @@ impl Default for Metrics {
             "Unpacked layers the image GC removed",
             gc.layers_total.clone(),
         );
+        m.nodes.register(r);
         m
     }
 }
@@ -161,14 +230,20 @@ impl Metrics {
         self.errors.get_or_create(&code).inc();
     }
 
-    /// The text exposition, with `sandboxes` as the by-state gauge.
-    pub fn render(&self, sandboxes: &BTreeMap<&'static str, u64>) -> String {
+    /// The text exposition, with `sandboxes` as the by-state gauge and `nodes` (a
+    /// cluster backend's; none on one host) as the node gauges.
+    pub fn render(
+        &self,
+        sandboxes: &BTreeMap<&'static str, u64>,
+        nodes: &[NodeCapacity],
+    ) -> String {
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // States no sandbox is in any more are left out, as they were before.
         self.sandboxes.clear();
         for (state, n) in sandboxes {
             self.sandboxes.get_or_create(&State { state }).set(*n);
         }
+        self.nodes.set(nodes);
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
@@ -220,7 +295,7 @@ mod tests {
         m.create_seconds.observe(0.003);
         m.create_seconds.observe(500.0);
         m.error("not_found");
-        let text = m.render(&BTreeMap::from([("running", 2)]));
+        let text = m.render(&BTreeMap::from([("running", 2)]), &[]);
         assert!(
             text.contains("orchard_sandbox_create_seconds_bucket{le=\"0.00025\"} 1"),
             "{text}"
@@ -241,7 +316,7 @@ mod tests {
         m.image_gc.bytes_total.inc_by(7);
         m.image_gc.store_bytes.set(9);
         m.exec_v1_seconds.observe(0.001);
-        let text = m.render(&BTreeMap::from([("pending", 1)]));
+        let text = m.render(&BTreeMap::from([("pending", 1)]), &[]);
         for line in [
             "# TYPE orchard_sandboxes gauge",
             "# TYPE orchard_sandbox_create_seconds histogram",
@@ -264,7 +339,50 @@ mod tests {
         }
         assert!(!text.contains("# EOF"), "{text}");
         // A state with no sandbox left is not reported.
-        let text = m.render(&BTreeMap::new());
+        let text = m.render(&BTreeMap::new(), &[]);
         assert!(!text.contains("state=\"pending\""), "{text}");
+    }
+
+    /// A cluster's nodes are one series per node and figure, set at each scrape: a node
+    /// gone since the last one is no longer reported.
+    #[test]
+    fn node_gauges_follow_the_nodes_of_each_scrape() {
+        use crate::backend::Amount;
+        let m = Metrics::default();
+        let node = |name: &str, millicpus| NodeCapacity {
+            name: name.into(),
+            capacity: Amount {
+                millicpus: 8000,
+                memory_bytes: 16 << 30,
+            },
+            allocatable: Amount {
+                millicpus: 7800,
+                memory_bytes: 15 << 30,
+            },
+            requested: Amount {
+                millicpus,
+                memory_bytes: 256 << 20,
+            },
+        };
+        let text = m.render(&BTreeMap::new(), &[node("n1", 250), node("n2", 0)]);
+        for line in [
+            "# TYPE orchard_node_cpu_capacity_cores gauge",
+            "# TYPE orchard_node_memory_requested_bytes gauge",
+            "orchard_node_cpu_capacity_cores{node=\"n1\"} 8.0",
+            "orchard_node_cpu_allocatable_cores{node=\"n1\"} 7.8",
+            "orchard_node_cpu_requested_cores{node=\"n1\"} 0.25",
+            "orchard_node_cpu_requested_cores{node=\"n2\"} 0.0",
+            "orchard_node_memory_capacity_bytes{node=\"n1\"} 17179869184",
+            "orchard_node_memory_allocatable_bytes{node=\"n2\"} 16106127360",
+            "orchard_node_memory_requested_bytes{node=\"n2\"} 268435456",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        let text = m.render(&BTreeMap::new(), &[node("n2", 0)]);
+        assert!(!text.contains("node=\"n1\""), "{text}");
+        assert!(text.contains("node=\"n2\""), "{text}");
+        // One host (no cluster): no node series at all.
+        let text = m.render(&BTreeMap::new(), &[]);
+        assert!(!text.contains("node=\""), "{text}");
     }
 }

@@ -92,6 +92,17 @@ deployed() {
   said=$(SANDBOX_BASE_URL=http://$ip:8000 SANDBOX_API_KEY=test-key-in-cluster \
     timeout 300 python3 -c "$quickstart") || { k -n orchard-system logs deploy/orchard | tail -20; return 1; }
   [ "$said" = "Hello, Orchard!" ] || { echo "the quick start printed: $said"; return 1; }
+  # The deployed RBAC lets it watch the nodes: /resources has their capacity, and no
+  # message saying it lacks them.
+  python3 - "http://$ip:8000/resources" <<'PY' || return 1
+import json, sys, urllib.request
+req = urllib.request.Request(sys.argv[1], headers={"X-API-Key": "test-key-in-cluster"})
+res = json.load(urllib.request.urlopen(req, timeout=30))
+ok = "message" not in res and res["nodes"] and all(
+    n["allocatable"]["cpu"] > 0 and n["allocatable"]["memory_bytes"] > 0 for n in res["nodes"])
+if not ok:
+    sys.exit(f"/resources of the deployed orchestrator: {res}")
+PY
   # Nothing is left in the sandbox namespace once the sandbox is deleted.
   [ -z "$(k -n orchard-sandboxes get pods,secrets -l orchard.dev/sandbox -o name)" ]
 }

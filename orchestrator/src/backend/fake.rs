@@ -47,6 +47,8 @@ pub struct FakeBackend {
     pub creates: tokio::sync::watch::Sender<usize>,
     /// Limits above the capacity are refused, as on a cluster, instead of lowered.
     pub refuses_over_capacity: bool,
+    /// What `nodes` answers (a cluster's nodes; `None`, the default, as on one host).
+    pub nodes: Mutex<Option<super::ClusterNodes>>,
 }
 
 impl FakeBackend {
@@ -63,6 +65,7 @@ impl FakeBackend {
             deletes: tokio::sync::watch::Sender::new(0),
             creates: tokio::sync::watch::Sender::new(0),
             refuses_over_capacity: false,
+            nodes: Mutex::new(None),
         }
     }
 
@@ -238,5 +241,9 @@ impl Backend for FakeBackend {
             cpus: 64.0,
             memory_bytes: 256 << 30,
         })
+    }
+
+    fn nodes(&self) -> Option<super::ClusterNodes> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }

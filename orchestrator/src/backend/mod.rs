@@ -379,6 +379,82 @@ impl Capacity {
     }
 }
 
+/// CPU and memory: a node's size, what it lets pods have, or what pods request of it.
+/// CPU is in millicores, as Kubernetes counts it, so that sums over thousands of pods
+/// are exact (sums of fractional cores are not: `0.1 + 0.2`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Amount {
+    /// Thousandths of a CPU core.
+    pub millicpus: u64,
+    /// Bytes of memory.
+    pub memory_bytes: u64,
+}
+
+impl Amount {
+    /// CPU cores, as the API answers them.
+    pub fn cores(&self) -> f64 {
+        self.millicpus as f64 / 1000.0
+    }
+
+    /// Each figure the larger of the two.
+    pub fn max(self, other: Amount) -> Amount {
+        Amount {
+            millicpus: self.millicpus.max(other.millicpus),
+            memory_bytes: self.memory_bytes.max(other.memory_bytes),
+        }
+    }
+
+    /// What is left of `self` once `used` is taken, each figure at least zero (a node
+    /// may be asked more than it has).
+    pub fn less(self, used: Amount) -> Amount {
+        Amount {
+            millicpus: self.millicpus.saturating_sub(used.millicpus),
+            memory_bytes: self.memory_bytes.saturating_sub(used.memory_bytes),
+        }
+    }
+}
+
+impl std::ops::Add for Amount {
+    type Output = Amount;
+    fn add(self, other: Amount) -> Amount {
+        Amount {
+            millicpus: self.millicpus.saturating_add(other.millicpus),
+            memory_bytes: self.memory_bytes.saturating_add(other.memory_bytes),
+        }
+    }
+}
+
+impl std::ops::AddAssign for Amount {
+    fn add_assign(&mut self, other: Amount) {
+        *self = *self + other;
+    }
+}
+
+/// One node of a cluster, as `GET /resources` and `/metrics` report it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeCapacity {
+    /// The node's name.
+    pub name: String,
+    /// Its whole size (Kubernetes' `status.capacity`).
+    pub capacity: Amount,
+    /// What pods may have of it: the capacity less what the system keeps
+    /// (`status.allocatable`).
+    pub allocatable: Amount,
+    /// What the backend's own pods on it request (not other workloads': the backend
+    /// says which pods it counts).
+    pub requested: Amount,
+}
+
+/// The nodes of a cluster backend.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterNodes {
+    /// Every node, by name.
+    pub nodes: Vec<NodeCapacity>,
+    /// Why these figures are incomplete, when they are (the nodes cannot be read): the
+    /// answer says so rather than passing zeros off as the cluster's size.
+    pub incomplete: Option<String>,
+}
+
 /// A sandbox's writable disk, as far as its backend knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiskRoom {
@@ -433,6 +509,13 @@ pub trait Backend: Send + Sync + 'static {
     /// cluster, where the limit is also a request the scheduler places).
     fn clamps_to_capacity(&self) -> bool {
         true
+    }
+    /// The cluster's nodes with their capacity, allocatable and requested CPU and
+    /// memory (`GET /resources`, `/metrics`), from what the backend keeps in memory (no
+    /// API call per answer). `None`, the default: the backend's one node is this host,
+    /// which the server reports itself.
+    fn nodes(&self) -> Option<ClusterNodes> {
+        None
     }
     /// The room on sandbox `id`'s writable disk, when its disk is bounded: what an
     /// upload into it may spool on the host (issue 30). `None`: unbounded or unknown.

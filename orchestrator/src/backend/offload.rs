@@ -22,8 +22,8 @@ use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinHandle;
 
 use super::{
-    Backend, BackendError, BackendFuture, BackendSandbox, BackendSnapshot, Capacity, CreateSpec,
-    DiskRoom, SnapshotSpec,
+    Backend, BackendError, BackendFuture, BackendSandbox, BackendSnapshot, Capacity, ClusterNodes,
+    CreateSpec, DiskRoom, SnapshotSpec,
 };
 
 /// Threads of the backend's runtime: creates are mostly waits, so two keep many in
@@ -151,6 +151,10 @@ impl Backend for Offload {
         self.inner.disk_room(id)
     }
 
+    fn nodes(&self) -> Option<ClusterNodes> {
+        self.inner.nodes()
+    }
+
     fn pause<'a>(&'a self, id: &'a str) -> BackendFuture<'a, ()> {
         let id = id.to_string();
         self.run(|b| async move { b.pause(&id).await })
@@ -185,6 +189,14 @@ mod tests {
         let fake = Arc::new(FakeBackend::tcp());
         let off = Offload::new(fake.clone()).unwrap();
         assert_eq!(off.name(), fake.name());
+        // The inline calls answer the inner backend's figures.
+        let nodes = crate::backend::ClusterNodes {
+            incomplete: Some("x".into()),
+            ..Default::default()
+        };
+        *fake.nodes.lock().unwrap() = Some(nodes.clone());
+        assert_eq!(off.nodes(), Some(nodes));
+        assert_eq!(off.capacity(), fake.capacity());
         // Runs elsewhere: the thread's name is the backend runtime's.
         let name = off
             .run(|_| async { Ok(std::thread::current().name().map(str::to_string)) })

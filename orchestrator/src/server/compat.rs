@@ -85,10 +85,23 @@ fn amount(cpu: f64, memory: u64) -> serde_json::Value {
     serde_json::json!({"cpu": cpu, "memory_bytes": memory})
 }
 
-/// Orchard's capacity summary. The local backend's one host is the one node; its
-/// capacity is what this host has, and what sandboxes asked for is their limits
-/// (Orchard's requests equal its limits). Totals count every tenant's sandboxes (the
-/// node is shared); `sandbox_pods` lists only the caller's.
+/// `amount` of a backend's [`Amount`](crate::backend::Amount).
+fn amount_of(a: crate::backend::Amount) -> serde_json::Value {
+    amount(a.cores(), a.memory_bytes)
+}
+
+/// Orchard's capacity summary. `sandbox_pods` lists only the caller's sandboxes.
+///
+/// On a cluster backend ([`crate::backend::Backend::nodes`]) every node is reported with
+/// its capacity, allocatable and requested figures (requested: the backend's own pods'
+/// requests), the totals are their sums, and `available` is each node's allocatable
+/// less its requested (at least zero: an overcommitted node gives no room to another),
+/// summed. When the nodes cannot be read, `message` says so and the nodes are those the
+/// pods run on, with their requests only.
+///
+/// Otherwise the local backend's one host is the one node; its capacity is what this
+/// host has, and what sandboxes asked for is their limits (Orchard's requests equal its
+/// limits), every tenant's (the node is shared).
 async fn resources(State(state): State<AppState>, Auth(tenant): Auth) -> Json<serde_json::Value> {
     let (mut cpu, mut mem) = (0.0, 0u64);
     let mut pods = Vec::new();
@@ -116,6 +129,9 @@ async fn resources(State(state): State<AppState>, Auth(tenant): Auth) -> Json<se
             }));
         }
     }
+    if let Some(cluster) = state.service.backend().nodes() {
+        return Json(cluster_resources(&cluster, pods));
+    }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let memory = mem_total();
     let node = amount(cpus, memory);
@@ -128,6 +144,46 @@ async fn resources(State(state): State<AppState>, Auth(tenant): Auth) -> Json<se
         "available": amount((cpus - cpu).max(0.0), memory.saturating_sub(mem)),
         "sandbox_pods": pods,
     }))
+}
+
+/// The capacity summary of a cluster's nodes (see [`resources`]).
+fn cluster_resources(
+    cluster: &crate::backend::ClusterNodes,
+    sandbox_pods: Vec<serde_json::Value>,
+) -> serde_json::Value {
+    use crate::backend::Amount;
+    let (mut capacity, mut allocatable, mut requested, mut available) = (
+        Amount::default(),
+        Amount::default(),
+        Amount::default(),
+        Amount::default(),
+    );
+    let mut nodes = Vec::with_capacity(cluster.nodes.len());
+    for n in &cluster.nodes {
+        capacity += n.capacity;
+        allocatable += n.allocatable;
+        requested += n.requested;
+        available += n.allocatable.less(n.requested);
+        nodes.push(serde_json::json!({
+            "name": n.name,
+            "capacity": amount_of(n.capacity),
+            "allocatable": amount_of(n.allocatable),
+            "requested": amount_of(n.requested),
+        }));
+    }
+    let mut answer = serde_json::json!({
+        "status": "ok",
+        "nodes": nodes,
+        "total_capacity": amount_of(capacity),
+        "total_allocatable": amount_of(allocatable),
+        "total_requested": amount_of(requested),
+        "available": amount_of(available),
+        "sandbox_pods": sandbox_pods,
+    });
+    if let Some(why) = &cluster.incomplete {
+        answer["message"] = why.as_str().into();
+    }
+    answer
 }
 
 /// The compatible status of a record, and its message (always a string): why it
@@ -435,4 +491,65 @@ async fn pty(
             Ok(live) => super::proxy::bridge(socket, &live, "/v1/pty/compat").await,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Amount, ClusterNodes, NodeCapacity};
+
+    fn node(name: &str, alloc: (u64, u64), requested: (u64, u64)) -> NodeCapacity {
+        NodeCapacity {
+            name: name.into(),
+            capacity: Amount {
+                millicpus: 8000,
+                memory_bytes: 16 << 30,
+            },
+            allocatable: Amount {
+                millicpus: alloc.0,
+                memory_bytes: alloc.1,
+            },
+            requested: Amount {
+                millicpus: requested.0,
+                memory_bytes: requested.1,
+            },
+        }
+    }
+
+    /// Totals are the nodes' sums; `available` is each node's room summed, so a node
+    /// asked more than it has gives no room to the others.
+    #[test]
+    fn a_clusters_answer_sums_its_nodes_and_floors_each_nodes_room() {
+        let cluster = ClusterNodes {
+            nodes: vec![
+                node("a", (7800, 15 << 30), (100, 1 << 30)),
+                node("b", (2000, 4 << 30), (3000, 1 << 30)),
+            ],
+            incomplete: None,
+        };
+        let pod = serde_json::json!({"name": "sb-1"});
+        let v = cluster_resources(&cluster, vec![pod.clone()]);
+        assert_eq!(v["status"], "ok");
+        assert_eq!(v["nodes"][0]["name"], "a");
+        assert_eq!(v["nodes"][0]["allocatable"]["cpu"], 7.8);
+        assert_eq!(v["nodes"][1]["requested"]["cpu"], 3.0);
+        assert_eq!(v["total_capacity"], amount(16.0, 32 << 30));
+        assert_eq!(v["total_allocatable"], amount(9.8, 19 << 30));
+        assert_eq!(v["total_requested"], amount(3.1, 2 << 30));
+        assert_eq!(v["available"], amount(7.7, (14 << 30) + (3 << 30)));
+        assert_eq!(v["sandbox_pods"], serde_json::json!([pod]));
+        assert!(v.get("message").is_none(), "{v}");
+    }
+
+    #[test]
+    fn an_incomplete_answer_says_why() {
+        let cluster = ClusterNodes {
+            nodes: vec![node("a", (0, 0), (500, 1 << 30))],
+            incomplete: Some("node capacity unknown: forbidden".into()),
+        };
+        let v = cluster_resources(&cluster, vec![]);
+        assert_eq!(v["message"], "node capacity unknown: forbidden");
+        assert_eq!(v["available"], amount(0.0, 0));
+        assert_eq!(v["total_requested"], amount(0.5, 1 << 30));
+    }
 }

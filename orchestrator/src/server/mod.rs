@@ -50,10 +50,11 @@ async fn bad_method(req: Request) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
+    let nodes = state.service.backend().nodes().unwrap_or_default().nodes;
     let body = state
         .service
         .metrics()
-        .render(&state.service.counts().await);
+        .render(&state.service.counts().await, &nodes);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 

@@ -1,6 +1,7 @@
 //! `orchard serve --backend kubernetes` (the real binary, on this host) driven through
 //! the compatible API and `/v1`: create, wait, exec, direct pod-IP access, a restart
-//! that adopts the pods, a pod deleted behind the server's back, capacity refusals.
+//! that adopts the pods, a pod deleted behind the server's back, capacity refusals, and
+//! the nodes' figures of `/resources` and `/metrics`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -330,4 +331,105 @@ async fn the_readmes_command_needs_no_other_kubernetes_flag() {
     );
     delete(&srv.url, &id).await;
     assert!(srv.stop().success());
+}
+
+/// `GET /resources` on Kubernetes: the cluster's nodes with the capacity and allocatable
+/// kubectl shows (from the server's node watch), and requested as this server's pods
+/// request: nothing in a fresh namespace, a sandbox's request once it runs (its
+/// container's 100m and 64Mi, larger than the injector's 50m and 32Mi), nothing again
+/// once deleted. `/metrics` gives the same figures per node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_report_every_node_and_what_this_servers_pods_request() {
+    let kc = require_cluster!();
+    let ns = TestNamespace::new(&kc, "resources");
+    let data = tempfile::tempdir().unwrap();
+    let srv = serve(&kc, &ns, data.path());
+    let resources = || call(reqwest::Method::GET, format!("{}/resources", srv.url), None);
+    let none = json!({"cpu": 0.0, "memory_bytes": 0});
+
+    let (s, before) = resources().await;
+    assert_eq!(s, 200, "{before}");
+    assert!(
+        before.get("message").is_none(),
+        "the nodes are known: {before}"
+    );
+    let kube: Value = serde_json::from_str(&ns.kubectl(&["get", "nodes", "-o", "json"])).unwrap();
+    let listed = kube["items"].as_array().unwrap();
+    let nodes = before["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), listed.len(), "{before}");
+    for k in listed {
+        let name = k["metadata"]["name"].as_str().unwrap();
+        let n = nodes.iter().find(|n| n["name"] == name).expect(name);
+        for figure in ["capacity", "allocatable"] {
+            let q = &k["status"][figure];
+            let cpu = orchard::units::cpu_millis(q["cpu"].as_str().unwrap()).unwrap();
+            let mem = orchard::units::bytes(q["memory"].as_str().unwrap()).unwrap();
+            assert!(cpu > 0 && mem > 0, "{k}");
+            assert_eq!(
+                n[figure],
+                json!({"cpu": cpu as f64 / 1000.0, "memory_bytes": mem}),
+                "{n}"
+            );
+        }
+        assert_eq!(
+            n["requested"], none,
+            "a fresh namespace requests nothing: {n}"
+        );
+    }
+    assert_eq!(before["total_requested"], none);
+    assert_eq!(before["available"], before["total_allocatable"]);
+
+    let id = create_small(&srv.url).await;
+    let (_, during) = resources().await;
+    let request = json!({"cpu": 0.1, "memory_bytes": 64u64 << 20});
+    assert_eq!(during["total_requested"], request, "{during}");
+    let on = ns.kubectl(&[
+        "get",
+        "pod",
+        "-l",
+        &format!("orchard.dev/sandbox={id}"),
+        "-o",
+        "jsonpath={.items[0].spec.nodeName}",
+    ]);
+    let node = during["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == on.as_str())
+        .unwrap_or_else(|| panic!("no node {on:?} in {during}"));
+    assert_eq!(node["requested"], request, "{during}");
+    let pods = during["sandbox_pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 1, "{during}");
+    assert_eq!(pods[0]["name"], id.as_str());
+
+    let metrics = reqwest::get(format!("{}/metrics", srv.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        format!("orchard_node_cpu_requested_cores{{node=\"{on}\"}} 0.1"),
+        format!(
+            "orchard_node_memory_requested_bytes{{node=\"{on}\"}} {}",
+            64u64 << 20
+        ),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in\n{metrics}"
+        );
+    }
+    let alloc = &node["allocatable"]["memory_bytes"];
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == format!("orchard_node_memory_allocatable_bytes{{node=\"{on}\"}} {alloc}")),
+        "{metrics}"
+    );
+
+    // The delete returns once the pod is gone from the watch the figures come from.
+    delete(&srv.url, &id).await;
+    let (_, after) = resources().await;
+    assert_eq!(after["total_requested"], none, "{after}");
 }

@@ -171,8 +171,15 @@ async fn compatible_routes_answer_the_documented_shapes() {
         ])
     );
     assert_eq!(res["status"], "ok");
+    // The local backend's one node is this host, capacity and allocatable alike, with
+    // no `requested` of its own and no `message` (the Kubernetes answer's additions).
+    assert_eq!(res["nodes"].as_array().map(Vec::len), Some(1), "{res}");
     let node = &res["nodes"][0];
     assert_eq!(keys(node), set(&["name", "capacity", "allocatable"]));
+    assert_eq!(node["capacity"], node["allocatable"]);
+    assert_eq!(res["total_capacity"], node["capacity"]);
+    assert_eq!(res["total_allocatable"], node["capacity"]);
+    assert_eq!(keys(&res["available"]), set(&["cpu", "memory_bytes"]));
     assert!(node["capacity"]["cpu"].as_f64().unwrap() >= 1.0, "{res}");
     assert!(node["capacity"]["memory_bytes"].as_u64().unwrap() > 1 << 20);
     assert_eq!(

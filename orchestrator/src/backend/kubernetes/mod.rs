@@ -5,6 +5,8 @@
 //! - [`status`] reads a pod's status as starting, running or failed with a reason;
 //! - [`watch`] is the one reflector over the namespace's sandbox pods that creates,
 //!   deletes and `list` read, instead of an API call per check;
+//! - [`nodes`] is a reflector over the cluster's nodes: their capacity, for
+//!   `GET /resources`, `/metrics` and the largest node a create may ask for;
 //! - [`config`] holds the settings, [`error`] maps API answers to backend errors once.
 //!
 //! A create makes the Secret, then the pod (then, off its critical path, makes the pod
@@ -17,6 +19,7 @@
 
 pub mod config;
 pub mod error;
+pub mod nodes;
 pub mod objects;
 pub mod pool;
 pub mod status;
@@ -40,18 +43,23 @@ pub use config::{KubeArgs, KubeConfig};
 pub use error::KubeError;
 
 use self::error::{is_conflict, is_not_found};
+use self::nodes::NodeWatch;
 use self::objects::{PodInput, SANDBOX_LABEL};
 use self::pool::{Pool, PoolApi};
 use self::status::{pod_state, PodState};
 use self::watch::PodWatch;
 use crate::backend::{
-    AgentEndpoint, Backend, BackendError, BackendFuture, BackendSandbox, Capacity, CreateSpec,
+    AgentEndpoint, Backend, BackendError, BackendFuture, BackendSandbox, Capacity, ClusterNodes,
+    CreateSpec,
 };
 
 /// The field manager of server-side applies.
 const FIELD_MANAGER: &str = "orchard";
 /// How long the first list of pods may take at start.
 const SYNC_LIMIT: Duration = Duration::from_secs(30);
+/// How long the first list of nodes may take at start, once the pods are listed: past
+/// it the server starts without the nodes' size (the watch goes on).
+const NODES_LIMIT: Duration = Duration::from_secs(5);
 /// How long a deleted pod may take to go, past its grace period.
 const GONE_LIMIT: Duration = Duration::from_secs(60);
 /// How long a running pod's agent may take to answer.
@@ -64,7 +72,7 @@ pub struct KubeBackend {
     secrets: Api<Secret>,
     policies: Api<NetworkPolicy>,
     watch: PodWatch,
-    capacity: Option<Capacity>,
+    nodes: NodeWatch,
     pools: Vec<Pool>,
     pool_api: PoolApi,
     stopping: Arc<AtomicBool>,
@@ -99,28 +107,6 @@ pub async fn client_for(cfg: &KubeConfig) -> Result<Client, KubeError> {
     Client::try_from(config).map_err(|e| KubeError::Credentials(e.to_string()))
 }
 
-/// The largest allocatable CPU and memory of the cluster's nodes.
-fn node_capacity(nodes: &[Node]) -> Option<Capacity> {
-    let mut best: Option<Capacity> = None;
-    for n in nodes {
-        let Some(alloc) = n.status.as_ref().and_then(|s| s.allocatable.as_ref()) else {
-            continue;
-        };
-        let cpus = alloc
-            .get("cpu")
-            .and_then(|q| crate::units::parse_cpu(&q.0).ok());
-        let mem = alloc
-            .get("memory")
-            .and_then(|q| crate::units::parse_memory(&q.0).ok());
-        if let (Some(cpus), Some(memory_bytes)) = (cpus, mem) {
-            let b = best.get_or_insert(Capacity { cpus, memory_bytes });
-            b.cpus = b.cpus.max(cpus);
-            b.memory_bytes = b.memory_bytes.max(memory_bytes);
-        }
-    }
-    best
-}
-
 impl KubeBackend {
     /// Connects with `cfg`'s credentials and starts.
     pub async fn connect(cfg: KubeConfig) -> Result<KubeBackend, KubeError> {
@@ -128,8 +114,8 @@ impl KubeBackend {
         KubeBackend::start(client, cfg).await
     }
 
-    /// Starts on `client`: makes the namespace when missing, applies its policies,
-    /// reads the nodes' capacity and starts the pod watch.
+    /// Starts on `client`: makes the namespace when missing, applies its policies, and
+    /// starts the node and pod watches.
     pub async fn start(client: Client, cfg: KubeConfig) -> Result<KubeBackend, KubeError> {
         let ns = cfg.namespace.clone();
         let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -162,18 +148,15 @@ impl KubeBackend {
                 .await
                 .map_err(|e| KubeError::api(format!("applying NetworkPolicy {ns}/{name}"), e))?;
         }
-        let nodes: Api<Node> = Api::all(client.clone());
-        let capacity = match nodes.list(&ListParams::default()).await {
-            Ok(list) => node_capacity(&list.items),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the nodes' capacity; creates are not checked against it");
-                None
-            }
-        };
+        let nodes = NodeWatch::start(Api::<Node>::all(client.clone()));
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
         let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
         let watch = PodWatch::start(pods.clone(), &ns, &objects::managed_selector());
         watch.synced(SYNC_LIMIT).await?;
+        // The nodes are optional (their watch logs why it fails): no wait past its
+        // first answer, and the warm pods keep their configured size without them.
+        nodes.settled(NODES_LIMIT).await;
+        let capacity = nodes.largest();
         let mut cfg = cfg;
         if let Some(cap) = capacity {
             // As the service lowers its defaults to what a node can give (see
@@ -211,7 +194,7 @@ impl KubeBackend {
             pods,
             policies,
             watch,
-            capacity,
+            nodes,
             cfg,
             pools,
             pool_api,
@@ -632,8 +615,16 @@ impl Backend for KubeBackend {
         })
     }
 
+    /// The largest node as the watch knows it now (a node pool that grows lets larger
+    /// sandboxes in); `None`, so creates are not checked, while the nodes are unknown.
     fn capacity(&self) -> Option<Capacity> {
-        self.capacity
+        self.nodes.largest()
+    }
+
+    /// Requested is what this backend's pods (sandboxes and warm pods, of its
+    /// namespace) request: see [`nodes`].
+    fn nodes(&self) -> Option<ClusterNodes> {
+        Some(self.nodes.report(&self.watch.all()))
     }
 
     /// A pod's limits are also its requests, which the scheduler places: more than the

@@ -69,6 +69,21 @@ fn pod_json(name: &str, rv: &str) -> Value {
                                              "state": {"running": {}}}]}})
 }
 
+fn node_json(name: &str, cpu: &str, memory: &str, rv: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+           "metadata": {"name": name, "resourceVersion": rv},
+           "status": {"capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                      "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"}}})
+}
+
+/// Sandbox pod `name` bound to `node`, requesting `cpu` and `memory`.
+fn bound_pod_json(name: &str, node: &str, cpu: &str, memory: &str) -> Value {
+    let mut p = pod_json(name, "9");
+    p["spec"]["nodeName"] = json!(node);
+    p["spec"]["containers"][0]["resources"] = json!({"limits": {"cpu": cpu, "memory": memory}, "requests": {"cpu": cpu, "memory": memory}});
+    p
+}
+
 /// What the mock saw and how it answers the calls a test varies.
 #[derive(Default)]
 struct Script {
@@ -83,6 +98,10 @@ struct Script {
     /// Answers to `POST .../pods` and `POST .../secrets`.
     pod_create: Option<(u16, Value)>,
     secret_create: Option<(u16, Value)>,
+    /// Events of the node watch, after its list.
+    node_watch: Vec<Value>,
+    /// Every node call is refused, as without RBAC for nodes.
+    nodes_forbidden: bool,
 }
 
 fn answer(script: &Arc<Mutex<Script>>, req: &Request<kube::client::Body>) -> Response<MockBody> {
@@ -102,11 +121,22 @@ fn answer(script: &Arc<Mutex<Script>>, req: &Request<kube::client::Body>) -> Res
             json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                    "metadata": {"name": p.rsplit('/').next().unwrap(), "namespace": NS}}),
         ),
+        (Method::GET, "/api/v1/nodes") if s.nodes_forbidden => full(
+            403,
+            status(
+                403,
+                "Forbidden",
+                "nodes is forbidden: User \"system:serviceaccount:orchard-system:orchard\" \
+                 cannot list resource \"nodes\" in API group \"\" at the cluster scope",
+            ),
+        ),
+        (Method::GET, "/api/v1/nodes") if query.contains("watch=true") => {
+            stream(s.node_watch.clone())
+        }
         (Method::GET, "/api/v1/nodes") => full(
             200,
-            json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": [
-                {"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "1900m", "memory": "8Gi"}}},
-                {"metadata": {"name": "n2"}, "status": {"allocatable": {"cpu": "4", "memory": "2048Mi"}}}]}),
+            json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "5"}, "items": [
+                node_json("n1", "1900m", "8Gi", "3"), node_json("n2", "4", "2048Mi", "4")]}),
         ),
         (Method::GET, p) if p == pods && query.contains("watch=true") => {
             let i = s.watches_done.min(s.watches.len().saturating_sub(1));
@@ -301,4 +331,94 @@ async fn pause_snapshots_and_forks_are_refused_as_not_built_yet() {
     }
     assert!(Backend::snapshots(&b).await.unwrap().is_empty());
     assert_eq!(script.lock().unwrap().calls.len(), before);
+}
+
+/// `nodes` answers from the two watches: each node's figures, what the backend's pods on
+/// it request, a change the node watch brings; and no API call per answer.
+#[tokio::test]
+async fn nodes_come_from_the_watches_with_no_call_per_answer() {
+    let mut grown = node_json("n2", "6", "4Gi", "6");
+    grown["status"]["capacity"]["cpu"] = json!("8");
+    let script = Arc::new(Mutex::new(Script {
+        lists: vec![vec![
+            bound_pod_json("sb-1", "n1", "250m", "256Mi"),
+            bound_pod_json("sb-2", "n1", "1", "1Gi"),
+        ]],
+        node_watch: vec![json!({"type": "MODIFIED", "object": grown})],
+        ..Script::default()
+    }));
+    let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
+    let amount = |millicpus, memory_bytes| crate::backend::Amount {
+        millicpus,
+        memory_bytes,
+    };
+    // The MODIFIED event may land after the start: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let report = loop {
+        let r = b.nodes().unwrap();
+        if r.nodes.iter().any(|n| n.allocatable.millicpus == 6000) {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node watch's change never came: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(report.incomplete, None);
+    let [n1, n2] = &report.nodes[..] else {
+        panic!("{report:?}")
+    };
+    assert_eq!(n1.name, "n1");
+    assert_eq!(n1.capacity, amount(4000, 8 << 30));
+    assert_eq!(n1.allocatable, amount(1900, 8 << 30));
+    assert_eq!(n1.requested, amount(1250, (256 << 20) + (1 << 30)));
+    assert_eq!(n2.capacity, amount(8000, 8 << 30));
+    assert_eq!(n2.allocatable, amount(6000, 4 << 30));
+    assert_eq!(n2.requested, amount(0, 0));
+    // The create check follows the watch too.
+    assert_eq!(b.capacity().unwrap().cpus, 6.0);
+    let before = script.lock().unwrap().calls.len();
+    for _ in 0..3 {
+        b.nodes().unwrap();
+        b.capacity().unwrap();
+    }
+    assert_eq!(
+        script.lock().unwrap().calls.len(),
+        before,
+        "no API call per answer"
+    );
+}
+
+/// Without RBAC for nodes the backend starts at once and works on: creates are not
+/// checked against the nodes, and `nodes` says why it lacks their capacity while still
+/// giving the pods' nodes and requests.
+#[tokio::test]
+async fn a_forbidden_node_watch_leaves_the_backend_working_and_says_why() {
+    let script = Arc::new(Mutex::new(Script {
+        nodes_forbidden: true,
+        lists: vec![vec![bound_pod_json("sb-late", "n1", "500m", "512Mi")]],
+        ..Script::default()
+    }));
+    let started = Instant::now();
+    let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
+    assert!(
+        started.elapsed() < NODES_LIMIT,
+        "no wait for nodes that cannot be read"
+    );
+    assert_eq!(b.capacity(), None);
+    let r = b.nodes().unwrap();
+    let why = r.incomplete.as_deref().unwrap();
+    assert!(
+        why.contains("forbidden") && why.contains("deploy/base/rbac.yaml"),
+        "{why}"
+    );
+    assert_eq!(r.nodes.len(), 1);
+    assert_eq!(
+        (r.nodes[0].name.as_str(), r.nodes[0].requested.millicpus),
+        ("n1", 500)
+    );
+    assert_eq!(r.nodes[0].allocatable, crate::backend::Amount::default());
+    let list = Backend::list(&b).await.unwrap();
+    assert_eq!(list.len(), 1, "the pods are still listed");
 }
