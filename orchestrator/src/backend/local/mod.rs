@@ -212,13 +212,17 @@ impl LocalBackend {
         })
     }
 
-    /// Stops the disk pool, if any: unmounts and removes the images made ahead.
+    /// Stops the disk pool, if any: unmounts and removes the images made ahead; and
+    /// clears the pools of processes that died on this root (a replica killed with
+    /// SIGKILL), which only the next open cleared before: the last replica standing
+    /// now leaves none behind.
     async fn stop_pool(&self) -> Result<(), LocalError> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             if let Some(pool) = &inner.disk_pool {
                 pool.stop();
             }
+            diskpool::clear_dead(&inner.root);
         })
         .await
         .map_err(|e| LocalError::Task(e.to_string()))
