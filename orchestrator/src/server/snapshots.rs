@@ -130,6 +130,20 @@ async fn delete(
     }))
 }
 
+/// The answer to a fork call when fork `e` did not become ready: a fork deleted while
+/// it started (its TTL ran out, or a delete of the caller's) is a conflict of the
+/// caller's making, not a failure of the service; the rest is the sandbox failing (a
+/// 502). Found by schemathesis: a fork with a short TTL answered 502 "sandbox ... not
+/// found".
+fn fork_failure(sid: &str, e: &Error) -> Error {
+    match e {
+        Error::NoSandbox(_) => Error::Conflict(format!(
+            "a fork of {sid} was deleted before it was ready ({e})"
+        )),
+        e => Error::Sandbox(format!("a fork of {sid} did not start: {e}")),
+    }
+}
+
 async fn fork(
     State(state): State<AppState>,
     Auth(tenant): Auth,
@@ -151,13 +165,11 @@ async fn fork(
         let results = futures_util::future::join_all(waits).await;
         if let Some(e) = results.iter().find_map(|r| r.as_ref().err()) {
             // All or nothing: a fork that could not start takes the others with it.
-            let message = e.to_string();
+            let answer = fork_failure(&sid, e);
             for r in &records {
                 let _ = state.service.delete(&tenant, &r.id).await;
             }
-            return Err(Error::Sandbox(format!(
-                "a fork of {sid} did not start: {message}"
-            )));
+            return Err(answer);
         }
         records = results.into_iter().filter_map(Result::ok).collect();
     }
@@ -169,4 +181,23 @@ async fn fork(
         }),
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a fork deleted while it started answered 502; it is the caller's 409,
+    /// while a fork that failed to start stays a 502.
+    #[test]
+    fn regression_a_fork_deleted_while_it_started_is_a_conflict_not_a_502() {
+        let gone = fork_failure("snap-1", &Error::no_sandbox("sb-1"));
+        assert!(matches!(gone, Error::Conflict(_)), "{gone:?}");
+        assert_eq!(
+            gone.to_string(),
+            "a fork of snap-1 was deleted before it was ready (sandbox sb-1 not found)"
+        );
+        let failed = fork_failure("snap-1", &Error::start_failed("sb-1", "no agent"));
+        assert!(matches!(failed, Error::Sandbox(_)), "{failed:?}");
+    }
 }
