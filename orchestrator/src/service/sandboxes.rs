@@ -646,6 +646,7 @@ impl Service {
             env: parts.env,
             labels: parts.labels,
             snapshot: parts.snapshot,
+            progress: Default::default(),
         };
         let sb = self
             .backend()
