@@ -66,11 +66,13 @@ pub struct Sandbox {
     pub id: String,
     /// The image as asked for.
     pub image: String,
-    /// `pending`, `running`, `paused` or `failed`.
+    /// `pending`, `unschedulable` (pending, and no node can take it yet: it waits for
+    /// one within its readiness limit), `running`, `paused` or `failed`.
     pub status: String,
     /// True once commands can run.
     pub ready: bool,
-    /// Why it failed.
+    /// Why it failed, why no node can take it (the scheduler's reason), or what its
+    /// create has to say (limits lowered).
     pub status_message: Option<String>,
     /// ISO-8601 UTC.
     pub created_at: String,

@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::image::Image;
@@ -173,6 +174,45 @@ pub struct CreateSpec {
     /// The snapshot to start from (a fork): its filesystem and image instead of `image`'s
     /// own, which names the same image.
     pub snapshot: Option<String>,
+    /// Where the backend says what the create waits for while it waits.
+    pub progress: StartProgress,
+}
+
+/// Where a backend reports, during a create, that the sandbox waits for capacity: the
+/// service shows it on the pending sandbox (status `unschedulable`) and in the failure
+/// when the readiness limit runs out. Only the Kubernetes backend reports (a pod no node
+/// can take yet, which a node joining or freeing up lets start); the default sink
+/// drops what it is told.
+#[derive(Debug, Clone, Default)]
+pub struct StartProgress(Option<Arc<tokio::sync::watch::Sender<Option<String>>>>);
+
+impl StartProgress {
+    /// A sink and what it says: `Some(reason)` while no node can take the sandbox.
+    pub fn channel() -> (StartProgress, tokio::sync::watch::Receiver<Option<String>>) {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        (StartProgress(Some(Arc::new(tx))), rx)
+    }
+
+    /// No node can take the sandbox now, for `reason` (the scheduler's message). A
+    /// repeat of the same reason wakes nobody.
+    pub fn unschedulable(&self, reason: &str) {
+        if let Some(tx) = &self.0 {
+            tx.send_if_modified(|now| {
+                let changed = now.as_deref() != Some(reason);
+                if changed {
+                    *now = Some(reason.to_string());
+                }
+                changed
+            });
+        }
+    }
+
+    /// A node took the sandbox (or it never waited for one).
+    pub fn scheduled(&self) {
+        if let Some(tx) = &self.0 {
+            tx.send_if_modified(|now| now.take().is_some());
+        }
+    }
 }
 
 /// What to capture in a snapshot: backend-neutral.

@@ -187,19 +187,22 @@ fn cluster_resources(
 }
 
 /// The compatible status of a record, and its message (always a string): why it
-/// failed, or what its create has to say (limits lowered to the host's size).
+/// failed, why no node can take it yet, or what its create has to say (limits lowered
+/// to the host's size).
 pub fn compat_phase(r: &SandboxRecord) -> (SandboxPhase, String) {
     let notice = r.notice.as_deref();
-    match &r.phase {
-        Phase::Pending => (
+    match (&r.phase, &r.unschedulable) {
+        // Waiting for a node: not terminal, the create goes on within its limit.
+        (Phase::Pending, Some(why)) => (SandboxPhase::Unschedulable, why.clone()),
+        (Phase::Pending, None) => (
             SandboxPhase::Pending,
             match notice {
                 Some(n) => format!("the sandbox is starting; {n}"),
                 None => "the sandbox is starting".into(),
             },
         ),
-        Phase::Ready => (SandboxPhase::Ready, notice.unwrap_or_default().to_string()),
-        Phase::Failed { message } => (SandboxPhase::Failed, message.clone()),
+        (Phase::Ready, _) => (SandboxPhase::Ready, notice.unwrap_or_default().to_string()),
+        (Phase::Failed { message }, _) => (SandboxPhase::Failed, message.clone()),
     }
 }
 

@@ -24,6 +24,9 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/sandboxes/{id}/heartbeat", post(heartbeat))
 }
 
+/// `/v1`'s status of a pending sandbox no node can take yet.
+const UNSCHEDULABLE: &str = "unschedulable";
+
 /// The `/v1` view of a record.
 pub fn sandbox(service: &Service, r: &SandboxRecord) -> Sandbox {
     let phase = &r.phase;
@@ -34,14 +37,16 @@ pub fn sandbox(service: &Service, r: &SandboxRecord) -> Sandbox {
     Sandbox {
         id: r.id.clone(),
         image: r.image.clone(),
-        status: if r.paused {
-            "paused".to_string()
-        } else {
-            phase.name().to_string()
+        status: match (phase, &r.unschedulable) {
+            _ if r.paused => "paused".to_string(),
+            // Waiting for a node, as on the compatible API; the create goes on.
+            (Phase::Pending, Some(_)) => UNSCHEDULABLE.to_string(),
+            _ => phase.name().to_string(),
         },
         ready: *phase == Phase::Ready,
-        status_message: match phase {
-            Phase::Failed { message } => Some(message.clone()),
+        status_message: match (phase, &r.unschedulable) {
+            (Phase::Failed { message }, _) => Some(message.clone()),
+            (Phase::Pending, Some(why)) => Some(why.clone()),
             _ => r.notice.clone(),
         },
         created_at: iso(r.created_ms),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use crate::backend::{BackendSandbox, CreateSpec, SandboxImage};
+use crate::backend::{BackendSandbox, CreateSpec, SandboxImage, StartProgress};
 use crate::state::{AgentRecord, Lease, Phase, SandboxRecord, StoreError, Topic, Version};
 use crate::units;
 
@@ -474,6 +474,7 @@ impl Service {
             agent: None,
             paused: false,
             notice: None,
+            unschedulable: None,
         })
     }
 
@@ -520,10 +521,12 @@ impl Service {
     }
 
     /// The create task: waits for a slot, makes the sandbox within its readiness limit,
-    /// and marks the record ready or failed.
+    /// and marks the record ready or failed. While the backend says no node can take
+    /// the sandbox yet, the pending record says so (and why), and keeps waiting.
     #[tracing::instrument(level = "warn", name = "create", skip_all, fields(sandbox_id = %rec.id))]
     async fn run_create(self, rec: SandboxRecord, (image, parts): (String, CreateSpecParts)) {
         let started = Instant::now();
+        let (progress, mut waiting) = StartProgress::channel();
         let mut attempt = {
             let (service, rec) = (self.clone(), rec.clone());
             tokio::spawn(
@@ -539,14 +542,28 @@ impl Service {
                     if !service.is_current(&rec).await {
                         return Err("the sandbox was deleted before it started".to_string());
                     }
-                    service.start(&rec, image, parts).await
+                    service.start(&rec, image, parts, progress).await
                 }
                 .in_current_span(),
             )
         };
-        let outcome = match tokio::time::timeout(rec.ready_timeout(), &mut attempt).await {
-            Ok(joined) => joined.unwrap_or_else(|e| Err(format!("internal error: {e}"))),
-            Err(_) => {
+        let limit = tokio::time::sleep(rec.ready_timeout());
+        tokio::pin!(limit);
+        let finished = loop {
+            tokio::select! {
+                joined = &mut attempt => break Some(joined),
+                () = &mut limit => break None,
+                // Ends in an error once the attempt is over and its sink dropped; the
+                // attempt's own branch then ends the loop.
+                Ok(()) = waiting.changed() => {
+                    let now = waiting.borrow_and_update().clone();
+                    self.mark_unschedulable(&rec, now).await;
+                }
+            }
+        };
+        let outcome = match finished {
+            Some(joined) => joined.unwrap_or_else(|e| Err(format!("internal error: {e}"))),
+            None => {
                 // The backend create goes on in its own task; what it makes is removed
                 // once it is done.
                 let svc = self.clone();
@@ -559,10 +576,15 @@ impl Service {
                     }
                     .in_current_span(),
                 );
-                Err(format!(
-                    "the sandbox was not ready within {} s",
-                    rec.ready_timeout().as_secs()
-                ))
+                let waited = rec.ready_timeout().as_secs();
+                Err(match waiting.borrow().as_deref() {
+                    Some(why) => {
+                        format!(
+                            "the sandbox was not ready within {waited} s (unschedulable: {why})"
+                        )
+                    }
+                    None => format!("the sandbox was not ready within {waited} s"),
+                })
             }
         };
         self.inner.pending.fetch_sub(1, Ordering::Relaxed);
@@ -578,6 +600,7 @@ impl Service {
                         if r.phase == Phase::Pending {
                             r.phase = Phase::Ready;
                             r.agent = Some(agent.clone());
+                            r.unschedulable = None;
                         }
                     })
                     .await;
@@ -594,11 +617,28 @@ impl Service {
                     .update(None, &rec.id, Some(&rec.uid), |r| {
                         r.phase = Phase::Failed {
                             message: message.clone(),
-                        }
+                        };
+                        r.unschedulable = None;
                     })
                     .await;
             }
         }
+    }
+
+    /// Records on `rec`'s pending record why no node can take it (`None`: one took it).
+    /// A record no longer pending, or gone, is left as it is.
+    async fn mark_unschedulable(&self, rec: &SandboxRecord, why: Option<String>) {
+        match &why {
+            Some(w) => tracing::info!(reason = %w, "no node can take the sandbox yet; waiting"),
+            None => tracing::info!("a node took the sandbox"),
+        }
+        let _ = self
+            .update(None, &rec.id, Some(&rec.uid), |r| {
+                if r.phase == Phase::Pending {
+                    r.unschedulable = why.clone();
+                }
+            })
+            .await;
     }
 
     /// Whether `rec`'s incarnation is still stored.
@@ -635,6 +675,7 @@ impl Service {
         rec: &SandboxRecord,
         image: SandboxImage,
         parts: CreateSpecParts,
+        progress: StartProgress,
     ) -> Result<AgentRecord, String> {
         let spec = CreateSpec {
             id: rec.id.clone(),
@@ -646,6 +687,7 @@ impl Service {
             env: parts.env,
             labels: parts.labels,
             snapshot: parts.snapshot,
+            progress,
         };
         let sb = self
             .backend()

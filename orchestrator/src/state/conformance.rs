@@ -32,6 +32,7 @@ pub fn record(id: &str, uid: &str) -> SandboxRecord {
         agent: None,
         paused: false,
         notice: None,
+        unschedulable: None,
     }
 }
 

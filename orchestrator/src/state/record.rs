@@ -147,6 +147,11 @@ pub struct SandboxRecord {
     /// to be said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
+    /// While pending: why no node can take it yet (the scheduler's reason, as the
+    /// backend reported it); the APIs then say `unschedulable`. Cleared once it is
+    /// scheduled, ready or failed. Absent from records written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unschedulable: Option<String>,
 }
 
 impl SandboxRecord {
@@ -230,4 +235,30 @@ pub enum Topic {
     Job(String),
     /// A sandbox's job queue (a job was added).
     Queue(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records are stored as JSON (Redis, shared by replicas of different versions): one
+    /// written without `unschedulable` parses, and one not waiting for a node is written
+    /// without it.
+    #[test]
+    fn the_unschedulable_reason_is_optional_in_stored_records() {
+        let rec = crate::state::conformance::record("sb-1", "u1");
+        let json = serde_json::to_value(&rec).unwrap();
+        assert!(json.get("unschedulable").is_none(), "{json}");
+        let back: SandboxRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(back, rec);
+        let waiting = SandboxRecord {
+            unschedulable: Some("0/1 nodes are available: 1 Insufficient cpu.".into()),
+            ..rec
+        };
+        let json = serde_json::to_string(&waiting).unwrap();
+        assert_eq!(
+            serde_json::from_str::<SandboxRecord>(&json).unwrap(),
+            waiting
+        );
+    }
 }

@@ -60,6 +60,7 @@ fn small_spec(id: &str) -> CreateSpec {
         labels: Default::default(),
         ttl: Some(Duration::from_secs(600)),
         snapshot: None,
+        progress: Default::default(),
     }
 }
 

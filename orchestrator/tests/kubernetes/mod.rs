@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orchard::backend::kubernetes::{KubeBackend, KubeConfig};
-use orchard::backend::{Backend, BackendError, BackendSandbox, CreateSpec, SandboxImage};
+use orchard::backend::{
+    Backend, BackendError, BackendSandbox, CreateSpec, SandboxImage, StartProgress,
+};
 use orchard_client::AgentClient;
 use orchard_protocol::{Command, ExecRequest};
 
@@ -98,6 +100,56 @@ impl Drop for TestNamespace {
     }
 }
 
+/// Capacity a test adds while its creates wait: sandbox pods get a node selector
+/// (`capacity.orchard-test/<the test's namespace>=true`) that no node matches until
+/// [`Capacity::add`] labels the cluster's nodes with it, as if a node had joined. The
+/// key is the test's own, so only its pods are affected and tests running beside it on
+/// the one node are not. The label is removed when this is dropped.
+pub struct Capacity {
+    kubeconfig: PathBuf,
+    key: String,
+}
+
+impl Capacity {
+    /// Capacity for the pods of `ns` (not added yet).
+    pub fn for_test(kubeconfig: &std::path::Path, ns: &TestNamespace) -> Capacity {
+        Capacity {
+            kubeconfig: kubeconfig.to_path_buf(),
+            key: format!("capacity.orchard-test/{}", ns.name),
+        }
+    }
+
+    /// The node selector of the pods that wait for it.
+    pub fn selector(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([(self.key.clone(), "true".to_string())])
+    }
+
+    fn label_nodes(&self, label: &str) -> std::process::Output {
+        Process::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["label", "nodes", "--all", "--overwrite", label])
+            .output()
+            .expect("running kubectl")
+    }
+
+    /// Labels every node: the waiting pods can be scheduled.
+    pub fn add(&self) {
+        let out = self.label_nodes(&format!("{}=true", self.key));
+        assert!(
+            out.status.success(),
+            "labelling the nodes: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Capacity {
+    fn drop(&mut self) {
+        let _ = self.label_nodes(&format!("{}-", self.key));
+    }
+}
+
 /// The address this host reaches pods from (the test cluster's node IP), allowed to
 /// reach agents.
 pub fn host_cidr() -> String {
@@ -131,6 +183,7 @@ pub fn spec(id: &str, image: &str) -> CreateSpec {
         labels: BTreeMap::from([("orchard.tenant".to_string(), "test".to_string())]),
         ttl: Some(Duration::from_secs(600)),
         snapshot: None,
+        progress: Default::default(),
     }
 }
 
@@ -311,18 +364,53 @@ async fn an_image_that_cannot_be_pulled_fails_with_kubernetes_reason_and_leaves_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_no_node_can_take_fails_as_unschedulable() {
+async fn a_pod_no_node_can_take_waits_as_unschedulable_and_runs_once_a_node_can() {
     let kc = require_cluster!();
     let ns = TestNamespace::new(&kc, "sched");
-    let b = KubeBackend::connect(kube_config(&kc, &ns)).await.unwrap();
-    let mut s = spec("toobig", "docker.io/library/busybox:latest");
-    s.cpus = Some(512.0);
-    let err = Backend::create(&b, s).await.unwrap_err();
-    let m = err.to_string();
+    let capacity = Capacity::for_test(&kc, &ns);
+    let mut cfg = kube_config(&kc, &ns);
+    cfg.node_selector = capacity.selector();
+    let b = KubeBackend::connect(cfg).await.unwrap();
+    let (progress, mut waiting) = StartProgress::channel();
+    let mut s = spec("waits", "docker.io/library/busybox:latest");
+    s.progress = progress;
+    let create = Backend::create(&b, s);
+    tokio::pin!(create);
+
+    let why = tokio::select! {
+        r = &mut create => panic!("the create ended while no node could take its pod: {r:?}"),
+        r = tokio::time::timeout(Duration::from_secs(60), waiting.wait_for(Option::is_some)) => {
+            r.expect("reported unschedulable within 60 s").unwrap().clone().unwrap_or_default()
+        }
+    };
     assert!(
-        m.contains("Unschedulable") && m.contains("Insufficient cpu"),
-        "{m}"
+        why.contains("didn't match Pod's node affinity/selector"),
+        "the scheduler's reason: {why}"
     );
+    // It waits: a scheduler retry or two later, still no failure.
+    tokio::select! {
+        r = &mut create => panic!("the create ended while no node could take its pod: {r:?}"),
+        () = tokio::time::sleep(Duration::from_secs(3)) => {}
+    }
+
+    let added = std::time::Instant::now();
+    capacity.add();
+    let sb = tokio::time::timeout(Duration::from_secs(120), create)
+        .await
+        .expect("ready within 120 s of a node matching")
+        .unwrap();
+    eprintln!(
+        "ready {:.1} s after the node could take it",
+        added.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        *waiting.borrow(),
+        None,
+        "scheduled: no longer unschedulable"
+    );
+    let (code, out, err) = run(&sb, Command::Shell("echo $GREETING".into())).await;
+    assert_eq!((code, out.as_str()), (Some(0), "hello from k8s\n"), "{err}");
+    Backend::delete(&b, "waits").await.unwrap();
     assert_eq!(leftovers(&ns), "");
 }
 

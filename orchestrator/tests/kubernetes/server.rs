@@ -1,14 +1,15 @@
 //! `orchard serve --backend kubernetes` (the real binary, on this host) driven through
 //! the compatible API and `/v1`: create, wait, exec, direct pod-IP access, a restart
-//! that adopts the pods, a pod deleted behind the server's back, capacity refusals, and
-//! the nodes' figures of `/resources` and `/metrics`.
+//! that adopts the pods, a pod deleted behind the server's back, capacity refusals, a
+//! sandbox waiting as unschedulable until a node can take it, and the nodes' figures
+//! of `/resources` and `/metrics`.
 
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{host_cidr, require_cluster, TestNamespace};
+use super::{host_cidr, require_cluster, Capacity, TestNamespace};
 use crate::util::server::{send, ServerProcess, KEY};
 
 fn serve(kc: &Path, ns: &TestNamespace, data: &Path) -> ServerProcess {
@@ -235,6 +236,113 @@ async fn a_pod_deleted_behind_the_servers_back_fails_its_sandbox() {
         // The reconciliation loop has no event to wait on from outside the server.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A sandbox no node can take yet (its pods' node selector matches no node) is
+/// `unschedulable` with the scheduler's reason on both APIs while its create waits, and
+/// becomes ready and runs commands once a node can take it (issue 33).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_waits_as_unschedulable_until_a_node_can_take_it() {
+    let kc = require_cluster!();
+    let ns = TestNamespace::new(&kc, "capacity");
+    let capacity = Capacity::for_test(&kc, &ns);
+    let etc = tempfile::tempdir().unwrap();
+    let file = etc.path().join("orchard.toml");
+    let selector: Vec<String> = capacity
+        .selector()
+        .iter()
+        .map(|(k, v)| format!("{k:?} = {v:?}"))
+        .collect();
+    std::fs::write(
+        &file,
+        format!(
+            "[kubernetes]\nnode_selector = {{ {} }}\n",
+            selector.join(", ")
+        ),
+    )
+    .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let srv = serve_with(&kc, &ns, data.path(), &["--config", file.to_str().unwrap()]);
+
+    let (s, created) = call(
+        reqwest::Method::POST,
+        format!("{}/sandboxes", srv.url),
+        Some(json!({"image": "busybox:latest", "cpu": "100m", "memory": "64Mi", "timeout": 300})),
+    )
+    .await;
+    assert_eq!(s, 200, "{created}");
+    let id = created["sandbox_id"].as_str().unwrap().to_string();
+    // The scheduler's verdict reaches the record through the pod watch: seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let waiting = loop {
+        let (_, v) = call(
+            reqwest::Method::GET,
+            format!("{}/sandboxes/{id}", srv.url),
+            None,
+        )
+        .await;
+        if v["status"] == "unschedulable" {
+            break v;
+        }
+        assert_eq!(v["status"], "pending", "{v}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never unschedulable: {v}"
+        );
+        // Nothing outside the server to wait on.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let why = waiting["status_message"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("didn't match Pod's node affinity/selector"),
+        "{waiting}"
+    );
+    assert_eq!(waiting["ready"], false, "{waiting}");
+    let (_, v1) = call(
+        reqwest::Method::GET,
+        format!("{}/v1/sandboxes/{id}", srv.url),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (&v1["status"], &v1["status_message"]),
+        (&json!("unschedulable"), &waiting["status_message"]),
+        "{v1}"
+    );
+    // Not terminal: a short wait times out, the sandbox is still waiting.
+    let (s, body) = call(
+        reqwest::Method::GET,
+        format!("{}/sandboxes/{id}/wait?timeout=2", srv.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 408, "{body}");
+
+    let added = std::time::Instant::now();
+    capacity.add();
+    let (s, ready) = call(
+        reqwest::Method::GET,
+        format!("{}/sandboxes/{id}/wait?timeout=120", srv.url),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{ready}");
+    assert_eq!(
+        (&ready["status"], &ready["status_message"]),
+        (&json!("ready"), &json!("")),
+        "{ready}"
+    );
+    eprintln!(
+        "ready {:.1} s after a node could take it",
+        added.elapsed().as_secs_f64()
+    );
+    let job = exec(&srv.url, &id, "echo placed").await;
+    assert_eq!(
+        (job["status"].as_str(), job["stdout"].as_str()),
+        (Some("succeeded"), Some("placed\n")),
+        "{job}"
+    );
+    delete(&srv.url, &id).await;
 }
 
 /// Two replicas over Redis share the cluster: a sandbox created through one runs jobs

@@ -134,6 +134,7 @@ async fn reconciliation_fails_lost_sandboxes_removes_orphans_and_skips_when_list
             labels: BTreeMap::from([("orchard.tenant".to_string(), "someone".to_string())]),
             ttl: None,
             snapshot: None,
+            progress: Default::default(),
         },
     )
     .await

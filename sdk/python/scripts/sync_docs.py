@@ -48,7 +48,9 @@ class SandboxClient:
         is server-side (``/wait``), so ``poll_interval`` is accepted for compatibility
         and not needed. ``env``, ``labels`` and ``ttl`` (seconds) use the ``/v1`` API.
         A sandbox that fails to start is deleted and :class:`~orchard_env.SandboxError`
-        (a ``RuntimeError``) raised; one not ready in time, a ``TimeoutError``.
+        (a ``RuntimeError``) raised; one not ready in time, a ``TimeoutError``. One no
+        node can take yet (``unschedulable``, on a Kubernetes server) is waited for, not
+        failed: ``[ID] Waiting for node... (Ns elapsed): MSG`` is printed every 30 s.
 
         >>> with client.create_sandbox("busybox:latest", memory="256Mi") as sb:
         ...     sb.info.status, sb.sandbox_id.startswith(client.prefix)

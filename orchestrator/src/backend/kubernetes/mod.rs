@@ -2,7 +2,8 @@
 //! container into the user's unmodified image, reached on the pod IP.
 //!
 //! - [`objects`] builds every object (pod, token Secret, NetworkPolicies) as a value;
-//! - [`status`] reads a pod's status as starting, running or failed with a reason;
+//! - [`status`] reads a pod's status as starting, unschedulable, running or failed with
+//!   a reason;
 //! - [`watch`] is the one reflector over the namespace's sandbox pods that creates,
 //!   deletes and `list` read, instead of an API call per check;
 //! - [`nodes`] is a reflector over the cluster's nodes: their capacity, for
@@ -12,7 +13,9 @@
 //! A create makes the Secret, then the pod (then, off its critical path, makes the pod
 //! the Secret's owner and, when egress is allowed, its egress policy), waits on the
 //! watch for the agent's container to run, and checks the agent answers with its token
-//! on `http://POD_IP:PORT`. With a warm pool for the image ([`pool`]), a create claims a
+//! on `http://POD_IP:PORT`. A pod no node can take yet keeps waiting (a node may join):
+//! the create reports the scheduler's reason to its [`StartProgress`] meanwhile, and the
+//! service's readiness limit bounds the wait. With a warm pool for the image ([`pool`]), a create claims a
 //! pod started ahead instead. Any failure deletes what it made. A restarted server finds
 //! its pods through `list` (labels in an annotation, the token in the Secret) and adopts
 //! them as on the local backend.
@@ -50,7 +53,7 @@ use self::status::{pod_state, PodState};
 use self::watch::PodWatch;
 use crate::backend::{
     AgentEndpoint, Backend, BackendError, BackendFuture, BackendSandbox, Capacity, ClusterNodes,
-    CreateSpec,
+    CreateSpec, StartProgress,
 };
 
 /// The field manager of server-side applies.
@@ -271,7 +274,10 @@ impl KubeBackend {
                 return Err(KubeError::api(format!("making pod {id}"), e));
             }
         };
-        match self.finish_create(&id, &made, spec.egress, &token).await {
+        match self
+            .finish_create(&id, &made, spec.egress, &token, &spec.progress)
+            .await
+        {
             Ok(addr) => Ok(BackendSandbox {
                 id: id.clone(),
                 image,
@@ -297,6 +303,7 @@ impl KubeBackend {
         made: &Pod,
         egress: bool,
         token: &str,
+        progress: &StartProgress,
     ) -> Result<SocketAddr, KubeError> {
         let owner = objects::owned_by(made);
         let own = async {
@@ -320,7 +327,7 @@ impl KubeBackend {
             self.allow_egress(id, objects::owned_by(made)).await
         };
         let uid = made.metadata.uid.clone();
-        let running = self.wait_running(id, uid);
+        let running = self.wait_running(id, uid, progress);
         let (owned, allowed, ip) = tokio::join!(own, allow, running);
         owned?;
         allowed?;
@@ -348,11 +355,14 @@ impl KubeBackend {
             })
     }
 
-    /// Waits on the watch until pod `id` (incarnation `uid`) runs its agent.
+    /// Waits on the watch until pod `id` (incarnation `uid`) runs its agent, telling
+    /// `progress` while no node can take it. An unschedulable pod is waited for, not
+    /// failed: the caller's time limit ends a wait for a node that never comes.
     async fn wait_running(
         &self,
         id: &str,
         uid: Option<String>,
+        progress: &StartProgress,
     ) -> Result<std::net::IpAddr, KubeError> {
         let mut seen = false;
         self.watch
@@ -365,10 +375,16 @@ impl KubeBackend {
                 Some(p) if p.metadata.uid != uid => None,
                 Some(p) => {
                     seen = true;
-                    match pod_state(p) {
+                    let state = pod_state(p);
+                    if let PodState::Unschedulable(why) = &state {
+                        progress.unschedulable(why);
+                    } else {
+                        progress.scheduled();
+                    }
+                    match state {
                         PodState::Running(ip) => Some(Ok(ip)),
                         PodState::Failed(why) => Some(Err(KubeError::PodFailed(why))),
-                        PodState::Starting(_) => None,
+                        PodState::Starting(_) | PodState::Unschedulable(_) => None,
                     }
                 }
             })
@@ -500,9 +516,11 @@ impl KubeBackend {
         let (ip, liveness) = match pod_state(pod) {
             PodState::Running(ip) => (ip, crate::backend::Liveness::Running),
             PodState::Failed(_) => (unspecified, crate::backend::Liveness::Stopped),
-            // Not running yet, or again, or its node not reporting (phase Unknown):
-            // no evidence that it ended.
-            PodState::Starting(_) => (unspecified, crate::backend::Liveness::Unknown),
+            // Not running yet, or again, or its node not reporting (phase Unknown), or
+            // waiting for a node: no evidence that it ended.
+            PodState::Starting(_) | PodState::Unschedulable(_) => {
+                (unspecified, crate::backend::Liveness::Unknown)
+            }
         };
         Some(BackendSandbox {
             image: annotations

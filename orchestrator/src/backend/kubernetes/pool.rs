@@ -17,6 +17,8 @@
 //!   few seconds), counting the pods it made that the watch has not shown yet, removes
 //!   failed warm pods, backs off after a failure, and trims a pool over its size (two
 //!   replicas topping up at once overshoot; the trim converges).
+//!   A warm pod no node can take yet is kept and counted: it waits for capacity as a
+//!   create does, and a replacement would only wait behind it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -387,6 +389,7 @@ mod tests {
             labels: BTreeMap::new(),
             ttl: None,
             snapshot: None,
+            progress: Default::default(),
         }
     }
 

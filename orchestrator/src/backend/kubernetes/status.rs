@@ -1,11 +1,14 @@
-//! What a pod's status means for its sandbox: still starting, its agent up (with the pod
-//! IP), or failed for a reason a user can act on. Pure functions over `Pod`, so every
-//! case Kubernetes reports is unit-tested with the status it really sends.
+//! What a pod's status means for its sandbox: still starting, waiting for a node, its
+//! agent up (with the pod IP), or failed for a reason a user can act on. Pure functions
+//! over `Pod`, so every case Kubernetes reports is unit-tested with the status it really
+//! sends.
 //!
-//! Failing fast is deliberate: an image that cannot be pulled, a pod no node can take,
-//! an eviction or an agent that exited will not fix themselves within a create's
-//! readiness limit, so the create fails at once with Kubernetes' reason and message
-//! rather than timing out minutes later with none.
+//! Failing fast is deliberate: an image that cannot be pulled, an eviction or an agent
+//! that exited will not fix themselves within a create's readiness limit, so the create
+//! fails at once with Kubernetes' reason and message rather than timing out minutes
+//! later with none. A pod no node can take is the exception: a node may join (the
+//! cluster autoscaler adds one for exactly such pods) or free up, so it waits, reported
+//! as unschedulable with the scheduler's reason, within the readiness limit.
 
 use std::net::IpAddr;
 
@@ -22,6 +25,8 @@ const IMAGE_FAILURES: &[&str] = &[
     "RegistryUnavailable",
     "SignatureValidationFailed",
 ];
+/// What an unschedulable pod reports when the scheduler said nothing more.
+pub const NO_NODES: &str = "No nodes available";
 /// Waiting reasons of a container that mean it will not start.
 const START_FAILURES: &[&str] = &[
     "CreateContainerConfigError",
@@ -37,6 +42,9 @@ const START_FAILURES: &[&str] = &[
 pub enum PodState {
     /// Still starting; the text says what it waits for.
     Starting(String),
+    /// No node can take it now (`PodScheduled` is `False` with reason `Unschedulable`);
+    /// the text is the scheduler's message. It may still run once capacity appears.
+    Unschedulable(String),
     /// The agent's container runs and the pod has an IP.
     Running(IpAddr),
     /// It will not become ready; the text gives Kubernetes' reason.
@@ -94,10 +102,12 @@ pub fn pod_state(pod: &Pod) -> PodState {
             && c.status == "False"
             && c.reason.as_deref() == Some("Unschedulable")
         {
-            return PodState::Failed(format!(
-                "no node can run the sandbox (Unschedulable: {})",
-                c.message.as_deref().unwrap_or("no reason given")
-            ));
+            let message = c.message.as_deref().map(str::trim).unwrap_or_default();
+            return PodState::Unschedulable(if message.is_empty() {
+                NO_NODES.to_string()
+            } else {
+                message.to_string()
+            });
         }
     }
     let spec = pod.spec.as_ref();
@@ -213,17 +223,79 @@ mod tests {
         ));
     }
 
+    /// The condition as the scheduler writes it (v1.37, a pod asking for more CPU than
+    /// the node has), and after a node selector no node matches.
     #[test]
-    fn an_unschedulable_pod_fails_with_the_schedulers_message() {
+    fn an_unschedulable_pod_waits_with_the_schedulers_message() {
+        let message = "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes \
+                       are available: 1 No preemption victims found for incoming pod.";
         let p = pod(serde_json::json!({
             "phase": "Pending",
             "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                            "message": "0/1 nodes are available: 1 Insufficient cpu."}]
+                            "lastProbeTime": null,
+                            "lastTransitionTime": "2026-12-04T10:00:00Z",
+                            "message": message}]
         }));
-        let PodState::Failed(m) = pod_state(&p) else {
+        assert_eq!(pod_state(&p), PodState::Unschedulable(message.into()));
+        let selector = pod(serde_json::json!({
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                            "message": "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."}]
+        }));
+        let PodState::Unschedulable(m) = pod_state(&selector) else {
             panic!()
         };
-        assert!(m.contains("Insufficient cpu"), "{m}");
+        assert!(
+            m.contains("didn't match Pod's node affinity/selector"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn an_unschedulable_pod_without_a_message_has_no_nodes_available() {
+        let p = pod(serde_json::json!({
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+        }));
+        assert_eq!(pod_state(&p), PodState::Unschedulable(NO_NODES.into()));
+    }
+
+    /// Scheduled at last: the condition turns `True` and the pod starts like any other;
+    /// a `False` condition for another reason (a scheduling gate) is not unschedulable.
+    #[test]
+    fn a_scheduled_pod_is_starting_again() {
+        let p = pod(serde_json::json!({
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "initContainerStatuses": [{
+                "name": INJECTOR_CONTAINER, "image": "inj:1", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}
+            }]
+        }));
+        assert!(matches!(pod_state(&p), PodState::Starting(_)));
+        let gated = pod(serde_json::json!({
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False",
+                            "reason": "SchedulingGated", "message": "Scheduling is blocked"}]
+        }));
+        assert!(matches!(pod_state(&gated), PodState::Starting(_)));
+    }
+
+    #[test]
+    fn a_deleted_or_ended_pod_fails_even_when_it_was_unschedulable() {
+        let conditions = serde_json::json!([{"type": "PodScheduled", "status": "False",
+                                             "reason": "Unschedulable", "message": "0/1"}]);
+        let mut deleting = pod(serde_json::json!({"phase": "Pending", "conditions": conditions}));
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(matches!(pod_state(&deleting), PodState::Failed(_)));
+        let ended = pod(
+            serde_json::json!({"phase": "Failed", "reason": "DeadlineExceeded",
+                                          "conditions": conditions}),
+        );
+        assert!(matches!(pod_state(&ended), PodState::Failed(_)));
     }
 
     #[test]

@@ -35,14 +35,21 @@ fn full(code: u16, v: Value) -> Response<MockBody> {
         .unwrap()
 }
 
-/// A body that sends `lines` (watch events), then stays open like a quiet watch.
-fn stream(lines: Vec<Value>) -> Response<MockBody> {
-    let frames = futures_util::stream::iter(
-        lines
-            .into_iter()
-            .map(|l| Ok(Frame::data(Bytes::from(format!("{l}\n"))))),
-    )
-    .chain(futures_util::stream::pending());
+/// A body that sends `lines` (watch events), then what `live` brings while the test
+/// runs, then stays open like a quiet watch.
+fn stream(
+    lines: Vec<Value>,
+    live: Option<tokio::sync::mpsc::UnboundedReceiver<Value>>,
+) -> Response<MockBody> {
+    let later = futures_util::stream::unfold(live, |live| async move {
+        let mut rx = live?;
+        let l = rx.recv().await?;
+        Some((l, Some(rx)))
+    });
+    let frames = futures_util::stream::iter(lines)
+        .chain(later)
+        .map(|l| Ok(Frame::data(Bytes::from(format!("{l}\n")))))
+        .chain(futures_util::stream::pending());
     Response::builder()
         .status(200)
         .body(StreamBody::new(frames).boxed_unsync())
@@ -95,6 +102,8 @@ struct Script {
     /// Events of each watch, one entry per watch (the last repeats).
     watches: Vec<Vec<Value>>,
     watches_done: usize,
+    /// Events the first watch sends when the test sends them, after its `watches`.
+    live: Option<tokio::sync::mpsc::UnboundedReceiver<Value>>,
     /// Answers to `POST .../pods` and `POST .../secrets`.
     pod_create: Option<(u16, Value)>,
     secret_create: Option<(u16, Value)>,
@@ -141,7 +150,8 @@ fn answer(script: &Arc<Mutex<Script>>, req: &Request<kube::client::Body>) -> Res
         (Method::GET, p) if p == pods && query.contains("watch=true") => {
             let i = s.watches_done.min(s.watches.len().saturating_sub(1));
             s.watches_done += 1;
-            stream(s.watches.get(i).cloned().unwrap_or_default())
+            let live = s.live.take();
+            stream(s.watches.get(i).cloned().unwrap_or_default(), live)
         }
         (Method::GET, p) if p == pods => {
             let i = s.lists_done.min(s.lists.len().saturating_sub(1));
@@ -204,6 +214,7 @@ fn spec(id: &str) -> CreateSpec {
         labels: BTreeMap::new(),
         ttl: None,
         snapshot: None,
+        progress: Default::default(),
     }
 }
 
@@ -421,4 +432,72 @@ async fn a_forbidden_node_watch_leaves_the_backend_working_and_says_why() {
     assert_eq!(r.nodes[0].allocatable, crate::backend::Amount::default());
     let list = Backend::list(&b).await.unwrap();
     assert_eq!(list.len(), 1, "the pods are still listed");
+}
+
+/// The scheduler finds no node for a create's pod, then the pod is scheduled (a node
+/// joined) and runs: the create waits throughout instead of failing, and its progress
+/// says unschedulable, with the scheduler's reason, only while it is.
+#[tokio::test]
+async fn an_unschedulable_pod_is_waited_for_and_reported_until_a_node_takes_it() {
+    let (events, live) = tokio::sync::mpsc::unbounded_channel();
+    let script = Arc::new(Mutex::new(Script {
+        live: Some(live),
+        ..Script::default()
+    }));
+    let b = KubeBackend::start(client(&script), cfg()).await.unwrap();
+    let why = "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are \
+               available: 1 No preemption victims found for incoming pod.";
+    let with_status = |rv: &str, status: Value| {
+        let mut p = pod_json("sb-1", rv);
+        p["status"] = status;
+        p
+    };
+    let unschedulable = with_status(
+        "21",
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+               "reason": "Unschedulable", "message": why}]}),
+    );
+    let starting = with_status(
+        "22",
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+               "containerStatuses": [{"name": objects::SANDBOX_CONTAINER, "image": "busybox",
+                                      "imageID": "", "ready": false, "restartCount": 0,
+                                      "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+    );
+    let (progress, mut waiting) = StartProgress::channel();
+    let running = b.wait_running("sb-1", Some("uid-sb-1".into()), &progress);
+    tokio::pin!(running);
+    let next = |event: &str, pod: &Value| {
+        events.send(json!({"type": event, "object": pod})).unwrap();
+    };
+
+    next("ADDED", &unschedulable);
+    tokio::select! {
+        r = &mut running => panic!("the wait ended while unschedulable: {r:?}"),
+        r = waiting.changed() => r.unwrap(),
+    }
+    assert_eq!(waiting.borrow_and_update().as_deref(), Some(why));
+    // Another look at the same condition (the scheduler retried) says nothing new.
+    next(
+        "MODIFIED",
+        &with_status("21", unschedulable["status"].clone()),
+    );
+    next("MODIFIED", &starting);
+    tokio::select! {
+        r = &mut running => panic!("the wait ended before the pod ran: {r:?}"),
+        r = waiting.changed() => r.unwrap(),
+    }
+    assert_eq!(
+        *waiting.borrow_and_update(),
+        None,
+        "scheduled: no longer unschedulable"
+    );
+
+    next("MODIFIED", &pod_json("sb-1", "23"));
+    let ip = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the running pod ends the wait")
+        .unwrap();
+    assert_eq!(ip.to_string(), "10.0.0.9");
+    assert!(!waiting.has_changed().unwrap_or(false));
 }

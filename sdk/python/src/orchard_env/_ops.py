@@ -49,6 +49,11 @@ UNSENT = Idempotency.UNSENT
 #: between client and server sees a request idle for many minutes.
 WAIT_CHUNK = 60.0
 
+#: How often a sandbox that waits for a node says so (Orchard's SDK: every 30 s); a
+#: sandbox's wait is a loop of server-side waits this long, each followed by a look at
+#: its status.
+NODE_REPORT_EVERY = 30.0
+
 Command = str | Sequence[str]
 
 
@@ -164,12 +169,21 @@ def create_sandbox(
 
 
 def wait_sandbox(sandbox_id: str, timeout: float | None, *, v1: bool = False) -> Op[SandboxInfo]:
-    """Blocks (server-side, in chunks) until the sandbox is ready; 408 → timeout error."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    """Blocks (server-side, in chunks) until the sandbox is ready; 408 → timeout error.
+
+    A sandbox no node can take yet (``status`` ``unschedulable``, on a Kubernetes
+    server) is not an error: a node may join. The wait goes on, and prints
+    ``[ID] Waiting for node... (Ns elapsed): MSG`` at most every
+    :data:`NODE_REPORT_EVERY` seconds, as Orchard's SDK does; only ``failed`` (the
+    server's readiness limit included) or ``timeout`` ends it.
+    """
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
     base = "/v1/sandboxes" if v1 else "/sandboxes"
+    reported: float | None = None
     while True:
-        remaining = WAIT_CHUNK if deadline is None else deadline - time.monotonic()
-        chunk = max(1, math.ceil(min(WAIT_CHUNK, remaining)))
+        remaining = NODE_REPORT_EVERY if deadline is None else deadline - time.monotonic()
+        chunk = max(1, math.ceil(min(NODE_REPORT_EVERY, remaining)))
         reply = yield Request(
             "GET",
             f"{base}/{_seg(sandbox_id)}/wait",
@@ -179,10 +193,26 @@ def wait_sandbox(sandbox_id: str, timeout: float | None, *, v1: bool = False) ->
         )
         if reply.status != 408:
             return SandboxInfo.from_json(reply.json())
-        if deadline is not None and time.monotonic() >= deadline:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
             raise OrchardTimeoutError(
                 f"sandbox {sandbox_id} not ready after {timeout:g}s", status=408, code="timeout"
             )
+        if reported is not None and now - reported < NODE_REPORT_EVERY:
+            continue
+        info = yield from get_sandbox(sandbox_id, v1=v1)
+        if info.status == "unschedulable":
+            reported = now
+            print(waiting_for_node(sandbox_id, now - started, info.status_message))
+
+
+def waiting_for_node(sandbox_id: str, elapsed: float, message: str | None) -> str:
+    """The line a wait prints while no node can take the sandbox (Orchard's words).
+
+    >>> waiting_for_node("sb-1", 30.4, "0/1 nodes are available: 1 Insufficient cpu.")
+    '[sb-1] Waiting for node... (30s elapsed): 0/1 nodes are available: 1 Insufficient cpu.'
+    """
+    return f"[{sandbox_id}] Waiting for node... ({int(elapsed)}s elapsed): {message or ''}"
 
 
 def get_sandbox(sandbox_id: str, *, v1: bool = False) -> Op[SandboxInfo]:

@@ -114,11 +114,13 @@ class AgentEndpoint:
 class SandboxInfo:
     """A sandbox as the server describes it (compatible or ``/v1`` shape).
 
-    ``status`` is ``"pending"``, ``"ready"`` (``"running"`` on ``/v1``), ``"paused"``
-    (``/v1`` only) or ``"failed"`` (``status_message`` says why); ``agent`` is set only
-    by ``/v1`` answers once the sandbox is ready. ``paused`` is true while the sandbox is
-    frozen (:meth:`~orchard_env.SandboxInstance.pause`); only ``/v1`` answers report it,
-    the compatible routes' never do.
+    ``status`` is ``"pending"``, ``"unschedulable"`` (still pending: no node can take it
+    yet, ``status_message`` gives the scheduler's reason), ``"ready"`` (``"running"`` on
+    ``/v1``), ``"paused"`` (``/v1`` only) or ``"failed"`` (``status_message`` says
+    why); ``agent`` is set only by ``/v1`` answers once the sandbox is ready.
+    ``paused`` is true while the sandbox is frozen
+    (:meth:`~orchard_env.SandboxInstance.pause`); only ``/v1`` answers report it, the
+    compatible routes' never do.
     """
 
     sandbox_id: str
