@@ -140,7 +140,7 @@ fn answer(script: &Arc<Mutex<Script>>, req: &Request<kube::client::Body>) -> Res
             ),
         ),
         (Method::GET, "/api/v1/nodes") if query.contains("watch=true") => {
-            stream(s.node_watch.clone())
+            stream(s.node_watch.clone(), None)
         }
         (Method::GET, "/api/v1/nodes") => full(
             200,
