@@ -52,13 +52,15 @@ fn chrt() -> Option<&'static Path> {
         .as_deref()
 }
 
-/// What runs `program` as background work: `setsid` and `chrt --idle 0` where the
-/// host has them, then the program; the first is what is spawned.
+/// What runs `program` as background work: `chrt --idle 0` and `setsid` where the
+/// host has them, then the program; the first is what is spawned. `chrt` goes first:
+/// once the command leads its session (what [`lower`] waits for), it is idle already.
 fn wrapped(program: &Path) -> Vec<&Path> {
-    let mut argv: Vec<&Path> = setsid().into_iter().collect();
+    let mut argv: Vec<&Path> = Vec::new();
     if let Some(chrt) = chrt() {
         argv.extend([chrt, Path::new("--idle"), Path::new("0")]);
     }
+    argv.extend(setsid());
     argv.push(program);
     argv
 }
