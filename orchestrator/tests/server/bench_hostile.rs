@@ -38,18 +38,21 @@ async fn measure(http: &reqwest::Client, url: &str, id: &str) -> Pcts {
     pcts(&ms)
 }
 
-/// Runs `abuse` (as A) in the background while B is measured.
-async fn under<F, Fut>(http: &reqwest::Client, url: &str, id: &str, abuse: F) -> Pcts
+/// Runs `abuse` (as A) in the background while B is measured; answers B's latencies
+/// and how long B's calls took.
+async fn under<F, Fut>(http: &reqwest::Client, url: &str, id: &str, abuse: F) -> (Pcts, Duration)
 where
     F: FnOnce(Arc<AtomicBool>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let stop = Arc::new(AtomicBool::new(false));
     let task = tokio::spawn(abuse(stop.clone()));
+    let started = Instant::now();
     let p = measure(http, url, id).await;
+    let took = started.elapsed();
     stop.store(true, Ordering::Relaxed);
     let _ = task.await;
-    p
+    (p, took)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -93,7 +96,7 @@ async fn bench_hostile_load() {
         drop(conns);
     })
     .await;
-    rows.push(("A: 2,100 idle connections", flood));
+    rows.push(("A: 2,100 idle connections", flood.0));
     // A's reader is a process of its own (one curl, four transfers at a time, 200
     // reads each run), as an attacker's client would be: in this process it shared the
     // test runtime's threads with B's client, whose queue B's p99 then measured, and
@@ -121,11 +124,16 @@ async fn bench_hostile_load() {
         }
     })
     .await;
-    rows.push(("A: 4 reads at a time of a 96 MiB job", reads));
+    rows.push(("A: 4 reads at a time of a 96 MiB job", reads.0));
     // A's 50 creates at once, each waited for until ready, then deleted: deleted at
     // once, most would be cancelled before they started and cost nothing.
+    // The row counts only if the burst was real: every create ready, and B measured
+    // within the burst.
     let (a3, u3) = (a.clone(), url.clone());
-    let creates = under(&b, &url, "host-b", move |_stop| async move {
+    let burst = Arc::new(std::sync::Mutex::new((0usize, Duration::ZERO)));
+    let outcome = burst.clone();
+    let (creates, b_took) = under(&b, &url, "host-b", move |_stop| async move {
+        let started = Instant::now();
         let made = (0..50).map(|_| {
             let (a3, u3) = (a3.clone(), u3.clone());
             async move {
@@ -136,17 +144,21 @@ async fn bench_hostile_load() {
                 )
                 .await;
                 let id = v["sandbox_id"].as_str().unwrap_or_default().to_string();
+                let mut ready = false;
                 if s == 200 {
-                    let _ = send(
+                    let (w, v) = send(
                         a3.get(format!("{u3}/sandboxes/{id}/wait"))
                             .header("X-API-Key", KEY),
                     )
                     .await;
+                    ready = w == 200 && v["status"] == "ready";
                 }
-                (s, id)
+                (s, id, ready)
             }
         });
-        for (s, id) in futures_util::future::join_all(made).await {
+        let made = futures_util::future::join_all(made).await;
+        *outcome.lock().unwrap() = (made.iter().filter(|m| m.2).count(), started.elapsed());
+        for (s, id, _) in made {
             if s == 200 {
                 let _ = send(
                     a3.delete(format!("{u3}/sandboxes/{id}"))
@@ -157,6 +169,12 @@ async fn bench_hostile_load() {
         }
     })
     .await;
+    let (ready, a_took) = *burst.lock().unwrap();
+    assert_eq!(ready, 50, "only {ready} of A's 50 creates became ready");
+    assert!(
+        b_took < a_took,
+        "B's calls ({b_took:?}) outlasted A's burst ({a_took:?}): B was not measured under it"
+    );
     rows.push(("A: 50 creates at once", creates));
 
     let out = out_path("hostile.md");
@@ -183,6 +201,12 @@ async fn bench_hostile_load() {
             change(ratio, previous(&prev, label, 6)),
         );
     }
+    let _ = writeln!(
+        md,
+        "\nA's 50 creates were all ready in {:.2} s; B's 300 calls took {:.2} s within them.",
+        a_took.as_secs_f64(),
+        b_took.as_secs_f64()
+    );
     println!("{md}");
     std::fs::write(&out, md).unwrap();
 }
