@@ -204,9 +204,16 @@ pub async fn jobs_in_order_once(store: &dyn StateStore, tag: &str) {
         b
     );
     assert!(store.take_job(&sb, &lease).await.unwrap().is_none());
+    queued_jobs_end_once(store, tag, &sb, &lease).await;
+    store.release_lease(&lease).await.unwrap();
+}
+
+/// The part of [`jobs_in_order_once`] on queued jobs: one read from the queue stays
+/// queued and may be ended there, but once taken only its taker ends it.
+async fn queued_jobs_end_once(store: &dyn StateStore, tag: &str, sb: &str, lease: &super::Lease) {
     let c = format!("{tag}-job-c");
-    store.insert_job(job(&c, &sb), "u1").await.unwrap();
-    let queued = store.queued_jobs(&sb).await.unwrap();
+    store.insert_job(job(&c, sb), "u1").await.unwrap();
+    let queued = store.queued_jobs(sb).await.unwrap();
     assert_eq!(
         queued
             .iter()
@@ -215,28 +222,28 @@ pub async fn jobs_in_order_once(store: &dyn StateStore, tag: &str) {
         [c.as_str()]
     );
     assert_eq!(
-        store.queued_jobs(&sb).await.unwrap().len(),
+        store.queued_jobs(sb).await.unwrap().len(),
         1,
         "a read leaves them queued"
     );
     let now = crate::time::now_ms();
     assert!(store
-        .finish_job(finished(queued[0].clone(), 1, "", now), Some(&lease))
+        .finish_job(finished(queued[0].clone(), 1, "", now), Some(lease))
         .await
         .unwrap());
     assert!(
-        store.queued_jobs(&sb).await.unwrap().is_empty(),
+        store.queued_jobs(sb).await.unwrap().is_empty(),
         "a finished job left the queue"
     );
-    assert!(store.take_job(&sb, &lease).await.unwrap().is_none());
+    assert!(store.take_job(sb, lease).await.unwrap().is_none());
     // Read while queued, then taken: the read copy no longer ends it.
     let d = format!("{tag}-job-d");
-    store.insert_job(job(&d, &sb), "u1").await.unwrap();
-    let read = store.queued_jobs(&sb).await.unwrap().remove(0);
-    let taken = store.take_job(&sb, &lease).await.unwrap().unwrap();
+    store.insert_job(job(&d, sb), "u1").await.unwrap();
+    let read = store.queued_jobs(sb).await.unwrap().remove(0);
+    let taken = store.take_job(sb, lease).await.unwrap().unwrap();
     assert!(
         !store
-            .finish_job(finished(read, 1, "", now), Some(&lease))
+            .finish_job(finished(read, 1, "", now), Some(lease))
             .await
             .unwrap(),
         "a job taken since it was read from the queue is its taker's to end"
@@ -246,10 +253,9 @@ pub async fn jobs_in_order_once(store: &dyn StateStore, tag: &str) {
         JobStatus::Running
     );
     assert!(store
-        .finish_job(finished(taken, 0, "d", now), Some(&lease))
+        .finish_job(finished(taken, 0, "d", now), Some(lease))
         .await
         .unwrap());
-    store.release_lease(&lease).await.unwrap();
 }
 
 /// Regression (the chaos test's jobs `queued` for good): a worker ending the queued
