@@ -258,7 +258,7 @@ async fn create_latency(
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let slots = (4 * cpus).clamp(4, 64);
     let mut md = String::from("## Create to ready\n\n");
-    let _ = writeln!(md, "{rounds} rounds one at a time (the three interleaved, the order turned each round), then {burst} at once, twice per series (mirrored order). Each sandbox is deleted right after its create (not timed). The server runs its default number of creates at once (four per CPU on the local backend, 4 to 64: {slots} here); the rest wait in its queue, and that wait is in the times.\n");
+    let _ = writeln!(md, "{rounds} rounds one at a time (the three interleaved, the order turned each round), then {burst} at once, twice per series (mirrored order). Each sandbox is deleted right after its create (not timed). The server runs its default number of creates at once (two per CPU on the local backend, 4 to 64: {slots} here); the rest wait in its queue, and that wait is in the times.\n");
     md += "| measure | n | p50 ms | p99 ms | vs `runc run` (p50) | target | prev p50 ms |\n|---|---|---|---|---|---|---|\n";
     let rows = [
         (

@@ -176,7 +176,7 @@ pub struct ServeArgs {
     #[serde(skip)]
     pub group_nice: Option<i32>,
     /// Creates running at the backend at once; more wait in the queue [default: local
-    /// backend four per CPU, at least 4 and at most 64; kubernetes 64].
+    /// backend two per CPU, at least 4 and at most 64; kubernetes 64].
     #[arg(long, env = "ORCHARD_MAX_CONCURRENT_CREATES")]
     pub max_concurrent_creates: Option<usize>,
     /// Creates that may wait for a slot; beyond it a create answers 503 with

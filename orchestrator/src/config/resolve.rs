@@ -104,10 +104,13 @@ pub fn default_agent() -> PathBuf {
 /// core, more at once only share the cores among more creates, so every create of a
 /// burst ends near the burst's end. 100 creates at once on 2 cores measured p50
 /// 1.56-1.68x `runc run` with 64 at once and 0.97-1.18x with 8, the burst's wall time
-/// the same (1.55-1.81 s). A Kubernetes create mostly waits on the cluster.
+/// the same (1.55-1.81 s). Two per core rather than four (issue 30): another tenant's
+/// exec p99 under 50 creates at once was 8.5-11.6 ms with 4 at once on 2 cores against
+/// 16-35 ms with 8, the burst's wall time the same (1.59-1.74 s against 1.49-1.77 s). A
+/// Kubernetes create mostly waits on the cluster.
 pub fn default_concurrent_creates(local: bool, cpus: usize) -> usize {
     if local {
-        cpus.saturating_mul(4).clamp(4, 64)
+        cpus.saturating_mul(2).clamp(4, 64)
     } else {
         64
     }

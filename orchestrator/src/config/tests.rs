@@ -247,15 +247,15 @@ fn snapshots_and_upload_spools_are_bounded_on_the_host_by_default() {
 }
 
 #[test]
-fn concurrent_creates_default_to_four_per_cpu_on_the_local_backend() {
+fn concurrent_creates_default_to_two_per_cpu_on_the_local_backend() {
     assert_eq!(default_concurrent_creates(true, 1), 4);
-    assert_eq!(default_concurrent_creates(true, 2), 8);
-    assert_eq!(default_concurrent_creates(true, 8), 32);
+    assert_eq!(default_concurrent_creates(true, 2), 4);
+    assert_eq!(default_concurrent_creates(true, 8), 16);
     assert_eq!(default_concurrent_creates(true, 64), 64);
     assert_eq!(default_concurrent_creates(false, 2), 64);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let c = Config::resolve(ServeArgs::default()).unwrap();
-    assert_eq!(c.service.max_concurrent_creates, (4 * cpus).clamp(4, 64));
+    assert_eq!(c.service.max_concurrent_creates, (2 * cpus).clamp(4, 64));
     let c = Config::resolve(ServeArgs {
         max_concurrent_creates: Some(100),
         ..Default::default()
