@@ -208,7 +208,9 @@ pub fn run_at_normal_priority(dirs: &[PathBuf]) {
         }
         for tid in threads(dir) {
             if seen.insert(tid) {
-                let normal = libc::sched_param { sched_priority: 0 };
+                // SAFETY: sched_param is plain integers, and all zeros is priority 0
+                // (musl's has more fields than glibc's, so no struct literal).
+                let normal: libc::sched_param = unsafe { std::mem::zeroed() };
                 // SAFETY: both only change the scheduling of thread `tid`; `normal`
                 // outlives the call.
                 unsafe {
