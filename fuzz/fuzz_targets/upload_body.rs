@@ -3,8 +3,8 @@
 //! the body arrives in pieces.
 //! Input: the first byte picks the piece size, the rest is the body.
 //! Invariants: the answer does not depend on how the body is cut into pieces; a refused
-//! body is a client error (400 or 422); a body serde reads as an `UploadFile` whose
-//! content is valid base64 is accepted with the same path and bytes; the size reported
+//! body is a client error (400 or 422); a JSON object serde reads as an `UploadFile`
+//! whose content is valid base64 is accepted with the same path and bytes; the size reported
 //! is the number of bytes written.
 #![no_main]
 
@@ -42,7 +42,13 @@ fuzz_target!(|data: &[u8]| {
         Ok((_, size, bytes)) => assert_eq!(*size, bytes.len() as u64),
         Err(status) => assert!(matches!(status, 400 | 422), "answered {status}"),
     }
-    if let Ok(file) = serde_json::from_slice::<UploadFile>(body) {
+    // Only an object: serde also reads a struct from a JSON array (`["%",""]`, found by
+    // this target), which the API, like Orchard's, refuses with a client error.
+    let object = body.trim_ascii_start().first() == Some(&b'{');
+    let file = object
+        .then(|| serde_json::from_slice::<UploadFile>(body).ok())
+        .flatten();
+    if let Some(file) = file {
         if let Ok(content) = base64::engine::general_purpose::STANDARD.decode(&file.content) {
             match &whole {
                 Ok((path, _, bytes)) => {
