@@ -36,20 +36,23 @@ const GROUP_NICE: &str = "19";
 /// left alone (`setsid` calls it at once after its exec).
 const SESSION_WAIT: Duration = Duration::from_millis(10);
 
+/// The first of `places` that exists, looked for once (`found` keeps the answer).
+fn tool(found: &'static OnceLock<Option<PathBuf>>, places: &[&str]) -> Option<&'static Path> {
+    found
+        .get_or_init(|| places.iter().map(PathBuf::from).find(|p| p.exists()))
+        .as_deref()
+}
+
 /// The host's `setsid`, found once.
 pub fn setsid() -> Option<&'static Path> {
     static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
-    FOUND
-        .get_or_init(|| SETSID.iter().map(PathBuf::from).find(|p| p.exists()))
-        .as_deref()
+    tool(&FOUND, &SETSID)
 }
 
 /// The host's `chrt`, found once.
 fn chrt() -> Option<&'static Path> {
     static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
-    FOUND
-        .get_or_init(|| CHRT.iter().map(PathBuf::from).find(|p| p.exists()))
-        .as_deref()
+    tool(&FOUND, &CHRT)
 }
 
 /// What runs `program` as background work: `chrt --idle 0` and `setsid` where the

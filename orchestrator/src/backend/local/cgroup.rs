@@ -129,14 +129,17 @@ pub fn names_with_prefix(parents: &[PathBuf], prefix: &str) -> Vec<String> {
 
 /// Pids in a cgroup (its `cgroup.procs`).
 pub fn procs(dir: &Path) -> Vec<i32> {
-    fs::read_to_string(dir.join("cgroup.procs"))
-        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
+    ids(dir, &["cgroup.procs"])
 }
 
 /// Threads in a cgroup (v1 `tasks`, v2 `cgroup.threads`).
 pub fn threads(dir: &Path) -> Vec<i32> {
-    ["tasks", "cgroup.threads"]
+    ids(dir, &["tasks", "cgroup.threads"])
+}
+
+/// The ids listed in the first of `files` in `dir` that can be read, one per line.
+fn ids(dir: &Path, files: &[&str]) -> Vec<i32> {
+    files
         .iter()
         .find_map(|f| fs::read_to_string(dir.join(f)).ok())
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
